@@ -1,0 +1,31 @@
+# Front door: `make demo` and `make test` each do their own set-up on a fresh clone.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# The CPU build of torch; override with TORCH_SPEC="torch" to take your own.
+TORCH_SPEC ?= torch==2.13.0
+
+.PHONY: setup demo test lint bench
+
+$(BIN)/.installed: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q "$(TORCH_SPEC)"
+	$(BIN)/pip install -q -e ".[test]"
+	touch $@
+
+setup: $(BIN)/.installed
+
+demo: setup
+	$(BIN)/memprof demo $(ARGS)
+
+lint: setup
+	$(BIN)/ruff check memprof planner dashboard tests benchmarks
+
+test: setup
+	bash scripts/install_browser.sh
+	$(BIN)/ruff check memprof planner dashboard tests benchmarks
+	$(BIN)/python -m pytest -q $(ARGS)
+
+bench: setup
+	$(BIN)/python -m benchmarks $(ARGS)

@@ -1,0 +1,156 @@
+"""The allocator's own record of every allocation and free: the profiler's measured truth.
+
+PyTorch reports each allocation and free of its CPU and CUDA allocators to its profiler when
+``profile_memory`` is on, with the block's address, its size and the allocator's running totals. We
+enable only that (no operator events: ``RecordScope.USER_SCOPE`` keeps the per-op cost near zero),
+and collect the stream at every ``record_stats()`` by stopping and immediately restarting the
+session. See docs/profiler.md for why this source was chosen over weak-reference bookkeeping.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from memprof.errors import ProfilerError
+
+
+@dataclass(frozen=True)
+class AllocationEvents:
+    """A batch of allocator events, in time order.
+
+    Attributes:
+        time_ns: event time (Unix epoch ns, the clock of ``time.time_ns()``).
+        ptr: block address.
+        size_bytes: bytes allocated (> 0) or freed (< 0).
+        total_allocated_bytes: the allocator's running total after the event (process-relative on CPU).
+        total_reserved_bytes: the allocator's reserved bytes after the event (0 on CPU).
+    """
+
+    time_ns: np.ndarray
+    ptr: np.ndarray
+    size_bytes: np.ndarray
+    total_allocated_bytes: np.ndarray
+    total_reserved_bytes: np.ndarray
+
+    @staticmethod
+    def empty() -> AllocationEvents:
+        """An empty batch."""
+        z = np.zeros(0, dtype=np.int64)
+        return AllocationEvents(z, z, z, z, z)
+
+    def __len__(self) -> int:
+        return int(self.time_ns.shape[0])
+
+
+@contextlib.contextmanager
+def _native_stderr_silenced() -> Iterator[None]:
+    # Kineto prints two log lines to the C-level stderr on every start/stop; no setting turns them
+    # off, and record_stats() restarts the session every iteration.
+    try:
+        saved = os.dup(2)
+    except OSError:
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+class AllocationStream:
+    """Collects allocator events for one device between calls to :meth:`collect`.
+
+    Args:
+        device: the device whose allocator is watched.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = torch.device(device)
+        self.active = False
+
+    @staticmethod
+    def _config() -> tuple:
+        from torch._C._profiler import ProfilerActivity, RecordScope, _ExperimentalConfig
+        from torch.autograd import ProfilerConfig, ProfilerState
+
+        config = ProfilerConfig(ProfilerState.KINETO, False, True, False, False, False, _ExperimentalConfig())
+        # CPU activity alone: the allocators (CPU and CUDA) report to the profiler's memory hook
+        # either way, and CUPTI kernel tracing would only add cost.
+        return config, {ProfilerActivity.CPU}, {RecordScope.USER_SCOPE}
+
+    def start(self) -> None:
+        """Starts recording.
+
+        Raises:
+            ProfilerError: another ``torch.profiler`` session is running in this thread.
+        """
+        from torch.autograd import _enable_profiler, _prepare_profiler, _profiler_enabled
+
+        if _profiler_enabled():
+            raise ProfilerError(
+                "another torch.profiler session is active; memprof reads the allocator through the same "
+                "mechanism and cannot run beside it. Stop the other profiler, or attach MemoryProfiler "
+                "outside its context"
+            )
+        config, activities, scopes = self._config()
+        with _native_stderr_silenced():
+            _prepare_profiler(config, activities)
+            _enable_profiler(config, activities, scopes)
+        self.active = True
+
+    def _stop(self):  # -> torch.autograd._ProfilerResult
+        from torch.autograd import _disable_profiler
+
+        with _native_stderr_silenced():
+            result = _disable_profiler()
+        self.active = False
+        return result
+
+    def collect(self, restart: bool = True) -> AllocationEvents:
+        """Returns the events recorded since the last call, restarting the session unless told not to."""
+        if not self.active:
+            return AllocationEvents.empty()
+        result = self._stop()
+        if restart:
+            self.start()
+        return self._extract(result)
+
+    def close(self) -> AllocationEvents:
+        """Stops recording and returns the last events."""
+        return self.collect(restart=False)
+
+    def _extract(self, result) -> AllocationEvents:
+        rows = []
+        want_cuda = self.device.type == "cuda"
+        want_index = self.device.index if self.device.index is not None else 0
+        stack = list(result.experimental_event_tree())
+        while stack:
+            node = stack.pop()
+            if node.children:  # memory events nest under the user's own record_function scopes
+                stack.extend(node.children)
+            fields = node.extra_fields
+            if not hasattr(fields, "alloc_size"):
+                continue  # an operator or annotation event, not the allocator's
+            device = fields.device
+            if want_cuda:
+                if device.type != "cuda" or (device.index or 0) != want_index:
+                    continue
+            elif device.type != "cpu":
+                continue
+            rows.append((node.start_time_ns, fields.ptr, fields.alloc_size, fields.total_allocated,
+                         fields.total_reserved))
+        if not rows:
+            return AllocationEvents.empty()
+        array = np.array(rows, dtype=np.int64)
+        order = np.argsort(array[:, 0], kind="stable")
+        array = array[order]
+        return AllocationEvents(*(np.ascontiguousarray(array[:, i]) for i in range(5)))

@@ -1,0 +1,307 @@
+"""Turns one iteration's allocator events and hook marks into attributed memory.
+
+Every block the allocator handed out is classified into exactly one category, so the categories
+always sum to the allocator's total. The work is split in two passes:
+
+1. :func:`sweep` walks allocations, frees, observations and marks in time order, building the
+   block table (who was allocated and freed when, in which phase and module) and the list of
+   forward and backward calls;
+2. :func:`series` turns the classified blocks into per-category live bytes after every change,
+   from which the event rows, the iteration's peak and the per-layer costs are read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from memprof.allocations import AllocationEvents
+from memprof.categories import CATEGORIES, MODEL_STATE, Category
+from memprof.hooks import CAT, Mark
+
+N_CAT = len(CATEGORIES)
+OTHER = CAT[Category.OTHER]
+FEATURE = CAT[Category.FEATURE_MAPS]
+GRADS = CAT[Category.GRADS]
+INPUTS = CAT[Category.INPUTS]
+#: Lower wins when a block is seen in several roles (a gradient stolen into .grad is a weight grad).
+_RANK = {
+    CAT[c]: r
+    for r, c in enumerate([
+        Category.WEIGHTS, Category.BUFFERS, Category.WEIGHT_GRADS, Category.OPTIMIZER_STATE,
+        Category.INPUTS, Category.GRADS, Category.FEATURE_MAPS, Category.OTHER,
+    ])
+}
+MODEL_STATE_CODES = np.array([CAT[c] for c in MODEL_STATE])
+
+PHASE_OTHER, PHASE_FORWARD, PHASE_BACKWARD, PHASE_OPTIMIZER = 0, 1, 2, 3
+PHASE_NAMES = ("other", "forward", "backward", "optimizer")
+
+
+@dataclass
+class LiveBlock:
+    """A block alive across iterations."""
+
+    block_id: int
+    ptr: int
+    size_bytes: int
+    category: int
+
+
+@dataclass
+class Call:
+    """One forward or backward execution of a module, as indices into the change sequence."""
+
+    module: int
+    start_change: int
+    start_ns: int
+    end_change: int = -1
+    end_ns: int = 0
+    inputs: tuple = ()
+    outputs: tuple = ()
+    input_bytes: int = 0
+    output_bytes: int = 0
+
+
+@dataclass
+class Sweep:
+    """What the time-ordered walk found (see module docstring)."""
+
+    block_ids: list[int] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)
+    categories: list[int] = field(default_factory=list)
+    alloc_change: list[int] = field(default_factory=list)  # -1: alive before the iteration
+    free_change: list[int] = field(default_factory=list)  # -1: still alive
+    change_block: list[int] = field(default_factory=list)  # block index of each change
+    change_sign: list[int] = field(default_factory=list)
+    change_phase: list[int] = field(default_factory=list)
+    change_module: list[int] = field(default_factory=list)
+    change_truth: list[int] = field(default_factory=list)  # allocator's running total, or -1
+    marks: list[tuple[int, int, int, int, int]] = field(default_factory=list)  # (ns, kind, module, change, phase)
+    forward_calls: list[Call] = field(default_factory=list)
+    backward_calls: list[Call] = field(default_factory=list)
+    live: dict[int, int] = field(default_factory=dict)  # ptr -> block index
+    next_block_id: int = 0
+
+
+def _merge(events: AllocationEvents, baseline_frees: list, observations: list, marks: list) -> list[tuple]:
+    # (time, tiebreak, index, type, a, b, c): at equal times the allocator's changes come first,
+    # then the hooks' records in the order they were made.
+    items: list[tuple] = [
+        (t, 0, i, "c", p, s, a)
+        for i, (t, p, s, a) in enumerate(zip(events.time_ns.tolist(), events.ptr.tolist(),
+                                              events.size_bytes.tolist(), events.total_allocated_bytes.tolist()))
+    ]
+    items.extend((t, 0, -1, "f", p, 0, -1) for t, p in baseline_frees)
+    items.extend((t, 1, i, "o", p, c, n) for i, (t, p, c, n) in enumerate(observations))
+    items.extend((m[0], 2, i, "m", int(m[1]), m[2], m[3]) for i, m in enumerate(marks))
+    items.sort(key=lambda x: (x[0], x[1], x[2]))
+    return items
+
+
+class _Walker:
+    """State of the sweep; one instance per iteration."""
+
+    def __init__(self, carried: list[LiveBlock], parents: list[int], next_block_id: int) -> None:
+        self.s = Sweep()
+        self.parents = parents
+        self.next_block_id = next_block_id
+        for block in carried:
+            self._new_block(block.block_id, block.ptr, block.size_bytes, block.category, -1)
+        self.phase = PHASE_OTHER
+        self.fwd_stack: list[Call] = []
+        self.bwd_stack: list[Call] = []
+        self.fwd_blocks: list[int] = []  # blocks allocated during the current root forward
+        self.observed: dict[int, int] = {}
+
+    def _new_block(self, block_id: int, ptr: int, size: int, category: int, change: int) -> int:
+        s = self.s
+        index = len(s.sizes)
+        s.block_ids.append(block_id)
+        s.sizes.append(size)
+        s.categories.append(category)
+        s.alloc_change.append(change)
+        s.free_change.append(-1)
+        s.live[ptr] = index
+        return index
+
+    def _module(self) -> int:
+        if self.phase == PHASE_FORWARD and self.fwd_stack:
+            return self.fwd_stack[-1].module
+        if self.phase == PHASE_BACKWARD and self.bwd_stack:
+            return self.bwd_stack[-1].module
+        return -1
+
+    def _change(self, block: int, sign: int, truth: int) -> int:
+        s = self.s
+        s.change_block.append(block)
+        s.change_sign.append(sign)
+        s.change_phase.append(self.phase)
+        s.change_module.append(self._module())
+        s.change_truth.append(truth)
+        return len(s.change_block) - 1
+
+    def free(self, ptr: int, truth: int) -> None:
+        block = self.s.live.pop(ptr, None)
+        if block is not None:
+            self.s.free_change[block] = self._change(block, -1, truth)
+
+    def alloc(self, ptr: int, size: int, truth: int) -> None:
+        if ptr in self.s.live:  # the free was lost (e.g. during a restart gap): close the old block
+            self.free(ptr, -1)
+        block = self._new_block(self.next_block_id, ptr, size, -1, len(self.s.change_block))
+        self.next_block_id += 1
+        self._change(block, 1, truth)
+        if self.phase == PHASE_FORWARD:
+            self.fwd_blocks.append(block)
+
+    def observe(self, ptr: int, code: int, nbytes: int) -> None:
+        block = self.s.live.get(ptr)
+        if block is None:
+            if code == INPUTS and nbytes > 0:
+                # an input allocated before profiling began: alive since the iteration started
+                self._new_block(self.next_block_id, ptr, nbytes, code, -1)
+                self.next_block_id += 1
+            return
+        current = self.s.categories[block]
+        if current < 0 or _RANK[code] < _RANK[current]:
+            self.s.categories[block] = code
+
+    def mark(self, time_ns: int, kind: int, module: int, payload: Any) -> None:
+        handler = _MARK_HANDLERS[kind]
+        handler(self, time_ns, module, payload)
+        self.s.marks.append((time_ns, kind, module, len(self.s.change_block), self.phase))
+
+    # --- mark handlers
+    def _fwd_enter(self, time_ns: int, module: int, payload: Any) -> None:
+        if module == 0:
+            self.phase = PHASE_FORWARD
+            self.fwd_blocks = []
+        call = Call(module, len(self.s.change_block), time_ns)
+        call.inputs, call.input_bytes = self._ids(payload)
+        self.fwd_stack.append(call)
+
+    def _fwd_exit(self, time_ns: int, module: int, payload: Any) -> None:
+        while self.fwd_stack:
+            call = self.fwd_stack.pop()
+            call.end_change, call.end_ns = len(self.s.change_block), time_ns
+            if call.module == module:
+                call.outputs, call.output_bytes = self._ids(payload)
+                self.s.forward_calls.append(call)
+                break
+        if module == 0:
+            self._end_forward()
+
+    def _end_forward(self) -> None:
+        # What the forward allocated and is still alive when it returns is kept for backward.
+        for block in self.fwd_blocks:
+            if self.s.free_change[block] < 0 and self.s.categories[block] < 0:
+                self.s.categories[block] = FEATURE
+        self.fwd_blocks = []
+        self.fwd_stack.clear()
+        self.phase = PHASE_OTHER
+
+    def _is_ancestor(self, ancestor: int, module: int) -> bool:
+        while module >= 0:
+            if module == ancestor:
+                return True
+            module = self.parents[module]
+        return False
+
+    def _close_backward(self, keep: int | None, time_ns: int) -> None:
+        """Closes open backward calls that are neither ancestors nor descendants of ``keep``."""
+        still_open = []
+        for call in self.bwd_stack:
+            if keep is not None and (self._is_ancestor(call.module, keep) or self._is_ancestor(keep, call.module)):
+                still_open.append(call)
+            else:
+                call.end_change, call.end_ns = len(self.s.change_block), time_ns
+                self.s.backward_calls.append(call)
+        self.bwd_stack = still_open
+
+    def _bwd_enter(self, time_ns: int, module: int, payload: Any) -> None:
+        if self.phase == PHASE_FORWARD:
+            self._end_forward()
+        self.phase = PHASE_BACKWARD
+        self._close_backward(module, time_ns)
+        # Hooks on one gradient fire innermost module first, so a container can arrive after its
+        # children: it goes below them on the stack and starts when the first of them started.
+        position = next((i for i, c in enumerate(self.bwd_stack) if self._is_ancestor(module, c.module)),
+                        len(self.bwd_stack))
+        inner = self.bwd_stack[position:]
+        start = min([len(self.s.change_block)] + [c.start_change for c in inner])
+        start_ns = min([time_ns] + [c.start_ns for c in inner])
+        self.bwd_stack.insert(position, Call(module, start, start_ns))
+
+    def _bwd_exit(self, time_ns: int, module: int, payload: Any) -> None:
+        if not any(c.module == module for c in self.bwd_stack):
+            return
+        while self.bwd_stack:
+            top = self.bwd_stack.pop()
+            top.end_change, top.end_ns = len(self.s.change_block), time_ns
+            self.s.backward_calls.append(top)
+            if top.module == module:
+                break
+
+    def _bwd_end(self, time_ns: int, module: int, payload: Any) -> None:
+        self._close_backward(None, time_ns)
+        self.phase = PHASE_OTHER
+
+    def _opt_enter(self, time_ns: int, module: int, payload: Any) -> None:
+        self.phase = PHASE_OPTIMIZER
+
+    def _opt_exit(self, time_ns: int, module: int, payload: Any) -> None:
+        self.phase = PHASE_OTHER
+
+    def _ids(self, payload: Any) -> tuple[tuple[int, ...], int]:
+        # Block ids identify a storage generation; storages allocated before profiling get -ptr.
+        live, ids = self.s.live, self.s.block_ids
+        unique = dict(payload)  # one storage may back several outputs (views, tuples)
+        return tuple(ids[live[p]] if p in live else -p for p in unique), sum(unique.values())
+
+
+_MARK_HANDLERS = {
+    Mark.FWD_ENTER: _Walker._fwd_enter,
+    Mark.FWD_EXIT: _Walker._fwd_exit,
+    Mark.BWD_ENTER: _Walker._bwd_enter,
+    Mark.BWD_EXIT: _Walker._bwd_exit,
+    Mark.BWD_END: _Walker._bwd_end,
+    Mark.OPT_ENTER: _Walker._opt_enter,
+    Mark.OPT_EXIT: _Walker._opt_exit,
+}
+
+
+def sweep(events: AllocationEvents, marks: list, observations: list, baseline_frees: list,
+          carried: list[LiveBlock], parents: list[int], next_block_id: int, use_truth: bool) -> Sweep:
+    """Walks one iteration in time order (see module docstring).
+
+    Args:
+        events: the allocator's events of the iteration.
+        marks: the hooks' marks ``(ns, Mark, module, storages)``.
+        observations: ``(ns, ptr, category code)``.
+        baseline_frees: ``(ns, ptr)`` of pre-existing storages that died (CPU only).
+        carried: blocks alive when the iteration started.
+        parents: parent module index of each module (-1 for the root).
+        next_block_id: first id to give a new block.
+        use_truth: keep the allocator's running totals (CUDA, where they are absolute).
+    """
+    walker = _Walker(carried, parents, next_block_id)
+    for t, _, _, kind, a, b, c in _merge(events, baseline_frees, observations, marks):
+        if kind == "c":
+            truth = c if use_truth else -1
+            if b > 0:
+                walker.alloc(a, b, truth)
+            else:
+                walker.free(a, truth)
+        elif kind == "f":
+            walker.free(a, -1)
+        elif kind == "o":
+            walker.observe(a, b, c)
+        else:
+            walker.mark(t, a, b, c)
+    result = walker.s
+    result.categories = [OTHER if c < 0 else c for c in result.categories]
+    result.next_block_id = walker.next_block_id
+    return result

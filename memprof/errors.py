@@ -1,0 +1,34 @@
+"""Exceptions raised by the profiler and the trace reader.
+
+Every message says what was expected and what was found, so that a user can fix the input.
+"""
+
+from __future__ import annotations
+
+
+class MemprofError(Exception):
+    """Base class of every error this project raises on purpose."""
+
+
+class TraceError(MemprofError):
+    """A trace directory cannot be read."""
+
+
+class TraceNotFoundError(TraceError, FileNotFoundError):
+    """The run directory, or a file it must contain, does not exist."""
+
+
+class CorruptTraceError(TraceError):
+    """A trace file exists but is not a readable memprof file (truncated, foreign or damaged)."""
+
+
+class SchemaVersionError(TraceError):
+    """The trace was written with a schema version this reader does not know."""
+
+
+class ProfilerError(MemprofError):
+    """The profiler was used in a way it cannot support (e.g. attached twice to one model)."""
+
+
+class MemoryBudgetExceeded(MemprofError, RuntimeError):
+    """Allocated memory crossed the profiler's ``budget_bytes`` guard."""

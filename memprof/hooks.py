@@ -1,0 +1,257 @@
+"""Hooks that note what happens during a training step, as cheaply as possible.
+
+The hooks only append small tuples (time, kind, module index, storage addresses) to lists; all
+analysis happens later in :mod:`memprof.attribution`. No hook keeps a reference to a tensor.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Iterable
+from enum import IntEnum
+from functools import partial
+from time import time_ns
+from typing import Any
+
+import torch
+from torch import nn
+
+from memprof.categories import CATEGORIES, Category
+
+# Category codes used in observations (index into CATEGORIES).
+CAT = {c: i for i, c in enumerate(CATEGORIES)}
+
+
+class Mark(IntEnum):
+    """Kinds of timeline marks recorded by the hooks."""
+
+    FWD_ENTER = 0
+    FWD_EXIT = 1
+    BWD_ENTER = 2
+    BWD_EXIT = 3
+    BWD_END = 4
+    OPT_ENTER = 5
+    OPT_EXIT = 6
+
+
+Storage = tuple[int, int]  # (data_ptr, nbytes)
+
+
+def storages(obj: Any, out: list[Storage] | None = None, depth: int = 0) -> list[Storage]:
+    """Collects (address, bytes) of the storages of every tensor in a nested output structure."""
+    if out is None:
+        out = []
+    if isinstance(obj, torch.Tensor):
+        try:
+            storage = obj.untyped_storage()
+            out.append((storage.data_ptr(), storage.nbytes()))
+        except (RuntimeError, NotImplementedError):  # sparse, nested or subclass tensors
+            pass
+    elif depth < 4 and isinstance(obj, (tuple, list)):
+        for item in obj:
+            storages(item, out, depth + 1)
+    elif depth < 4 and isinstance(obj, dict):
+        for item in obj.values():
+            storages(item, out, depth + 1)
+    return out
+
+
+def _tensors(obj: Any, depth: int = 0) -> Iterable[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif depth < 4 and isinstance(obj, (tuple, list)):
+        for item in obj:
+            yield from _tensors(item, depth + 1)
+    elif depth < 4 and isinstance(obj, dict):
+        for item in obj.values():
+            yield from _tensors(item, depth + 1)
+
+
+def _grad_tensors(obj: Any, depth: int = 0) -> Iterable[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        if obj.requires_grad:
+            yield obj
+    elif depth < 4 and isinstance(obj, (tuple, list)):
+        for item in obj:
+            yield from _grad_tensors(item, depth + 1)
+    elif depth < 4 and isinstance(obj, dict):
+        for item in obj.values():
+            yield from _grad_tensors(item, depth + 1)
+
+
+class HookRecorder:
+    """Registers the profiler's hooks and records marks and observations.
+
+    Attributes:
+        marks: ``(time_ns, Mark, module_index, storages)`` in call order.
+        observations: ``(time_ns, data_ptr, category_code, nbytes)``: a storage seen in a role.
+        param_grads: parameter index -> (data_ptr, nbytes) of its gradient seen this iteration.
+    """
+
+    def __init__(self, modules: list[nn.Module], params: list[nn.Parameter],
+                 optimizer: torch.optim.Optimizer | None) -> None:
+        self.modules = modules
+        self.params = params
+        self.optimizer = optimizer
+        self.marks: list[tuple[int, int, int, Any]] = []
+        self.observations: list[tuple[int, int, int, int]] = []
+        # On CPU the allocator does not report frees of storages allocated before profiling began,
+        # so inputs are watched for their death too.
+        self.watch_inputs = False
+        self.param_grads: dict[int, Storage] = {}
+        self._free_sink: list[tuple[int, int]] = []
+        self._handles: list[Any] = []
+        self._finalizers: list[weakref.finalize] = []
+        self._backward_active = False
+        self.enabled = True
+
+    # ----------------------------------------------------------------- attach / detach
+    def attach(self) -> None:
+        """Registers every hook."""
+        for index, module in enumerate(self.modules):
+            self._handles.append(module.register_forward_pre_hook(partial(self._forward_pre, index)))
+            self._handles.append(module.register_forward_hook(partial(self._forward_post, index)))
+        for index, param in enumerate(self.params):
+            if param.requires_grad:
+                self._handles.append(param.register_post_accumulate_grad_hook(partial(self._grad_ready, index)))
+        if self.optimizer is not None:
+            self._handles.append(self.optimizer.register_step_pre_hook(self._optimizer_pre))
+            self._handles.append(self.optimizer.register_step_post_hook(self._optimizer_post))
+
+    def detach(self) -> None:
+        """Removes every hook and finalizer; the model is as it was before :meth:`attach`."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        for finalizer in self._finalizers:
+            finalizer.detach()
+        self._finalizers.clear()
+
+    def watch_free(self, tensor: torch.Tensor) -> None:
+        """Notes when a pre-existing storage dies (the CPU allocator does not report it)."""
+        try:
+            storage = tensor.untyped_storage()
+        except (RuntimeError, NotImplementedError):
+            return
+        ptr = storage.data_ptr()
+        self._finalizers.append(weakref.finalize(storage, _note_free, self._free_sink, ptr))
+
+    def drain(self) -> tuple[list, list, dict, list]:
+        """Returns and clears what was recorded since the last drain.
+
+        Returns:
+            ``(marks, observations, param_grads, baseline_frees)``; the last holds
+            ``(time_ns, data_ptr)`` of watched pre-existing storages that died.
+        """
+        frees = list(self._free_sink)
+        self._free_sink.clear()  # in place: the finalizers hold this list
+        self._finalizers = [f for f in self._finalizers if f.alive]
+        out = (self.marks, self.observations, self.param_grads, frees)
+        self.marks, self.observations, self.param_grads = [], [], {}
+        return out
+
+    # ----------------------------------------------------------------- forward
+    def _forward_pre(self, index: int, module: nn.Module, args: Any) -> None:
+        if not self.enabled:
+            return
+        now = time_ns()
+        found = storages(args)
+        self.marks.append((now, Mark.FWD_ENTER, index, found))
+        if index == 0:
+            code = CAT[Category.INPUTS]
+            self.observations.extend((now, ptr, code, nbytes) for ptr, nbytes in found)
+            if self.watch_inputs:
+                for tensor in _tensors(args):
+                    self.watch_free(tensor)
+        if torch.is_grad_enabled():
+            token = [False]
+            for tensor in _grad_tensors(args):
+                tensor.register_hook(partial(self._backward_exit, index, token))
+
+    def _forward_post(self, index: int, module: nn.Module, args: Any, output: Any) -> None:
+        if not self.enabled:
+            return
+        now = time_ns()
+        found = storages(output)
+        self.marks.append((now, Mark.FWD_EXIT, index, found))
+        code = CAT[Category.FEATURE_MAPS]
+        self.observations.extend((now, ptr, code, 0) for ptr, _ in found)
+        if torch.is_grad_enabled():
+            token = [False]
+            for tensor in _grad_tensors(output):
+                tensor.register_hook(partial(self._backward_enter, index, token))
+
+    # ----------------------------------------------------------------- backward
+    def _backward_mark(self, kind: Mark, index: int, token: list[bool], grad: torch.Tensor | None) -> None:
+        if token[0] or not self.enabled:
+            return
+        token[0] = True
+        now = time_ns()
+        found = storages(grad) if grad is not None else []
+        self.marks.append((now, kind, index, found))
+        code = CAT[Category.GRADS]
+        self.observations.extend((now, ptr, code, 0) for ptr, _ in found)
+        if not self._backward_active:
+            self._backward_active = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._backward_done)
+
+    def _backward_enter(self, index: int, token: list[bool], grad: torch.Tensor) -> None:
+        self._backward_mark(Mark.BWD_ENTER, index, token, grad)
+
+    def _backward_exit(self, index: int, token: list[bool], grad: torch.Tensor) -> None:
+        self._backward_mark(Mark.BWD_EXIT, index, token, grad)
+
+    def _backward_done(self) -> None:
+        self._backward_active = False
+        if self.enabled:
+            self.marks.append((time_ns(), Mark.BWD_END, -1, ()))
+
+    def _grad_ready(self, index: int, param: torch.Tensor) -> None:
+        if not self.enabled or param.grad is None:
+            return
+        found = storages(param.grad)
+        if found:
+            self.param_grads[index] = found[0]
+            self.observations.append((time_ns(), found[0][0], CAT[Category.WEIGHT_GRADS], 0))
+
+    # ----------------------------------------------------------------- optimizer
+    def _optimizer_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if self.enabled:
+            self.marks.append((time_ns(), Mark.OPT_ENTER, -1, ()))
+
+    def _optimizer_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if not self.enabled:
+            return
+        now = time_ns()
+        code = CAT[Category.OPTIMIZER_STATE]
+        self.observations.extend((now, ptr, code, 0) for ptr, _ in optimizer_state(optimizer))
+        self.marks.append((time_ns(), Mark.OPT_EXIT, -1, ()))
+
+
+def optimizer_state(optimizer: torch.optim.Optimizer | None) -> list[Storage]:
+    """Storages of every tensor in an optimizer's state (step counters included)."""
+    if optimizer is None:
+        return []
+    found: list[Storage] = []
+    for state in optimizer.state.values():
+        storages(list(state.values()), found)
+    return found
+
+
+def _note_free(sink: list[tuple[int, int]], ptr: int) -> None:
+    sink.append((time_ns(), ptr))
+
+
+def module_tree(model: nn.Module) -> tuple[list[str], list[nn.Module]]:
+    """Qualified names and modules, root first (``""``); a module reused under two names appears once."""
+    names, modules, seen = [], [], set()
+    for name, module in model.named_modules(remove_duplicate=False):
+        if id(module) in seen:
+            continue
+        seen.add(id(module))
+        names.append(name)
+        modules.append(module)
+    return names, modules
+
+
+HookFn = Callable[..., None]

@@ -1,0 +1,256 @@
+"""``MemoryProfiler``: add two lines to a training loop, get an exact per-layer memory trace."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import sys
+import uuid
+import weakref
+from pathlib import Path
+from time import time_ns
+from typing import IO, Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from memprof.allocations import AllocationStream
+from memprof.attribution import CAT, LiveBlock, Sweep, sweep
+from memprof.categories import Category
+from memprof.errors import ProfilerError
+from memprof.hooks import HookRecorder, module_tree, optimizer_state, storages
+from memprof.layers import describe_modules, layer_rows, subtree_bytes
+from memprof.report import format_report
+from memprof.schema import EVENTS, FORMAT_NAME, ITERATIONS, LAYERS, SCHEMA_VERSION
+from memprof.timeline import event_table, peak_summary, series
+from memprof.writer import TraceWriter, write_meta
+
+# Models a live profiler is attached to; a second profiler on the same model is refused.
+_ATTACHED: weakref.WeakSet[nn.Module] = weakref.WeakSet()
+_CUDA_BLOCK_BYTES = 512  # the CUDA caching allocator rounds every block up to this
+
+
+def _default_run_id(model: nn.Module) -> str:
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    return f"{type(model).__name__.lower()}-{stamp}-{uuid.uuid4().hex[:6]}"
+
+
+def _distributed() -> tuple[int, int]:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
+
+
+def _model_device(model: nn.Module) -> torch.device:
+    for tensor in list(model.parameters()) + list(model.buffers()):
+        return tensor.device
+    return torch.device("cpu")
+
+
+class MemoryProfiler:
+    """Profiles the memory of a model's training steps, layer by layer, from the allocator's own events.
+
+    Usage::
+
+        profiler = MemoryProfiler(model, optimizer)
+        for epoch in range(epochs):
+            for x, y in loader:
+                ...  # forward, backward, optimizer step as usual
+                profiler.record_stats()
+            profiler.epoch_end()
+        profiler.close()
+
+    or ``with MemoryProfiler(model, optimizer) as profiler: ...``.
+
+    Args:
+        model: the model; every module in its tree is hooked.
+        optimizer: its optimizer, so its state is attributed and its step timed (optional).
+        out_dir: folder for traces; the run is written to ``out_dir/run_id`` (``/rank=<r>`` when distributed).
+        run_id: name of the run; default ``<model class>-<UTC time>-<random>``.
+        print_period: print the console report every this many iterations (0: never).
+        stream: where the report is printed (default ``sys.stdout``).
+
+    Raises:
+        ProfilerError: the model already has a live profiler, or another torch.profiler is running.
+    """
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
+                 out_dir: str | Path = "traces", run_id: str | None = None, print_period: int = 1,
+                 stream: IO[str] | None = None) -> None:
+        if not isinstance(model, nn.Module):
+            raise ProfilerError(f"expected a torch.nn.Module to profile, found {type(model).__name__}")
+        if isinstance(print_period, bool) or not isinstance(print_period, int) or print_period < 0:
+            raise ProfilerError(f"print_period must be a whole number >= 0, found {print_period!r}")
+        if model in _ATTACHED:
+            raise ProfilerError(
+                f"a MemoryProfiler is already attached to this {type(model).__name__}; close() it before "
+                "attaching another (nested profilers would count every allocation twice)"
+            )
+        self.model, self.optimizer = model, optimizer
+        self.print_period, self.stream = print_period, stream
+        self.device = _model_device(model)
+        self._cuda = self.device.type == "cuda"
+        self.rank, self.world_size = _distributed()
+        self.run_id = run_id or self._shared_run_id(model)
+        base = Path(out_dir) / self.run_id
+        self.run_dir = base / f"rank={self.rank}" if self.world_size > 1 else base
+        if (self.run_dir / "meta.json").exists():
+            raise ProfilerError(f"{self.run_dir} already holds a trace; choose another run_id or out_dir")
+        self._names, self._modules = module_tree(model)
+        self._params = list(dict.fromkeys(p for m in self._modules for p in m.parameters(recurse=False)))
+        self._infos = describe_modules(self._names, self._modules, self._params)
+        self._parents = [info.parent for info in self._infos]
+        self._weight_bytes = subtree_bytes(self._infos, {i: storages(p)[0] for i, p in enumerate(self._params)})
+        self._order: dict[int, int] = {}
+        self.iteration, self.epoch = 0, 0
+        self._closed = False
+        self._writer = TraceWriter(self.run_dir)
+        self._meta = self._initial_meta()
+        write_meta(self.run_dir, self._meta)
+        self._recorder = HookRecorder(self._modules, self._params, optimizer)
+        self._recorder.watch_inputs = not self._cuda
+        self._carried = self._baseline()
+        self._next_block_id = 1
+        self._stream = AllocationStream(self.device)
+        self._stream.start()
+        self._recorder.attach()
+        _ATTACHED.add(model)
+        self._iteration_start_ns = time_ns()
+
+    # ------------------------------------------------------------------ set-up
+    def _shared_run_id(self, model: nn.Module) -> str:
+        run_id = _default_run_id(model)
+        if self.world_size > 1:  # every rank must write under the same run directory
+            box = [run_id]
+            torch.distributed.broadcast_object_list(box, src=0)
+            run_id = box[0]
+        return run_id
+
+    def _initial_meta(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT_NAME,
+            "schema_version": SCHEMA_VERSION,
+            "run_id": self.run_id,
+            "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "device": str(self.device),
+            "torch_version": torch.__version__,
+            "model": type(self.model).__name__,
+            "optimizer": type(self.optimizer).__name__ if self.optimizer is not None else None,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "truth": "cuda-caching-allocator" if self._cuda else "cpu-allocator-events",
+            "status": "running",
+            "iterations": 0,
+            "python": sys.version.split()[0],
+        }
+
+    def _baseline(self) -> list[LiveBlock]:
+        """Blocks that exist before profiling starts: model state, with known categories."""
+        found: dict[int, LiveBlock] = {}
+
+        def add(tensor: torch.Tensor | None, category: Category) -> None:
+            if tensor is None:
+                return
+            for ptr, nbytes in storages(tensor):
+                if ptr == 0 or ptr in found:
+                    continue
+                if self._cuda:
+                    nbytes = -(-nbytes // _CUDA_BLOCK_BYTES) * _CUDA_BLOCK_BYTES
+                else:
+                    self._recorder.watch_free(tensor)
+                found[ptr] = LiveBlock(-len(found) - 1, ptr, nbytes, CAT[category])
+
+        for param in self._params:
+            add(param, Category.WEIGHTS)
+        for module in self._modules:
+            for buffer in module.buffers(recurse=False):
+                add(buffer, Category.BUFFERS)
+        for param in self._params:
+            add(param.grad, Category.WEIGHT_GRADS)
+        if self.optimizer is not None:
+            for state in self.optimizer.state.values():
+                for value in state.values():
+                    if isinstance(value, torch.Tensor):
+                        add(value, Category.OPTIMIZER_STATE)
+        return list(found.values())
+
+    # ------------------------------------------------------------------ the loop
+    def record_stats(self) -> None:
+        """Ends the current iteration: attributes its memory, writes it to the trace, maybe prints."""
+        self._check_open()
+        end_ns = time_ns()
+        events = self._stream.collect()
+        marks, observations, param_grads, frees = self._recorder.drain()
+        sw = sweep(events, marks, observations, [] if self._cuda else frees, self._carried, self._parents,
+                   self._next_block_id, use_truth=self._cuda)
+        self._write_iteration(sw, events, param_grads, end_ns)
+        self._carried = [LiveBlock(sw.block_ids[i], ptr, sw.sizes[i], sw.categories[i]) for ptr, i in sw.live.items()]
+        self._next_block_id = sw.next_block_id
+        self.iteration += 1
+        self._iteration_start_ns = time_ns()
+
+    def _write_iteration(self, sw: Sweep, events: Any, param_grads: dict, end_ns: int) -> None:
+        s = series(sw, use_truth=self._cuda)
+        reserved, peak_reserved = self._reserved(events)
+        for call in sorted(sw.forward_calls, key=lambda c: c.start_ns):
+            self._order.setdefault(call.module, len(self._order))
+        grads = {i: storages(p.grad)[0] for i, p in enumerate(self._params) if p.grad is not None and storages(p.grad)}
+        grads.update(param_grads)
+        row = {
+            "iteration": self.iteration,
+            "epoch": self.epoch,
+            "step_ms": (end_ns - self._iteration_start_ns) / 1e6,
+            "peak_reserved_bytes": peak_reserved,
+            "reserved_bytes": reserved,
+            "num_events": len(sw.marks) + 2,
+            "num_allocations": int(sum(1 for a in sw.alloc_change if a >= 0)),
+            **peak_summary(sw, s, self._names),
+        }
+        layers = layer_rows(sw, s, self._infos, self.iteration, self._order, self._weight_bytes,
+                            subtree_bytes(self._infos, grads))
+        self._writer.append(ITERATIONS, [row])
+        self._writer.append(LAYERS, layers)
+        self._writer.append(EVENTS, event_table(sw, s, self.iteration, self._iteration_start_ns, end_ns,
+                                                self._names, reserved))
+        if self.print_period and (self.iteration % self.print_period == 0):
+            print(format_report(row, layers, str(self.device)), file=self.stream or sys.stdout, flush=True)
+
+    def _reserved(self, events: Any) -> tuple[int, int]:
+        if not self._cuda:
+            return 0, 0
+        current = int(torch.cuda.memory_reserved(self.device))
+        seen = int(np.max(events.total_reserved_bytes)) if len(events) else 0
+        return current, max(current, seen)
+
+    def epoch_end(self) -> None:
+        """Marks the end of an epoch: later iterations are recorded with the next epoch number."""
+        self._check_open()
+        self.epoch += 1
+
+    def close(self) -> None:
+        """Removes every hook, stops reading the allocator and finalises ``meta.json``. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._stream.close()
+        finally:
+            self._recorder.detach()
+            _ATTACHED.discard(self.model)
+            self._carried = []
+            self._meta.update(status="closed", iterations=self.iteration, epochs=self.epoch)
+            write_meta(self.run_dir, self._meta)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ProfilerError("this MemoryProfiler is closed; create a new one to keep profiling")
+
+    def __enter__(self) -> MemoryProfiler:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def optimizer_state_bytes(self) -> int:
+        """Bytes of the optimizer's state now (unique storages)."""
+        return sum(dict(optimizer_state(self.optimizer)).values())

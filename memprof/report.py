@@ -1,0 +1,54 @@
+"""The periodic console table (the seed profiler's report, with honest units)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from memprof.categories import CATEGORY_COLUMNS
+from memprof.units import format_bytes
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    line = "  ".join(h.ljust(w) if i == 0 else h.rjust(w) for i, (h, w) in enumerate(zip(headers, widths)))
+    out = [line, "-" * len(line)]
+    for r in rows:
+        out.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
+    return out
+
+
+def format_report(iteration: Mapping[str, object], layers: Sequence[Mapping[str, object]], device: str,
+                  top: int = 8) -> str:
+    """Renders one iteration's summary: peak and current memory, categories at the peak, top layers.
+
+    Args:
+        iteration: a row of the iterations table.
+        layers: rows of the layers table for the same iteration.
+        device: the profiled device, shown in the title.
+        top: how many layers to list (largest feature maps plus weights first).
+    """
+    it = iteration
+    lines = [
+        f"memprof | iteration {it['iteration']} (epoch {it['epoch']}) on {device} | step {float(it['step_ms']):.1f} ms",
+        f"  peak allocated {format_bytes(int(it['peak_allocated_bytes']))} during {it['peak_phase']}"
+        + (f" in '{it['peak_module']}'" if it["peak_module"] else "")
+        + f" | current {format_bytes(int(it['allocated_bytes']))}",
+    ]
+    if int(it.get("peak_reserved_bytes", 0) or 0) > 0:
+        cache = int(it["peak_reserved_bytes"]) - int(it["peak_allocated_bytes"])
+        lines.append(f"  peak reserved {format_bytes(int(it['peak_reserved_bytes']))} (cache {format_bytes(cache)})")
+    peak = max(int(it["peak_allocated_bytes"]), 1)
+    cat_rows = [[name, format_bytes(int(it[name])), f"{100 * int(it[name]) / peak:.1f}%"] for name in CATEGORY_COLUMNS]
+    lines += ["", *("  " + x for x in _table(["category at peak", "bytes", "share"], cat_rows))]
+    leaves = [r for r in layers if r["module"] != ""]
+    leaves.sort(key=lambda r: int(r["feature_map_bytes"]) + int(r["weight_bytes"]), reverse=True)
+    layer_rows = [
+        [str(r["module"])[:40], str(r["kind"]), format_bytes(int(r["weight_bytes"])),
+         format_bytes(int(r["weight_grad_bytes"])), format_bytes(int(r["feature_map_bytes"])),
+         f"{float(r['forward_ms']):.2f}", f"{float(r['backward_ms']):.2f}"]
+        for r in leaves[:top]
+    ]
+    if layer_rows:
+        lines += ["", *("  " + x for x in _table(
+            ["layer", "kind", "weights", "weight grads", "feature maps", "fwd ms", "bwd ms"], layer_rows))]
+    return "\n".join(lines)

@@ -1,0 +1,115 @@
+"""The trace contract: file names, the schema version and the columns of every table.
+
+A run is a directory ``<out_dir>/<run_id>/`` (``<out_dir>/<run_id>/rank=<r>/`` under
+``torch.distributed``) holding ``meta.json`` and three tables. Each table is a directory of Parquet
+parts (``iterations.parquet/part-000001.parquet`` ...), one part per flush, each written to a hidden
+temporary name and renamed into place, so a killed run leaves every flushed iteration readable and
+``pandas.read_parquet(run_dir / "events.parquet")`` reads a table as one frame. ``docs/trace-format.md``
+documents every column.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from memprof.categories import CATEGORY_COLUMNS
+
+#: Bumped whenever a column changes meaning or a required column is added or removed.
+SCHEMA_VERSION = 1
+#: Marker in ``meta.json`` that tells a memprof trace from another tool's JSON.
+FORMAT_NAME = "memprof-trace"
+
+META_FILE = "meta.json"
+ITERATIONS = "iterations"
+LAYERS = "layers"
+EVENTS = "events"
+TABLES: tuple[str, ...] = (ITERATIONS, LAYERS, EVENTS)
+
+#: Keys every ``meta.json`` must have.
+META_KEYS: tuple[str, ...] = (
+    "format",
+    "schema_version",
+    "run_id",
+    "created_at",
+    "device",
+    "torch_version",
+    "model",
+    "rank",
+    "world_size",
+)
+
+PHASES: tuple[str, ...] = ("forward", "backward", "optimizer", "other")
+
+
+def _category_fields() -> list[pa.Field]:
+    return [pa.field(name, pa.int64()) for name in CATEGORY_COLUMNS]
+
+
+ITERATIONS_SCHEMA = pa.schema(
+    [
+        pa.field("iteration", pa.int64()),
+        pa.field("epoch", pa.int64()),
+        pa.field("step_ms", pa.float64()),
+        pa.field("peak_allocated_bytes", pa.int64()),
+        pa.field("peak_reserved_bytes", pa.int64()),
+        pa.field("allocated_bytes", pa.int64()),
+        pa.field("reserved_bytes", pa.int64()),
+        pa.field("peak_phase", pa.string()),
+        pa.field("peak_module", pa.string()),
+        pa.field("num_events", pa.int64()),
+        pa.field("num_allocations", pa.int64()),
+        *_category_fields(),
+    ]
+)
+
+LAYERS_SCHEMA = pa.schema(
+    [
+        pa.field("iteration", pa.int64()),
+        pa.field("module", pa.string()),
+        pa.field("parent", pa.string()),
+        pa.field("depth", pa.int64()),
+        pa.field("order", pa.int64()),
+        pa.field("kind", pa.string()),
+        pa.field("calls", pa.int64()),
+        pa.field("weight_bytes", pa.int64()),
+        pa.field("weight_grad_bytes", pa.int64()),
+        pa.field("buffer_bytes", pa.int64()),
+        pa.field("feature_map_bytes", pa.int64()),
+        pa.field("input_bytes", pa.int64()),
+        pa.field("output_bytes", pa.int64()),
+        pa.field("saved_bytes", pa.int64()),
+        pa.field("grad_input_bytes", pa.int64()),
+        pa.field("forward_ms", pa.float64()),
+        pa.field("backward_ms", pa.float64()),
+        pa.field("forward_overhead_bytes", pa.int64()),
+        pa.field("backward_overhead_bytes", pa.int64()),
+        pa.field("input_ids", pa.list_(pa.int64())),
+        pa.field("output_ids", pa.list_(pa.int64())),
+    ]
+)
+
+EVENTS_SCHEMA = pa.schema(
+    [
+        pa.field("iteration", pa.int64()),
+        pa.field("seq", pa.int64()),
+        pa.field("time_ns", pa.int64()),
+        pa.field("phase", pa.string()),
+        pa.field("module", pa.string()),
+        pa.field("event", pa.string()),
+        pa.field("allocated_bytes", pa.int64()),
+        pa.field("peak_bytes", pa.int64()),
+        pa.field("reserved_bytes", pa.int64()),
+        *_category_fields(),
+    ]
+)
+
+SCHEMAS: dict[str, pa.Schema] = {
+    ITERATIONS: ITERATIONS_SCHEMA,
+    LAYERS: LAYERS_SCHEMA,
+    EVENTS: EVENTS_SCHEMA,
+}
+
+
+def table_dir_name(table: str) -> str:
+    """Returns the on-disk directory name of a table (``"events"`` -> ``"events.parquet"``)."""
+    return f"{table}.parquet"

@@ -1,0 +1,133 @@
+"""Per-category live bytes after every allocator change, and the event rows read from them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from memprof.attribution import MODEL_STATE_CODES, N_CAT, OTHER, PHASE_NAMES, Sweep
+from memprof.categories import CATEGORY_COLUMNS
+from memprof.hooks import Mark
+from memprof.schema import EVENTS_SCHEMA
+
+_MARK_NAMES = {
+    Mark.FWD_ENTER: ("forward", "enter"),
+    Mark.FWD_EXIT: ("forward", "exit"),
+    Mark.BWD_ENTER: ("backward", "enter"),
+    Mark.BWD_EXIT: ("backward", "exit"),
+    Mark.BWD_END: ("backward", "end"),
+    Mark.OPT_ENTER: ("optimizer", "enter"),
+    Mark.OPT_EXIT: ("optimizer", "exit"),
+}
+
+
+@dataclass(frozen=True)
+class Series:
+    """Live bytes after k changes, for k = 0..n (row 0 is the state when the iteration began).
+
+    Attributes:
+        per_category: ``(n + 1, categories)`` bytes.
+        total: allocated bytes (the sum of the categories).
+        activations: total minus model state (weights, buffers, weight grads, optimizer state).
+    """
+
+    per_category: np.ndarray
+    total: np.ndarray
+    activations: np.ndarray
+
+
+def series(sw: Sweep, use_truth: bool) -> Series:
+    """Builds the per-category series of one iteration from its sweep."""
+    sizes = np.asarray(sw.sizes, dtype=np.int64)
+    cats = np.asarray(sw.categories, dtype=np.int64)
+    alloc = np.asarray(sw.alloc_change, dtype=np.int64)
+    n = len(sw.change_block)
+    per_cat = np.zeros((n + 1, N_CAT), dtype=np.int64)
+    carried = alloc < 0
+    np.add.at(per_cat[0], cats[carried], sizes[carried])
+    if n:
+        block = np.asarray(sw.change_block, dtype=np.int64)
+        signed = np.asarray(sw.change_sign, dtype=np.int64) * sizes[block]
+        per_cat[np.arange(1, n + 1), cats[block]] += signed
+    np.cumsum(per_cat, axis=0, out=per_cat)
+    if use_truth and n:
+        _align_to_truth(per_cat, np.asarray(sw.change_truth, dtype=np.int64))
+    total = per_cat.sum(axis=1)
+    activations = total - per_cat[:, MODEL_STATE_CODES].sum(axis=1)
+    return Series(per_cat, total, activations)
+
+
+def _align_to_truth(per_cat: np.ndarray, truth: np.ndarray) -> None:
+    # The allocator's absolute total (CUDA) is the truth; what the hooks could not attribute
+    # (blocks allocated before the profiler started) is 'other'.
+    known = truth >= 0
+    if not known.any():
+        return
+    attributed = per_cat.sum(axis=1)
+    filled = np.where(known, truth, 0)
+    # carry the last known truth forward over changes the allocator did not report
+    last = np.maximum.accumulate(np.where(known, np.arange(len(truth)), -1))
+    first = int(np.argmax(known))
+    truth_ext = np.empty(len(truth) + 1, dtype=np.int64)
+    truth_ext[1:] = np.where(last >= 0, filled[np.maximum(last, 0)], 0)
+    truth_ext[0] = truth[first] - (attributed[first + 1] - attributed[first])
+    truth_ext[1: first + 1] = truth_ext[0]
+    gap = truth_ext - attributed
+    per_cat[:, OTHER] += gap
+
+
+def event_table(sw: Sweep, s: Series, iteration: int, start_ns: int, end_ns: int,
+                module_names: list[str], reserved_bytes: int) -> pa.Table:
+    """One row per mark, plus a ``start`` and an ``end`` row, with live bytes per category."""
+    times = [start_ns] + [m[0] for m in sw.marks] + [end_ns]
+    states = [0] + [m[3] for m in sw.marks] + [len(s.total) - 1]
+    names = [("other", "start")] + [_MARK_NAMES[m[1]] for m in sw.marks] + [("other", "end")]
+    modules = [""] + [module_names[m[2]] if m[2] >= 0 else "" for m in sw.marks] + [""]
+    idx = np.asarray(states, dtype=np.int64)
+    peaks = _peaks_between(s.total, idx)
+    columns = {
+        "iteration": np.full(len(idx), iteration, dtype=np.int64),
+        "seq": np.arange(len(idx), dtype=np.int64),
+        "time_ns": np.asarray(times, dtype=np.int64),
+        "phase": [p for p, _ in names],
+        "module": modules,
+        "event": [e for _, e in names],
+        "allocated_bytes": s.total[idx],
+        "peak_bytes": peaks,
+        "reserved_bytes": np.full(len(idx), reserved_bytes, dtype=np.int64),
+    }
+    for code, name in enumerate(CATEGORY_COLUMNS):
+        columns[name] = s.per_category[idx, code]
+    return pa.Table.from_pydict(columns, schema=EVENTS_SCHEMA)
+
+
+def _peaks_between(total: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """Highest total in (previous row, this row], counting this row's own state."""
+    peaks = np.empty(len(idx), dtype=np.int64)
+    previous = 0
+    for i, k in enumerate(idx.tolist()):
+        lo = min(previous, k)
+        peaks[i] = total[lo: k + 1].max()
+        previous = k
+    return peaks
+
+
+def peak_summary(sw: Sweep, s: Series, module_names: list[str]) -> dict[str, object]:
+    """The iteration's peak: bytes, categories, phase and module that was running."""
+    k = int(np.argmax(s.total))
+    phase, module = "other", ""
+    if k > 0:
+        phase = PHASE_NAMES[sw.change_phase[k - 1]]
+        index = sw.change_module[k - 1]
+        module = module_names[index] if index >= 0 else ""
+    out: dict[str, object] = {
+        "peak_allocated_bytes": int(s.total[k]),
+        "peak_phase": phase,
+        "peak_module": module,
+        "allocated_bytes": int(s.total[-1]),
+    }
+    for code, name in enumerate(CATEGORY_COLUMNS):
+        out[name] = int(s.per_category[k, code])
+    return out

@@ -1,0 +1,226 @@
+"""The cost model of a chain (ROTOR paper, Table 1): per-stage times, sizes and overheads.
+
+Stages are numbered 1..L as in the paper; the last entry of ``Chain.stages`` is the loss, stage L+1.
+Sizes are bytes, times milliseconds. ``a^0`` (the chain's input) is ``Chain.input_bytes``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from planner.errors import ChainError
+
+_STAGE_INT_FIELDS = (
+    "output_bytes",
+    "saved_bytes",
+    "grad_bytes",
+    "forward_overhead_bytes",
+    "backward_overhead_bytes",
+)
+_STAGE_FLOAT_FIELDS = ("forward_ms", "backward_ms")
+
+
+@dataclass(frozen=True)
+class Stage:
+    """Costs of one stage of the chain.
+
+    Attributes:
+        forward_ms: u_f, time of one forward of the stage.
+        backward_ms: u_b, time of its backward.
+        output_bytes: a^l, size of the stage's output.
+        saved_bytes: a-bar^l, what a recorded forward keeps for backward (includes a^l, not a^{l-1}).
+        grad_bytes: delta^l, size of the gradient with respect to the output (usually a^l).
+        forward_overhead_bytes: o_f, transient memory above inputs and outputs during forward.
+        backward_overhead_bytes: o_b, transient memory above inputs and outputs during backward.
+        name: a label, e.g. the module names the stage covers.
+        modules: qualified names of the modules the stage runs (empty for a hand-written chain).
+    """
+
+    forward_ms: float
+    backward_ms: float
+    output_bytes: int
+    saved_bytes: int
+    grad_bytes: int
+    forward_overhead_bytes: int = 0
+    backward_overhead_bytes: int = 0
+    name: str = ""
+    modules: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for key in _STAGE_FLOAT_FIELDS:
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise ChainError(f"stage {self.name or '?'}: {key} must be a finite number >= 0, found {value!r}")
+        for key in _STAGE_INT_FIELDS:
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ChainError(f"stage {self.name or '?'}: {key} must be a whole number of bytes >= 0, found {value!r}")
+        if self.saved_bytes < self.output_bytes:
+            raise ChainError(
+                f"stage {self.name or '?'}: saved_bytes (a-bar, {self.saved_bytes}) must include output_bytes "
+                f"(a, {self.output_bytes}); expected saved_bytes >= output_bytes"
+            )
+        object.__setattr__(self, "modules", tuple(self.modules))
+
+
+@dataclass(frozen=True)
+class Chain:
+    """A validated chain of L stages plus the loss.
+
+    Attributes:
+        name: a label for the chain (model or container name).
+        input_bytes: a^0, size of the chain's input.
+        stages: L + 1 stages; the last one is the loss.
+    """
+
+    name: str
+    input_bytes: int
+    stages: tuple[Stage, ...]
+    source: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.input_bytes, bool) or not isinstance(self.input_bytes, int) or self.input_bytes < 0:
+            raise ChainError(f"input_bytes (a^0) must be a whole number of bytes >= 0, found {self.input_bytes!r}")
+        stages = tuple(self.stages)
+        if len(stages) < 2:
+            raise ChainError(
+                f"a chain needs at least one stage plus the loss (2 entries in 'stages'), found {len(stages)}"
+            )
+        if not all(isinstance(s, Stage) for s in stages):
+            raise ChainError("stages must be Stage objects; use Chain.from_json for dicts")
+        object.__setattr__(self, "stages", stages)
+
+    @property
+    def length(self) -> int:
+        """L, the number of stages without the loss."""
+        return len(self.stages) - 1
+
+    def a(self, index: int) -> int:
+        """a^index for 0 <= index <= L+1 (a^0 is the input)."""
+        return self.input_bytes if index == 0 else self.stages[index - 1].output_bytes
+
+    def abar(self, index: int) -> int:
+        """a-bar^index (a-bar^0 is a^0)."""
+        return self.input_bytes if index == 0 else self.stages[index - 1].saved_bytes
+
+    def delta(self, index: int) -> int:
+        """delta^index: the gradient with respect to a^index (delta^0 has the size of a^0)."""
+        return self.input_bytes if index == 0 else self.stages[index - 1].grad_bytes
+
+    def stage(self, index: int) -> Stage:
+        """Stage ``index`` in paper numbering (1..L+1)."""
+        if not 1 <= index <= len(self.stages):
+            raise IndexError(f"stage {index} does not exist; expected 1..{len(self.stages)}")
+        return self.stages[index - 1]
+
+    @property
+    def module_names(self) -> tuple[str, ...]:
+        """One label per stage 1..L (the loss excluded)."""
+        return tuple(s.name or f"stage{i + 1}" for i, s in enumerate(self.stages[:-1]))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The chain as the JSON-compatible dict that :meth:`from_json` reads."""
+        stages = []
+        for stage in self.stages:
+            entry = asdict(stage)
+            entry["modules"] = list(stage.modules)
+            stages.append(entry)
+        out: dict[str, Any] = {"name": self.name, "input_bytes": self.input_bytes, "stages": stages}
+        if self.source:
+            out["source"] = self.source
+        return out
+
+    def to_json(self, path: str | Path | None = None) -> str:
+        """Serialises the chain; writes it to ``path`` too when given."""
+        text = json.dumps(self.to_dict(), indent=2)
+        if path is not None:
+            Path(path).write_text(text + "\n", encoding="utf-8")
+        return text
+
+    def fingerprint(self) -> str:
+        """A short hash of the costs, used to refuse a schedule made for another chain."""
+        body = json.dumps({"input_bytes": self.input_bytes, "stages": [
+            [s.output_bytes, s.saved_bytes, s.grad_bytes, s.forward_overhead_bytes, s.backward_overhead_bytes]
+            for s in self.stages
+        ]}, sort_keys=True)
+        return hashlib.sha256(body.encode()).hexdigest()[:16]
+
+    @classmethod
+    def from_json(cls, source: str | Path | Mapping[str, Any]) -> Chain:
+        """Reads a chain from a JSON file path, a JSON string or a dict.
+
+        Raises:
+            ChainError: the content is not a valid chain (with what was wrong).
+        """
+        data = _load_json(source)
+        if not isinstance(data, Mapping):
+            raise ChainError(f"a chain is a JSON object with 'input_bytes' and 'stages', found {type(data).__name__}")
+        for key in ("input_bytes", "stages"):
+            if key not in data:
+                raise ChainError(f"chain JSON lacks {key!r}; expected keys 'name', 'input_bytes', 'stages'")
+        raw_stages = data["stages"]
+        if not isinstance(raw_stages, Sequence) or isinstance(raw_stages, (str, bytes)):
+            raise ChainError(f"'stages' must be a list of objects, found {type(raw_stages).__name__}")
+        stages = tuple(_stage_from_dict(i + 1, s) for i, s in enumerate(raw_stages))
+        return cls(
+            name=str(data.get("name", "chain")),
+            input_bytes=_as_int("input_bytes", data["input_bytes"], "chain"),
+            stages=stages,
+            source=dict(data.get("source", {})),
+        )
+
+
+def _load_json(source: str | Path | Mapping[str, Any]) -> Any:
+    if isinstance(source, Mapping):
+        return source
+    text = str(source)
+    if isinstance(source, Path) or not text.lstrip().startswith("{"):
+        path = Path(text)
+        if not path.is_file():
+            raise ChainError(f"no chain file at {path}: expected a JSON file with 'input_bytes' and 'stages'")
+        text = path.read_text(encoding="utf-8")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ChainError(f"chain is not valid JSON: {exc}") from None
+
+
+def _as_int(key: str, value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ChainError(f"{where}: {key} must be a finite number of bytes, found {value!r}")
+    if value < 0:
+        raise ChainError(f"{where}: {key} must be >= 0, found {value!r}")
+    return int(math.ceil(value))
+
+
+def _stage_from_dict(index: int, raw: Any) -> Stage:
+    where = f"stage {index}"
+    if not isinstance(raw, Mapping):
+        raise ChainError(f"{where} must be an object, found {type(raw).__name__}")
+    required = ("forward_ms", "backward_ms", "output_bytes", "saved_bytes")
+    missing = [k for k in required if k not in raw]
+    if missing:
+        raise ChainError(f"{where} lacks {missing}; each stage needs {list(required)}")
+    times = {}
+    for key in _STAGE_FLOAT_FIELDS:
+        value = raw[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise ChainError(f"{where}: {key} must be a finite number >= 0, found {value!r}")
+        times[key] = float(value)
+    output = _as_int("output_bytes", raw["output_bytes"], where)
+    return Stage(
+        **times,
+        output_bytes=output,
+        saved_bytes=_as_int("saved_bytes", raw["saved_bytes"], where),
+        grad_bytes=_as_int("grad_bytes", raw.get("grad_bytes", output), where),
+        forward_overhead_bytes=_as_int("forward_overhead_bytes", raw.get("forward_overhead_bytes", 0), where),
+        backward_overhead_bytes=_as_int("backward_overhead_bytes", raw.get("backward_overhead_bytes", 0), where),
+        name=str(raw.get("name", "")),
+        modules=tuple(str(m) for m in raw.get("modules", ())),
+    )

@@ -1,0 +1,180 @@
+"""The one vocabulary of operations shared by every solver, the simulator, executor, exporter and dashboard."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from planner.chain import Chain
+from planner.errors import InvalidScheduleError
+
+SCHEDULE_FORMAT = "memprof-schedule"
+SCHEDULE_VERSION = 1
+
+
+class OpKind(str, Enum):
+    """The four operations of the ROTOR paper (Table 1)."""
+
+    F_ALL = "F_all"  # forward, recording everything B needs (a-bar)
+    F_CK = "F_ck"  # forward without recording, keeping its input
+    F_NONE = "F_none"  # forward without recording, dropping its input
+    B = "B"  # backward of one stage
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class Op:
+    """One operation on stage ``stage`` (1..L+1, the loss being L+1)."""
+
+    kind: OpKind
+    stage: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", OpKind(self.kind))
+        if isinstance(self.stage, bool) or not isinstance(self.stage, int) or self.stage < 1:
+            raise InvalidScheduleError(f"operation stage must be an integer >= 1, found {self.stage!r}")
+
+    def __str__(self) -> str:
+        return f"{self.kind.value}({self.stage})"
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A sequence of operations for one chain, with how it was made and what it is predicted to cost.
+
+    Attributes:
+        algorithm: the solver that produced it (``"rotor"``, ``"periodic"`` ...).
+        budget_bytes: the memory budget it was solved for (``None`` when unconstrained).
+        ops: the operations, in order.
+        chain: the chain it was made for.
+        predicted_peak_bytes: the simulator's peak, when known.
+        predicted_makespan_ms: the simulator's makespan, when known.
+        params: algorithm parameters (e.g. ``{"segments": 4}``).
+    """
+
+    algorithm: str
+    budget_bytes: int | None
+    ops: tuple[Op, ...]
+    chain: Chain
+    predicted_peak_bytes: int | None = None
+    predicted_makespan_ms: float | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        ops = tuple(o if isinstance(o, Op) else Op(OpKind(o[0]), int(o[1])) for o in self.ops)
+        top = self.chain.length + 1
+        for position, op in enumerate(ops):
+            if op.stage > top:
+                raise InvalidScheduleError(
+                    f"operation {position} ({op}) names stage {op.stage}, but the chain has stages 1..{top}"
+                )
+        object.__setattr__(self, "ops", ops)
+
+    @property
+    def modules(self) -> tuple[str, ...]:
+        """The chain's stage labels (loss excluded)."""
+        return self.chain.module_names
+
+    def with_prediction(self, peak_bytes: int, makespan_ms: float) -> Schedule:
+        """Returns a copy carrying the simulator's prediction."""
+        return Schedule(self.algorithm, self.budget_bytes, self.ops, self.chain, int(peak_bytes),
+                        float(makespan_ms), dict(self.params))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON-compatible form read by :meth:`from_json`."""
+        return {
+            "format": SCHEDULE_FORMAT,
+            "version": SCHEDULE_VERSION,
+            "algorithm": self.algorithm,
+            "budget_bytes": self.budget_bytes,
+            "modules": list(self.modules),
+            "chain_fingerprint": self.chain.fingerprint(),
+            "ops": [[op.kind.value, op.stage] for op in self.ops],
+            "predicted_peak_bytes": self.predicted_peak_bytes,
+            "predicted_makespan_ms": self.predicted_makespan_ms,
+            "params": self.params,
+            "chain": self.chain.to_dict(),
+        }
+
+    def to_json(self, path: str | Path | None = None) -> str:
+        """Serialises the schedule; writes it to ``path`` too when given."""
+        text = json.dumps(self.to_dict(), indent=2)
+        if path is not None:
+            Path(path).write_text(text + "\n", encoding="utf-8")
+        return text
+
+    @classmethod
+    def from_json(cls, source: str | Path | Mapping[str, Any]) -> Schedule:
+        """Reads a schedule from a path, a JSON string or a dict.
+
+        Raises:
+            InvalidScheduleError: the content is not a memprof schedule or is malformed.
+        """
+        data = _load(source)
+        if not isinstance(data, Mapping) or data.get("format") != SCHEDULE_FORMAT:
+            found = data.get("format") if isinstance(data, Mapping) else type(data).__name__
+            raise InvalidScheduleError(f"not a memprof schedule: expected format {SCHEDULE_FORMAT!r}, found {found!r}")
+        if data.get("version") != SCHEDULE_VERSION:
+            raise InvalidScheduleError(
+                f"schedule version {data.get('version')!r} is not supported; expected {SCHEDULE_VERSION}"
+            )
+        for key in ("algorithm", "ops", "chain"):
+            if key not in data:
+                raise InvalidScheduleError(f"schedule lacks {key!r}")
+        chain = Chain.from_json(data["chain"])
+        ops = _parse_ops(data["ops"])
+        budget = data.get("budget_bytes")
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 0):
+            raise InvalidScheduleError(f"budget_bytes must be a whole number >= 0 or null, found {budget!r}")
+        peak = data.get("predicted_peak_bytes")
+        makespan = data.get("predicted_makespan_ms")
+        if makespan is not None and (not isinstance(makespan, (int, float)) or not math.isfinite(makespan)):
+            raise InvalidScheduleError(f"predicted_makespan_ms must be a finite number, found {makespan!r}")
+        return cls(
+            algorithm=str(data["algorithm"]),
+            budget_bytes=budget,
+            ops=ops,
+            chain=chain,
+            predicted_peak_bytes=int(peak) if isinstance(peak, (int, float)) else None,
+            predicted_makespan_ms=float(makespan) if makespan is not None else None,
+            params=dict(data.get("params") or {}),
+        )
+
+
+def _load(source: str | Path | Mapping[str, Any]) -> Any:
+    if isinstance(source, Mapping):
+        return source
+    text = str(source)
+    if isinstance(source, Path) or not text.lstrip().startswith("{"):
+        path = Path(text)
+        if not path.is_file():
+            raise InvalidScheduleError(f"no schedule file at {path}")
+        text = path.read_text(encoding="utf-8")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidScheduleError(f"schedule is not valid JSON: {exc}") from None
+
+
+def _parse_ops(raw: Any) -> tuple[Op, ...]:
+    if not isinstance(raw, Sequence) or isinstance(raw, (str, bytes)):
+        raise InvalidScheduleError(f"'ops' must be a list of [kind, stage] pairs, found {type(raw).__name__}")
+    ops = []
+    kinds = [k.value for k in OpKind]
+    for position, item in enumerate(raw):
+        if not isinstance(item, Sequence) or isinstance(item, (str, bytes)) or len(item) != 2:
+            raise InvalidScheduleError(f"operation {position} must be [kind, stage], found {item!r}")
+        kind, stage = item
+        if kind not in kinds:
+            raise InvalidScheduleError(f"operation {position} has kind {kind!r}; expected one of {kinds}")
+        if isinstance(stage, bool) or not isinstance(stage, int):
+            raise InvalidScheduleError(f"operation {position} has stage {stage!r}; expected an integer")
+        ops.append(Op(OpKind(kind), stage))
+    return tuple(ops)
