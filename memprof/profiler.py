@@ -69,6 +69,7 @@ class MemoryProfiler:
         run_id: name of the run; default ``<model class>-<UTC time>-<random>``.
         print_period: print the console report every this many iterations (0: never).
         stream: where the report is printed (default ``sys.stdout``).
+        extra_meta: more keys for ``meta.json`` (e.g. the schedule a measured run executed).
 
     Raises:
         ProfilerError: the model already has a live profiler, or another torch.profiler is running.
@@ -76,7 +77,7 @@ class MemoryProfiler:
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
                  out_dir: str | Path = "traces", run_id: str | None = None, print_period: int = 1,
-                 stream: IO[str] | None = None) -> None:
+                 stream: IO[str] | None = None, extra_meta: dict[str, Any] | None = None) -> None:
         if not isinstance(model, nn.Module):
             raise ProfilerError(f"expected a torch.nn.Module to profile, found {type(model).__name__}")
         if isinstance(print_period, bool) or not isinstance(print_period, int) or print_period < 0:
@@ -105,7 +106,7 @@ class MemoryProfiler:
         self.iteration, self.epoch = 0, 0
         self._closed = False
         self._writer = TraceWriter(self.run_dir)
-        self._meta = self._initial_meta()
+        self._meta = {**self._initial_meta(), **(extra_meta or {})}
         write_meta(self.run_dir, self._meta)
         self._recorder = HookRecorder(self._modules, self._params, optimizer)
         self._recorder.watch_inputs = not self._cuda

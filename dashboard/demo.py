@@ -1,0 +1,153 @@
+"""``memprof demo``: the whole loop on embedded models - profile, plan, execute and measure, serve.
+
+On a 2-core CPU it finishes in a couple of minutes: two models (a ResNet-style CNN with BatchNorm
+and a GPT-style transformer stack), a few profiled iterations each, every algorithm at several
+budgets, a selection of schedules executed and measured, then the dashboard.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from memprof import MemoryProfiler, load_trace, zoo
+from memprof.units import format_bytes
+from planner import Chain
+
+# fractions of the way from the minimum feasible budget to store-all's peak
+BUDGET_FRACTIONS = (0.0, 0.25, 0.5, 1.0)
+
+
+@dataclass(frozen=True)
+class DemoModel:
+    """An embedded model, its batch size and the container holding its chain."""
+
+    name: str
+    build: Callable[[], zoo.ModelAndData]
+    batch_size: int
+    container: str | None
+
+
+DEMO_MODELS = (
+    DemoModel("resnet", lambda: zoo.cnn(channels=32, blocks=6, image=32), 16, "features"),
+    DemoModel("gpt", lambda: zoo.transformer(vocab=512, dim=128, heads=4, layers=6, seq=64), 8, "h"),
+)
+
+
+class Progress:
+    """A one-line progress bar on stderr (no dependency; degrades to lines when not a terminal)."""
+
+    def __init__(self, label: str, total: int) -> None:
+        self.label, self.total, self.done = label, total, 0
+        self.start = time.perf_counter()
+        self._tty = sys.stderr.isatty()
+
+    def step(self, note: str = "") -> None:
+        """Advances the bar by one."""
+        self.done += 1
+        width = 24
+        filled = int(width * self.done / max(self.total, 1))
+        bar = "#" * filled + "." * (width - filled)
+        line = f"{self.label:<28} [{bar}] {self.done}/{self.total} {time.perf_counter() - self.start:5.1f}s {note}"
+        if self._tty:
+            end = "\n" if self.done >= self.total else ""
+            print("\r" + line[:120].ljust(120), end=end, file=sys.stderr, flush=True)
+        elif self.done >= self.total:
+            print(line, file=sys.stderr, flush=True)
+
+
+def profile_model(spec: DemoModel, out_dir: Path, tag: str, iterations: int) -> Path:
+    """Profiles a few training iterations of one embedded model; returns the run directory."""
+    torch.manual_seed(0)
+    model, make_batch = spec.build()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    batches = [make_batch(spec.batch_size) for _ in range(iterations)]
+    progress = Progress(f"profiling {spec.name}", iterations)
+    with MemoryProfiler(model, optimizer, out_dir=out_dir, run_id=f"{spec.name}-{tag}", print_period=0) as prof:
+        for batch in batches:
+            zoo.train_step(model, optimizer, batch)
+            prof.record_stats()
+            progress.step()
+    return prof.run_dir
+
+
+def plan_and_measure(spec: DemoModel, run_dir: Path, out_dir: Path, tag: str, measure: bool) -> list[str]:
+    """Plans every algorithm at several budgets and executes a selection; returns summary lines."""
+    from planner import ALGORITHMS, min_feasible_budget, solve, store_all_budget
+    from planner.errors import InfeasibleBudgetError
+    from planner.measure import measure_schedule
+
+    trace = load_trace(run_dir)
+    chain = Chain.from_trace(trace, spec.container)
+    low, high = min_feasible_budget(chain), store_all_budget(chain)
+    budgets = sorted({int(low + f * (high - low)) for f in BUDGET_FRACTIONS})
+    algorithms = [a for a in ALGORITHMS if a != "exact"]
+    schedules_dir = run_dir / "schedules"
+    schedules_dir.mkdir(exist_ok=True)
+    progress = Progress(f"planning {spec.name}", len(algorithms) * len(budgets))
+    selected = []
+    for algorithm in algorithms:
+        for budget in budgets:
+            try:
+                schedule = solve(chain, budget, algorithm=algorithm)
+            except InfeasibleBudgetError:
+                progress.step(f"{algorithm}: infeasible at {format_bytes(budget)}")
+                continue
+            schedule.to_json(schedules_dir / f"{algorithm}-{budget}.json")
+            if algorithm in ("rotor", "periodic") and budget in (budgets[0], budgets[len(budgets) // 2]):
+                selected.append(schedule)
+            progress.step(algorithm)
+    lines = [f"{spec.name}: chain of {chain.length} stages in '{spec.container}', budgets "
+             f"{format_bytes(low)} .. {format_bytes(high)} (store-all)"]
+    if not measure:
+        return lines
+    progress = Progress(f"measuring {spec.name}", len(selected))
+    for schedule in selected:
+        torch.manual_seed(0)
+        model, make_batch = spec.build()
+        run_id = f"{spec.name}-{tag}-measured-{schedule.algorithm}-{schedule.budget_bytes}"
+        _, cmp = measure_schedule(model, make_batch, schedule, out_dir, container=spec.container,
+                                  batch_size=spec.batch_size, run_id=run_id, source_run=trace.run_id)
+        progress.step(schedule.algorithm)
+        lines.append(f"  {schedule.algorithm:<9} budget {format_bytes(schedule.budget_bytes or 0):>10}: predicted "
+                     f"{format_bytes(cmp.predicted_peak_bytes)} / {cmp.predicted_makespan_ms:.1f} ms, measured "
+                     f"{format_bytes(cmp.measured_peak_bytes)} / {cmp.measured_step_ms:.1f} ms")
+    return lines
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    """Runs the demo; returns the exit code."""
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tag = time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:4]  # a second run never mixes with the first
+    started = time.perf_counter()
+    summary = []
+    for spec in DEMO_MODELS:
+        run_dir = profile_model(spec, out_dir, tag, args.iterations)
+        summary += plan_and_measure(spec, run_dir, out_dir, tag, measure=not args.no_measure)
+    print("\n".join(["", *summary, f"demo finished in {time.perf_counter() - started:.0f} s; traces in {out_dir}"]))
+    if args.no_serve:
+        return 0
+    from dashboard.commands import serve
+
+    serve(out_dir, args.host, args.port)
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Adds ``memprof demo`` to the ``memprof`` command."""
+    parser = subparsers.add_parser("demo", help="profile embedded models, plan, measure, then serve the dashboard")
+    parser.add_argument("--out", default="traces", help="folder for the traces (default: traces/)")
+    parser.add_argument("--iterations", type=int, default=4, help="profiled iterations per model (default 4)")
+    parser.add_argument("--no-serve", action="store_true", help="stop before serving the dashboard")
+    parser.add_argument("--no-measure", action="store_true", help="plan only; do not execute schedules")
+    parser.add_argument("--host", default="127.0.0.1", help="interface for the dashboard (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8050, help="port for the dashboard (default 8050)")
+    parser.set_defaults(func=run_demo)

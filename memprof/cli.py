@@ -1,0 +1,41 @@
+"""``memprof report``: a run's summary in the terminal."""
+
+from __future__ import annotations
+
+import argparse
+
+from memprof.reader import load_trace
+from memprof.report import format_report
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Adds the profiler's sub-commands to the ``memprof`` command."""
+    parser = subparsers.add_parser("report", help="print a run's memory summary (its peak iteration)")
+    parser.add_argument("run_dir", help="a run directory written by MemoryProfiler")
+    parser.add_argument("--iteration", type=int, default=None, help="iteration to show (default: the peak one)")
+    parser.add_argument("--top", type=int, default=10, help="how many layers to list")
+    parser.set_defaults(func=run_report)
+
+
+def run_report(args: argparse.Namespace) -> int:
+    """Prints the report of one iteration of a run."""
+    trace = load_trace(args.run_dir)
+    iterations = trace.iterations
+    if iterations.empty:
+        print(f"run {trace.run_id}: no iteration recorded yet (status {trace.meta.get('status')})")
+        return 0
+    if args.iteration is None:
+        row = iterations.loc[iterations.peak_allocated_bytes.idxmax()]
+    else:
+        chosen = iterations[iterations.iteration == args.iteration]
+        if chosen.empty:
+            from memprof.errors import TraceError
+
+            raise TraceError(f"run {trace.run_id} has no iteration {args.iteration}; it has "
+                             f"{int(iterations.iteration.min())}..{int(iterations.iteration.max())}")
+        row = chosen.iloc[0]
+    layers = trace.layers
+    layers = layers[layers.iteration == row.iteration]
+    print(f"run {trace.run_id} | model {trace.meta['model']} | {len(iterations)} iterations")
+    print(format_report(row.to_dict(), layers.to_dict("records"), trace.meta["device"], top=args.top))
+    return 0

@@ -1,0 +1,100 @@
+"""Predicted against measured: run a schedule on the model under the profiler.
+
+A measured run is an ordinary trace whose ``meta.json`` also holds ``schedule`` (the schedule's
+JSON) and ``source_run`` (the run its chain came from), so the dashboard can draw the measured
+timeline over the predicted one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from memprof import MemoryProfiler, Trace, load_trace
+from memprof.categories import MODEL_STATE
+from memprof.zoo import Batch, train_step
+from planner.schedule import Schedule
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """A schedule's prediction beside what was measured when it ran.
+
+    Attributes:
+        predicted_peak_bytes: the simulator's peak (the budget's memory: activations, gradients, overheads).
+        measured_peak_bytes: the highest activation memory measured (allocated minus model state).
+        predicted_makespan_ms: the simulator's makespan (sum of op times).
+        measured_step_ms: median measured time of forward + backward (optimizer excluded).
+    """
+
+    predicted_peak_bytes: int
+    measured_peak_bytes: int
+    predicted_makespan_ms: float
+    measured_step_ms: float
+
+    @property
+    def peak_error(self) -> float:
+        """Relative error of the peak (measured / predicted - 1)."""
+        return self.measured_peak_bytes / max(self.predicted_peak_bytes, 1) - 1
+
+
+def activation_peak_bytes(trace: Trace, skip_first: bool = True) -> int:
+    """Highest activation memory (allocated minus model state) over the recorded iterations."""
+    events = trace.read("events", columns=["iteration", "peak_bytes", "allocated_bytes", *[c.value for c in MODEL_STATE]])
+    if skip_first and events.iteration.nunique() > 1:
+        events = events[events.iteration != events.iteration.min()]
+    state = events[[c.value for c in MODEL_STATE]].sum(axis=1)
+    # peak_bytes is the highest total since the previous event; model state changes only at
+    # optimizer steps and gradient accumulation, so subtracting the state at the event is exact
+    # inside forward and backward, where activation peaks happen.
+    return int((events.peak_bytes - state).max())
+
+
+def compute_ms(trace: Trace, skip_first: bool = True) -> float:
+    """Median time from the first forward enter to the end of backward, per iteration."""
+    events = trace.read("events", columns=["iteration", "time_ns", "phase", "event"])
+    if skip_first and events.iteration.nunique() > 1:
+        events = events[events.iteration != events.iteration.min()]
+    starts = events[(events.phase == "forward") & (events.event == "enter")].groupby("iteration").time_ns.min()
+    ends = events[(events.phase == "backward") & (events.event == "end")].groupby("iteration").time_ns.max()
+    return float(((ends - starts) / 1e6).median())
+
+
+def measure_schedule(model: nn.Module, make_batch: Callable[[int], Batch], schedule: Schedule, out_dir: str | Path,
+                     container: str | None = None, steps: int = 4, batch_size: int = 8,
+                     run_id: str | None = None, source_run: str | None = None) -> tuple[Trace, Comparison]:
+    """Applies ``schedule`` to ``model`` (in place) and profiles a few training steps.
+
+    Args:
+        model: the model the chain was found in (its container is swapped for the executor).
+        make_batch: returns ``(inputs, targets)`` for a batch size.
+        schedule: the schedule to run.
+        out_dir: where the measured run is written.
+        container: name of the chain's container (``None``: the model itself is the chain).
+        steps: training steps to record (the first is excluded from the comparison).
+        batch_size: the batch size the chain was profiled with.
+        run_id: name of the measured run.
+        source_run: run id of the profiled run the chain came from.
+    """
+    from planner.executor import apply_schedule
+
+    apply_schedule(model, schedule, container)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    batches = [make_batch(batch_size) for _ in range(steps)]
+    meta = {"schedule": schedule.to_dict(), "source_run": source_run, "container": container}
+    with MemoryProfiler(model, optimizer, out_dir=out_dir, run_id=run_id, print_period=0, extra_meta=meta) as prof:
+        for batch in batches:
+            train_step(model, optimizer, batch)
+            prof.record_stats()
+    trace = load_trace(prof.run_dir)
+    comparison = Comparison(
+        predicted_peak_bytes=int(schedule.predicted_peak_bytes or 0),
+        measured_peak_bytes=activation_peak_bytes(trace),
+        predicted_makespan_ms=float(schedule.predicted_makespan_ms or 0.0),
+        measured_step_ms=compute_ms(trace),
+    )
+    return trace, comparison
