@@ -48,6 +48,16 @@ class AllocationEvents:
         return int(self.time_ns.shape[0])
 
 
+def _concat(batches: list[AllocationEvents]) -> AllocationEvents:
+    batches = [b for b in batches if len(b)]
+    if not batches:
+        return AllocationEvents.empty()
+    if len(batches) == 1:
+        return batches[0]
+    fields = ("time_ns", "ptr", "size_bytes", "total_allocated_bytes", "total_reserved_bytes")
+    return AllocationEvents(*(np.concatenate([getattr(b, f) for b in batches]) for f in fields))
+
+
 @contextlib.contextmanager
 def _native_stderr_silenced() -> Iterator[None]:
     # Kineto prints two log lines to the C-level stderr on every start/stop; no setting turns them
@@ -76,6 +86,7 @@ class AllocationStream:
     def __init__(self, device: torch.device) -> None:
         self.device = torch.device(device)
         self.active = False
+        self._pending: list[AllocationEvents] = []
 
     @staticmethod
     def _config() -> tuple:
@@ -115,14 +126,28 @@ class AllocationStream:
         self.active = False
         return result
 
+    def poll(self) -> int:
+        """Collects what was recorded so far (kept for :meth:`collect`); returns its net bytes.
+
+        Used by the budget guard on CPU, where no allocator counter can be read directly. Each call
+        stops and restarts the session (about 0.5 ms).
+        """
+        if not self.active:
+            return 0
+        events = self._extract(self._stop())
+        self.start()
+        self._pending.append(events)
+        return int(events.size_bytes.sum())
+
     def collect(self, restart: bool = True) -> AllocationEvents:
         """Returns the events recorded since the last call, restarting the session unless told not to."""
-        if not self.active:
-            return AllocationEvents.empty()
-        result = self._stop()
-        if restart:
-            self.start()
-        return self._extract(result)
+        batches, self._pending = self._pending, []
+        if self.active:
+            result = self._stop()
+            if restart:
+                self.start()
+            batches.append(self._extract(result))
+        return _concat(batches)
 
     def close(self) -> AllocationEvents:
         """Stops recording and returns the last events."""

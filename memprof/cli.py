@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from memprof.reader import load_trace
-from memprof.report import format_report
+from memprof.report import format_failure, format_report
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -38,4 +38,6 @@ def run_report(args: argparse.Namespace) -> int:
     layers = layers[layers.iteration == row.iteration]
     print(f"run {trace.run_id} | model {trace.meta['model']} | {len(iterations)} iterations")
     print(format_report(row.to_dict(), layers.to_dict("records"), trace.meta["device"], top=args.top))
+    if trace.meta.get("failure"):
+        print(format_failure(trace.meta["failure"]))
     return 0

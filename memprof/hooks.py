@@ -104,6 +104,8 @@ class HookRecorder:
         self._finalizers: list[weakref.finalize] = []
         self._backward_active = False
         self.enabled = True
+        # Called at every forward and backward mark when a memory budget is guarded.
+        self.guard: Callable[[int, int], None] | None = None
 
     # ----------------------------------------------------------------- attach / detach
     def attach(self) -> None:
@@ -157,6 +159,8 @@ class HookRecorder:
         now = time_ns()
         found = storages(args)
         self.marks.append((now, Mark.FWD_ENTER, index, found))
+        if self.guard is not None:
+            self.guard(index, Mark.FWD_ENTER)
         if index == 0:
             code = CAT[Category.INPUTS]
             self.observations.extend((now, ptr, code, nbytes) for ptr, nbytes in found)
@@ -174,6 +178,8 @@ class HookRecorder:
         now = time_ns()
         found = storages(output)
         self.marks.append((now, Mark.FWD_EXIT, index, found))
+        if self.guard is not None:
+            self.guard(index, Mark.FWD_EXIT)
         code = CAT[Category.FEATURE_MAPS]
         self.observations.extend((now, ptr, code, 0) for ptr, _ in found)
         if torch.is_grad_enabled():
@@ -194,6 +200,8 @@ class HookRecorder:
         if not self._backward_active:
             self._backward_active = True
             torch.autograd.Variable._execution_engine.queue_callback(self._backward_done)
+        if self.guard is not None:
+            self.guard(index, kind)
 
     def _backward_enter(self, index: int, token: list[bool], grad: torch.Tensor) -> None:
         self._backward_mark(Mark.BWD_ENTER, index, token, grad)

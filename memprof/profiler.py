@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as _dt
 import sys
 import uuid
+import warnings
 import weakref
 from pathlib import Path
 from time import time_ns
@@ -17,12 +18,14 @@ from torch import nn
 from memprof.allocations import AllocationStream
 from memprof.attribution import CAT, LiveBlock, Sweep, sweep
 from memprof.categories import Category
-from memprof.errors import ProfilerError
-from memprof.hooks import HookRecorder, module_tree, optimizer_state, storages
+from memprof.errors import MemoryBudgetExceeded, ProfilerError
+from memprof.failure import failure_details
+from memprof.hooks import HookRecorder, Mark, module_tree, optimizer_state, storages
 from memprof.layers import describe_modules, layer_rows, subtree_bytes
 from memprof.report import format_report
 from memprof.schema import EVENTS, FORMAT_NAME, ITERATIONS, LAYERS, SCHEMA_VERSION
 from memprof.timeline import event_table, peak_summary, series
+from memprof.units import format_bytes
 from memprof.writer import TraceWriter, write_meta
 
 # Models a live profiler is attached to; a second profiler on the same model is refused.
@@ -39,6 +42,19 @@ def _distributed() -> tuple[int, int]:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_rank(), torch.distributed.get_world_size()
     return 0, 1
+
+
+def _is_memory_error(exc: BaseException) -> bool:
+    oom = getattr(torch, "OutOfMemoryError", None) or getattr(torch.cuda, "OutOfMemoryError", ())
+    return isinstance(exc, (MemoryBudgetExceeded, MemoryError) + ((oom,) if isinstance(oom, type) else ()))
+
+
+def _warn_if_compiled(model: nn.Module) -> None:
+    if hasattr(model, "_orig_mod") and type(model).__name__ == "OptimizedModule":
+        warnings.warn(
+            "this model is torch.compile'd: compiled graphs do not run module hooks, so memprof reports "
+            "exact totals and categories but per-layer numbers only for what runs eagerly. Profile "
+            "model._orig_mod (the eager model) for per-layer costs.", RuntimeWarning, stacklevel=3)
 
 
 def _model_device(model: nn.Module) -> torch.device:
@@ -70,6 +86,11 @@ class MemoryProfiler:
         print_period: print the console report every this many iterations (0: never).
         stream: where the report is printed (default ``sys.stdout``).
         extra_meta: more keys for ``meta.json`` (e.g. the schedule a measured run executed).
+        budget_bytes: a memory guard: when allocated memory crosses it during forward or backward,
+            :class:`MemoryBudgetExceeded` is raised from the module that crossed it and the trace
+            records a post-mortem (on CPU the guard polls the allocator at every module's forward
+            enter and exit, about 0.5 ms each, and cannot look inside backward: use it to investigate,
+            not for long runs; on CUDA it reads the caching allocator at every forward and backward mark).
 
     Raises:
         ProfilerError: the model already has a live profiler, or another torch.profiler is running.
@@ -77,7 +98,8 @@ class MemoryProfiler:
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
                  out_dir: str | Path = "traces", run_id: str | None = None, print_period: int = 1,
-                 stream: IO[str] | None = None, extra_meta: dict[str, Any] | None = None) -> None:
+                 stream: IO[str] | None = None, extra_meta: dict[str, Any] | None = None,
+                 budget_bytes: int | None = None) -> None:
         if not isinstance(model, nn.Module):
             raise ProfilerError(f"expected a torch.nn.Module to profile, found {type(model).__name__}")
         if isinstance(print_period, bool) or not isinstance(print_period, int) or print_period < 0:
@@ -97,6 +119,11 @@ class MemoryProfiler:
         self.run_dir = base / f"rank={self.rank}" if self.world_size > 1 else base
         if (self.run_dir / "meta.json").exists():
             raise ProfilerError(f"{self.run_dir} already holds a trace; choose another run_id or out_dir")
+        if budget_bytes is not None and (isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int)
+                                         or budget_bytes <= 0):
+            raise ProfilerError(f"budget_bytes must be a positive whole number of bytes, found {budget_bytes!r}")
+        self.budget_bytes = budget_bytes
+        _warn_if_compiled(model)
         self._names, self._modules = module_tree(model)
         self._params = list(dict.fromkeys(p for m in self._modules for p in m.parameters(recurse=False)))
         self._infos = describe_modules(self._names, self._modules, self._params)
@@ -110,8 +137,14 @@ class MemoryProfiler:
         write_meta(self.run_dir, self._meta)
         self._recorder = HookRecorder(self._modules, self._params, optimizer)
         self._recorder.watch_inputs = not self._cuda
+        if budget_bytes is not None:
+            self._recorder.guard = self._guard
+        self._failure: dict[str, Any] | None = None
+        self._write_error: str | None = None
         self._carried = self._baseline()
         self._next_block_id = 1
+        self._allocated_at_start = sum(b.size_bytes for b in self._carried)
+        self._polled_bytes = 0
         self._stream = AllocationStream(self.device)
         self._stream.start()
         self._recorder.attach()
@@ -179,14 +212,25 @@ class MemoryProfiler:
     def record_stats(self) -> None:
         """Ends the current iteration: attributes its memory, writes it to the trace, maybe prints."""
         self._check_open()
+        self._finish_iteration()
+
+    def _finish_iteration(self, restart: bool = True) -> None:
         end_ns = time_ns()
-        events = self._stream.collect()
+        events = self._stream.collect(restart=restart)
         marks, observations, param_grads, frees = self._recorder.drain()
         sw = sweep(events, marks, observations, [] if self._cuda else frees, self._carried, self._parents,
                    self._next_block_id, use_truth=self._cuda)
         self._write_iteration(sw, events, param_grads, end_ns)
         self._carried = [LiveBlock(sw.block_ids[i], ptr, sw.sizes[i], sw.categories[i]) for ptr, i in sw.live.items()]
         self._next_block_id = sw.next_block_id
+        self._allocated_at_start = sum(b.size_bytes for b in self._carried)
+        self._polled_bytes = 0
+        if self.iteration == 0 and not marks and len(events) and self._failure is None:
+            warnings.warn(
+                "memprof saw memory allocated but no module hook fired: the model's forward did not run "
+                "through its nn.Module hooks (torch.compile'd or scripted?). Totals and categories are "
+                "still exact, but per-layer numbers are empty; profile the eager model (for torch.compile, "
+                "model._orig_mod) to get them.", RuntimeWarning, stacklevel=3)
         self.iteration += 1
         self._iteration_start_ns = time_ns()
 
@@ -209,12 +253,23 @@ class MemoryProfiler:
         }
         layers = layer_rows(sw, s, self._infos, self.iteration, self._order, self._weight_bytes,
                             subtree_bytes(self._infos, grads))
-        self._writer.append(ITERATIONS, [row])
-        self._writer.append(LAYERS, layers)
-        self._writer.append(EVENTS, event_table(sw, s, self.iteration, self._iteration_start_ns, end_ns,
-                                                self._names, reserved))
+        table = event_table(sw, s, self.iteration, self._iteration_start_ns, end_ns, self._names, reserved)
+        self._write(((ITERATIONS, [row]), (LAYERS, layers), (EVENTS, table)))
+        if self._failure is not None:
+            self._failure.update(failure_details(table, layers, self.iteration))
         if self.print_period and (self.iteration % self.print_period == 0):
             print(format_report(row, layers, str(self.device)), file=self.stream or sys.stdout, flush=True)
+
+    def _write(self, parts: tuple) -> None:
+        # A full disk or a revoked permission must not stop the user's training: say it once.
+        try:
+            for table, data in parts:
+                self._writer.append(table, data)
+        except OSError as exc:
+            if self._write_error is None:
+                warnings.warn(f"memprof could not write the trace to {self.run_dir} ({exc}); training "
+                              "continues, later iterations are attempted again", RuntimeWarning, stacklevel=4)
+            self._write_error = str(exc)
 
     def _reserved(self, events: Any) -> tuple[int, int]:
         if not self._cuda:
@@ -239,8 +294,59 @@ class MemoryProfiler:
             self._recorder.detach()
             _ATTACHED.discard(self.model)
             self._carried = []
-            self._meta.update(status="closed", iterations=self.iteration, epochs=self.epoch)
-            write_meta(self.run_dir, self._meta)
+            status = "failed" if self._failure else "closed"
+            self._meta.update(status=status, iterations=self.iteration, epochs=self.epoch)
+            if self._failure:
+                self._meta["failure"] = self._failure
+            if self._write_error:
+                self._meta["write_error"] = self._write_error
+            try:
+                write_meta(self.run_dir, self._meta)
+            except OSError as exc:
+                warnings.warn(f"memprof could not finalise {self.run_dir / 'meta.json'}: {exc}", RuntimeWarning,
+                              stacklevel=2)
+
+    def record_failure(self, exc: BaseException) -> None:
+        """Flushes the iteration in progress as a post-mortem of ``exc`` (an out-of-memory error).
+
+        Called by the context manager when the block raises; call it yourself in an ``except``
+        clause when not using ``with``. The exception is not swallowed.
+        """
+        if self._closed:
+            return
+        if self._failure is None:
+            last = self._recorder.marks[-1] if self._recorder.marks else None
+            self._failure = {
+                "kind": "budget" if isinstance(exc, MemoryBudgetExceeded) else "oom",
+                "message": str(exc).splitlines()[0][:500] if str(exc) else type(exc).__name__,
+                "module": self._names[last[2]] if last and last[2] >= 0 else "",
+                "budget_bytes": self.budget_bytes,
+            }
+        self._recorder.enabled = False  # the failed step's autograd graph may still run hooks
+        try:
+            self._finish_iteration(restart=False)
+        finally:
+            self.close()
+
+    def _guard(self, module: int, mark: int) -> None:
+        if self._failure is not None:
+            return
+        if self._cuda:
+            allocated = int(torch.cuda.memory_allocated(self.device))
+        elif mark not in (Mark.FWD_ENTER, Mark.FWD_EXIT):
+            return  # restarting the profiler inside autograd's backward leaks its callbacks
+        else:
+            self._polled_bytes += self._stream.poll()
+            allocated = self._allocated_at_start + self._polled_bytes
+        if allocated > (self.budget_bytes or 0):
+            name = self._names[module] or type(self.model).__name__
+            self._failure = {"kind": "budget", "module": self._names[module], "budget_bytes": self.budget_bytes,
+                             "allocated_bytes": allocated,
+                             "message": f"allocated {format_bytes(allocated)} crossed the budget "
+                                        f"{format_bytes(self.budget_bytes or 0)} in '{name}'"}
+            raise MemoryBudgetExceeded(
+                f"allocated {format_bytes(allocated)} crossed the budget {format_bytes(self.budget_bytes or 0)} "
+                f"in module '{name}'; the post-mortem is in {self.run_dir} (memprof report {self.run_dir})")
 
     def _check_open(self) -> None:
         if self._closed:
@@ -249,7 +355,9 @@ class MemoryProfiler:
     def __enter__(self) -> MemoryProfiler:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: object) -> None:
+        if exc is not None and _is_memory_error(exc):
+            self.record_failure(exc)
         self.close()
 
     def optimizer_state_bytes(self) -> int:

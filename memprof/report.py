@@ -52,3 +52,23 @@ def format_report(iteration: Mapping[str, object], layers: Sequence[Mapping[str,
         lines += ["", *("  " + x for x in _table(
             ["layer", "kind", "weights", "weight grads", "feature maps", "fwd ms", "bwd ms"], layer_rows))]
     return "\n".join(lines)
+
+
+def format_failure(failure: Mapping[str, object]) -> str:
+    """Renders the post-mortem stored in ``meta.json`` when a step ran out of memory."""
+    categories = failure.get("categories") or {}
+    lines = [
+        "",
+        f"FAILED in iteration {failure.get('iteration')}: {failure.get('message', '')}",
+        f"  running: module '{failure.get('module', '')}' during {failure.get('phase', '?')} "
+        f"(last event: {failure.get('last_event', '?')})",
+        f"  allocated: {format_bytes(int(failure.get('allocated_bytes') or 0))}"
+        + (f" (budget {format_bytes(int(failure['budget_bytes']))})" if failure.get("budget_bytes") else ""),
+        "  what filled memory: " + ", ".join(
+            f"{name} {format_bytes(int(value))}" for name, value in categories.items() if int(value) > 0),  # type: ignore[union-attr]
+    ]
+    holders = failure.get("top_feature_maps") or []
+    if holders:
+        lines.append("  largest feature maps: " + ", ".join(
+            f"{h['module']} ({h['kind']}) {format_bytes(int(h['feature_map_bytes']))}" for h in holders))  # type: ignore[index,union-attr]
+    return "\n".join(lines)

@@ -1,0 +1,60 @@
+"""Out-of-memory post-mortems: the budget guard, the flushed partial iteration, the report."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from memprof import MemoryBudgetExceeded, MemoryProfiler, ProfilerError, load_trace, zoo
+from memprof.units import format_bytes
+
+
+def _guarded_run(tmp_path, budget_bytes: int):
+    torch.manual_seed(0)
+    model, make_batch = zoo.mlp(blocks=4, width=512)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(MemoryBudgetExceeded) as info, \
+            MemoryProfiler(model, optimizer, out_dir=tmp_path, print_period=0, budget_bytes=budget_bytes) as prof:
+        for _ in range(3):
+            zoo.train_step(model, optimizer, make_batch(64))
+            prof.record_stats()
+    return prof, info.value
+
+
+def test_budget_guard_raises_in_the_module_and_leaves_a_post_mortem(tmp_path):
+    weights = sum(p.numel() * 4 for p in zoo.mlp(blocks=4, width=512)[0].parameters())
+    budget = weights + 512 * 1024
+    prof, error = _guarded_run(tmp_path, budget)
+    assert format_bytes(budget) in str(error) and str(prof.run_dir) in str(error)
+    trace = load_trace(prof.run_dir)
+    failure = trace.meta["failure"]
+    assert trace.meta["status"] == "failed"
+    assert failure["kind"] == "budget" and failure["phase"] == "forward" and failure["module"] != ""
+    assert failure["allocated_bytes"] > budget
+    assert failure["categories"]["weights"] == weights
+    assert failure["top_feature_maps"] and failure["top_feature_maps"][0]["feature_map_bytes"] > 0
+    assert len(trace.iterations) == 1  # the partial iteration was flushed
+
+
+def test_guard_rejects_a_bad_budget(tmp_path):
+    with pytest.raises(ProfilerError, match="budget_bytes"):
+        MemoryProfiler(torch.nn.Linear(2, 2), out_dir=tmp_path, budget_bytes=0)
+
+
+def test_other_exceptions_are_not_post_mortems(tmp_path):
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(ValueError), MemoryProfiler(model, out_dir=tmp_path, print_period=0) as prof:
+        model(torch.randn(1, 2))
+        raise ValueError("not about memory")
+    meta = load_trace(prof.run_dir).meta
+    assert meta["status"] == "closed" and "failure" not in meta
+
+
+def test_report_shows_the_post_mortem(tmp_path, capsys):
+    from dashboard.cli import main
+
+    weights = sum(p.numel() * 4 for p in zoo.mlp(blocks=4, width=512)[0].parameters())
+    prof, _ = _guarded_run(tmp_path, weights + 512 * 1024)
+    assert main(["report", str(prof.run_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "FAILED" in out and "crossed the budget" in out and "feature maps" in out
