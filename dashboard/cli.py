@@ -36,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _registrars() -> list:
     # Imported here so `memprof --help` stays fast and each package owns its commands.
     registrars = []
-    for module_name in ("memprof.cli", "planner.cli", "dashboard.commands", "dashboard.demo"):
+    for module_name in ("dashboard.report", "planner.cli", "dashboard.commands", "dashboard.demo"):
         try:
             module = __import__(module_name, fromlist=["register"])
         except ModuleNotFoundError as exc:

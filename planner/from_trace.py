@@ -27,8 +27,17 @@ class _Candidate:
     groups: tuple[tuple[str, ...], ...]  # modules of each stage, in order
 
 
+def _complete(trace: Trace, layers: pd.DataFrame) -> pd.DataFrame:
+    """Drops the partial iteration of a failed run (its backward never happened)."""
+    failure = trace.meta.get("failure") or {}
+    if "iteration" in failure and layers.iteration.nunique() > 1:
+        layers = layers[layers.iteration != failure["iteration"]]
+    return layers
+
+
 def _structure(trace: Trace) -> pd.DataFrame:
-    layers = trace.read("layers", columns=["iteration", "module", "parent", "order", "calls", "input_ids", "output_ids"])
+    columns = ["iteration", "module", "parent", "order", "calls", "input_ids", "output_ids"]
+    layers = _complete(trace, trace.read("layers", columns=columns))
     if layers.empty:
         raise NotAChainError(f"run {trace.run_id} has no layer rows: record at least one iteration with record_stats()")
     last = layers[layers.iteration == layers.iteration.max()]
@@ -90,7 +99,7 @@ def find_chain(trace: Trace, container: str | None = None) -> tuple[str, tuple[t
 
 
 def _medians(trace: Trace) -> pd.DataFrame:
-    layers = trace.read("layers", columns=["iteration", "module", *_COST_COLUMNS])
+    layers = _complete(trace, trace.read("layers", columns=["iteration", "module", *_COST_COLUMNS]))
     iterations = sorted(layers.iteration.unique())
     if len(iterations) > 1:
         layers = layers[layers.iteration != iterations[0]]

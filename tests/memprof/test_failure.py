@@ -58,3 +58,22 @@ def test_report_shows_the_post_mortem(tmp_path, capsys):
     assert main(["report", str(prof.run_dir)]) == 0
     out = capsys.readouterr().out
     assert "FAILED" in out and "crossed the budget" in out and "feature maps" in out
+
+
+def test_report_gives_the_planners_answer_after_complete_iterations(tmp_path, capsys):
+    from dashboard.cli import main
+
+    torch.manual_seed(0)
+    model, make_batch = zoo.mlp(blocks=4, width=256)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    state = 2 * sum(p.numel() * 4 for p in model.parameters())  # weights + their gradients
+    budget = state + 6 * 64 * 256 * 4  # room for the activations of a 64-batch, not of a 1024-batch
+    with pytest.raises(MemoryBudgetExceeded), \
+            MemoryProfiler(model, optimizer, out_dir=tmp_path, print_period=0, budget_bytes=budget) as prof:
+        for batch_size in (64, 64, 1024):
+            zoo.train_step(model, optimizer, make_batch(batch_size))
+            prof.record_stats()
+    assert main(["report", str(prof.run_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "FAILED in iteration 2" in out
+    assert "planner: chain of 9 stages" in out and "storing all activations needs" in out
