@@ -21,13 +21,24 @@ from memprof.schema import META_FILE, SCHEMAS, table_dir_name
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Writes ``data`` to ``path`` so that ``path`` is either the old or the complete new file."""
+    """Writes ``data`` to ``path`` atomically (see :func:`_replace_with`), without fsync."""
+    _replace_with(path, data, durable=False)
+
+
+def _replace_with(path: Path, data: bytes, durable: bool) -> None:
+    """Writes ``data`` to ``path`` so that ``path`` is either the old or the complete new file.
+
+    The rename makes the write atomic against a killed process. ``durable=True`` also fsyncs, which
+    protects against power loss but costs milliseconds per file on a busy disk, so the per-iteration
+    parts skip it and ``meta.json`` (rewritten at open and close only) keeps it.
+    """
     tmp = path.parent / f".{path.name}.{uuid.uuid4().hex}.tmp"
     try:
         with open(tmp, "wb") as handle:
             handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
+            if durable:
+                handle.flush()
+                os.fsync(handle.fileno())
         os.replace(tmp, path)
     finally:
         if tmp.exists():
@@ -36,7 +47,8 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 def write_meta(run_dir: Path, meta: Mapping[str, Any]) -> None:
     """Writes ``meta.json`` atomically."""
-    atomic_write_bytes(run_dir / META_FILE, (json.dumps(dict(meta), indent=2, sort_keys=True) + "\n").encode())
+    _replace_with(run_dir / META_FILE, (json.dumps(dict(meta), indent=2, sort_keys=True) + "\n").encode(),
+                  durable=True)
 
 
 def rows_to_table(table: str, rows: Sequence[Mapping[str, Any]]) -> pa.Table:
@@ -87,7 +99,7 @@ class TraceWriter:
         directory.mkdir(exist_ok=True)
         path = directory / f"part-{self._next_part[table]:06d}.parquet"
         sink = pa.BufferOutputStream()
-        pq.write_table(data, sink, compression="zstd")
+        pq.write_table(data, sink, compression="snappy")
         atomic_write_bytes(path, sink.getvalue().to_pybytes())
         self._next_part[table] += 1
         return path
