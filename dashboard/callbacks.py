@@ -1,0 +1,230 @@
+"""Callbacks of the trace views (Runs, Overview, Layers, Timeline) and their registration.
+
+Each callback's body is a plain function of a :class:`TraceStore` and the callback's inputs, so tests
+call it directly; :func:`register` only wires them to component ids. Run names arrive from the
+browser and are resolved by the store, which refuses any name outside the traces folder.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import parse_qs
+
+import dash
+import plotly.graph_objects as go
+from dash import Input, Output, State
+
+from dashboard import ids
+from dashboard.data import TraceStore
+from dashboard.figures import breakdown_figure, empty_figure, headline, layer_tree_figure, peaks_figure
+from dashboard.figures_timeline import DEFAULT_MAX_POINTS, relayout_range, timeline_figure
+from dashboard.layout import LAYER_TABLE_COLUMNS, TREE_SIZES, first_trace_help
+from memprof.errors import MemprofError
+
+#: Exceptions a view turns into a message instead of a server error (bad names, corrupt runs ...).
+VIEW_ERRORS = (MemprofError, OSError, KeyError, ValueError)
+_NO_RUN = "Choose a run on the Runs tab."
+
+
+def runs_view(store: TraceStore, search: str | None = None) -> tuple[list[dict], list[int], Any, str]:
+    """Lists the runs of the folder for the Runs table.
+
+    Args:
+        store: the traces.
+        search: the page URL's query string; ``?run=NAME`` preselects run NAME.
+
+    Returns:
+        The table rows, the selected row indices (the URL's run, else the first readable profiled
+        run), the help shown when the folder is empty (else ``None``) and a status message.
+    """
+    rows = [store.summary(entry) for entry in store.runs()]
+    if not rows:
+        return [], [], first_trace_help(str(store.traces_dir)), ""
+    wanted = parse_qs((search or "").lstrip("?")).get("run", [None])[0]
+    if wanted is not None:
+        try:
+            store.path(wanted)
+        except VIEW_ERRORS as exc:
+            return rows, _default_selection(rows), None, f"Refused run {wanted!r} from the address: {exc}"
+        matches = [i for i, row in enumerate(rows) if row["name"] == wanted]
+        if matches:
+            return rows, matches[:1], None, ""
+        return rows, _default_selection(rows), None, f"No run named {wanted!r} in the folder."
+    return rows, _default_selection(rows), None, ""
+
+
+def _default_selection(rows: list[dict]) -> list[int]:
+    readable = [i for i, row in enumerate(rows) if not row["error"]]
+    profiled = [i for i in readable if rows[i]["kind"] == "profiled"]
+    return (profiled or readable)[:1]
+
+
+def selected_names(selected_rows: list[int] | None, rows: list[dict] | None) -> tuple[list[str], str]:
+    """The names of the chosen rows (at most two, in the order ticked) and a sentence about them."""
+    rows = rows or []
+    names = [rows[i]["name"] for i in (selected_rows or []) if 0 <= i < len(rows)][:2]
+    if not names:
+        return [], "No run chosen."
+    if len(names) == 1:
+        return names, f"Showing {names[0]}."
+    extra = " (only the first two ticked runs are compared)" if len(selected_rows or []) > 2 else ""
+    return names, f"Showing {names[0]}, compared with {names[1]}{extra}."
+
+
+def overview_view(store: TraceStore, names: list[str] | None) -> tuple[str, go.Figure, go.Figure]:
+    """The headline, the per-iteration peaks and the breakdown at the peak of the first chosen run."""
+    if not names:
+        return _NO_RUN, empty_figure(_NO_RUN), empty_figure(_NO_RUN)
+    try:
+        iterations = store.iterations(names[0])
+        compare = store.iterations(names[1]) if len(names) > 1 else None
+    except VIEW_ERRORS as exc:
+        message = f"Cannot read {names[0] if len(names) < 2 else ' / '.join(names)}: {exc}"
+        return message, empty_figure(message), empty_figure(message)
+    text = headline(iterations)
+    if compare is not None and not compare.empty and not iterations.empty:
+        a, b = int(iterations["peak_allocated_bytes"].max()), int(compare["peak_allocated_bytes"].max())
+        text += f" {names[1]} peaks at {b / a:.2f}x of it." if a else ""
+    return text, peaks_figure(iterations, compare, names), breakdown_figure(iterations)
+
+
+def iteration_options(store: TraceStore, names: list[str] | None) -> tuple[list[dict], int | None]:
+    """The first chosen run's iterations for a dropdown, and the default: the one with the highest peak."""
+    if not names:
+        return [], None
+    try:
+        iterations = store.iterations(names[0])
+    except VIEW_ERRORS:
+        return [], None
+    if iterations.empty:
+        return [], None
+    options = [{"label": f"iteration {int(i)}", "value": int(i)} for i in iterations["iteration"]]
+    peak = int(iterations.loc[iterations["peak_allocated_bytes"].idxmax(), "iteration"])
+    return options, peak
+
+
+def layers_view(store: TraceStore, names: list[str] | None, iteration: int | None,
+                size_column: str | None) -> tuple[list[dict], go.Figure]:
+    """The Layers table rows and the module treemap of one iteration of the first chosen run."""
+    if not names or iteration is None:
+        return [], empty_figure(_NO_RUN)
+    column = size_column if size_column in dict(TREE_SIZES) else "weight_bytes"
+    try:
+        layers = store.layers_at(names[0], int(iteration))
+        model = str(store.meta(names[0]).get("model", "model"))
+    except VIEW_ERRORS as exc:
+        return [], empty_figure(f"Cannot read {names[0]}: {exc}")
+    keys = [key for key, _ in LAYER_TABLE_COLUMNS]
+    rows = layers[keys].to_dict("records")
+    for row in rows:
+        row["module"] = row["module"] or "(model)"
+    return rows, layer_tree_figure(layers, column, root_label=model)
+
+
+def _peak_at(store: TraceStore, name: str, iteration: int) -> tuple[str, str] | None:
+    """The module and phase the profiler attributed an iteration's peak to, when it recorded them."""
+    iterations = store.iterations(name)
+    row = iterations[iterations["iteration"] == iteration]
+    if row.empty or "peak_module" not in row.columns or not isinstance(row["peak_module"].iloc[0], str):
+        return None
+    return str(row["peak_module"].iloc[0]), str(row["peak_phase"].iloc[0])
+
+
+def zoom_state(relayout: dict | None, names: list[str] | None, iteration: int | None) -> dict | None:
+    """What a ``relayoutData`` event of the timeline asks for, or ``None`` when it changes no x-range.
+
+    Returns:
+        ``{"run", "iteration", "range"}``; ``range`` is ``[lo, hi]`` in ms, or ``None`` for a reset
+        (double click, autorange).
+    """
+    if not relayout or not any(key.startswith("xaxis.range") or key == "xaxis.autorange" for key in relayout):
+        return None
+    x_range = relayout_range(relayout)
+    return {"run": names[0] if names else None, "iteration": iteration,
+            "range": list(x_range) if x_range is not None else None}
+
+
+def timeline_view(store: TraceStore, names: list[str] | None, iteration: int | None,
+                  zoom: dict | None = None, max_points: int = DEFAULT_MAX_POINTS) -> tuple[go.Figure, str]:
+    """The memory timeline of one iteration, downsampled for the visible x-range, and a note on it.
+
+    Args:
+        store: the traces.
+        names: the chosen runs (the first is drawn, the second overlaid).
+        iteration: the iteration to draw.
+        zoom: :func:`zoom_state` of the last zoom; ignored when it was made on another run or iteration.
+        max_points: the most events drawn per series.
+    """
+    if not names or iteration is None:
+        return empty_figure(_NO_RUN), ""
+    try:
+        frame = store.timeline(names[0], int(iteration))
+        compare = store.timeline(names[1], int(iteration)) if len(names) > 1 else None
+    except VIEW_ERRORS as exc:
+        message = f"Cannot read the timeline: {exc}"
+        return empty_figure(message), message
+    if frame.empty:
+        return empty_figure(f"iteration {iteration} has no events"), ""
+    x_range = None
+    if zoom and zoom.get("run") == names[0] and zoom.get("iteration") == iteration and zoom.get("range"):
+        x_range = relayout_range({"xaxis.range": zoom["range"]})
+    fig = timeline_figure(frame, x_range, max_points, compare, names[1] if len(names) > 1 else "",
+                          revision=f"{names[0]}|{iteration}", peak_at=_peak_at(store, names[0], int(iteration)))
+    drawn = len(fig.data[0].x)
+    note = f"{drawn:,} of {len(frame):,} events drawn"
+    if drawn < len(frame):
+        note += " (the lowest and highest of each bucket of the visible range; zoom in for detail)"
+    return fig, note + "."
+
+
+def register(app: dash.Dash, store: TraceStore) -> None:
+    """Wires the trace views' callbacks (and the planner's, see :mod:`dashboard.callbacks_planner`)."""
+    from dashboard import callbacks_planner
+
+    @app.callback(Output(ids.RUNS_TABLE, "data"), Output(ids.RUNS_TABLE, "selected_rows"),
+                  Output(ids.RUNS_EMPTY, "children"), Output(ids.STATUS, "children"),
+                  Input(ids.URL, "search"))
+    def _runs(search):
+        return runs_view(store, search)
+
+    @app.callback(Output(ids.SELECTED_RUNS, "data"), Output(ids.RUNS_SELECTION, "children"),
+                  Input(ids.RUNS_TABLE, "selected_rows"), State(ids.RUNS_TABLE, "data"))
+    def _select(selected_rows, rows):
+        return selected_names(selected_rows, rows)
+
+    @app.callback(Output(ids.OVERVIEW_HEADLINE, "children"), Output(ids.OVERVIEW_PEAKS, "figure"),
+                  Output(ids.OVERVIEW_BREAKDOWN, "figure"), Input(ids.SELECTED_RUNS, "data"))
+    def _overview(names):
+        return overview_view(store, names)
+
+    @app.callback(Output(ids.LAYERS_ITERATION, "options"), Output(ids.LAYERS_ITERATION, "value"),
+                  Output(ids.TIMELINE_ITERATION, "options"), Output(ids.TIMELINE_ITERATION, "value"),
+                  Input(ids.SELECTED_RUNS, "data"))
+    def _iterations(names):
+        options, value = iteration_options(store, names)
+        return options, value, options, value
+
+    @app.callback(Output(ids.LAYERS_TABLE, "data"), Output(ids.LAYERS_TREE, "figure"),
+                  Input(ids.SELECTED_RUNS, "data"), Input(ids.LAYERS_ITERATION, "value"),
+                  Input(ids.LAYERS_SIZE, "value"))
+    def _layers(names, iteration, size_column):
+        return layers_view(store, names, iteration, size_column)
+
+    @app.callback(Output(ids.TIMELINE_ZOOM, "data"), Input(ids.TIMELINE_GRAPH, "relayoutData"),
+                  State(ids.SELECTED_RUNS, "data"), State(ids.TIMELINE_ITERATION, "value"),
+                  prevent_initial_call=True)
+    def _zoom(relayout, names, iteration):
+        # Plotly also reports resizes and y-only zooms; those must not redraw. Preventing this small
+        # callback (not the figure's) keeps a pending figure request from being superseded by nothing.
+        state = zoom_state(relayout, names, iteration)
+        if state is None:
+            raise dash.exceptions.PreventUpdate
+        return state
+
+    @app.callback(Output(ids.TIMELINE_GRAPH, "figure"), Output(ids.TIMELINE_INFO, "children"),
+                  Input(ids.SELECTED_RUNS, "data"), Input(ids.TIMELINE_ITERATION, "value"),
+                  Input(ids.TIMELINE_ZOOM, "data"))
+    def _timeline(names, iteration, zoom):
+        return timeline_view(store, names, iteration, zoom)
+
+    callbacks_planner.register(app, store)

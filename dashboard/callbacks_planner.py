@@ -1,0 +1,280 @@
+"""Callbacks of the Planner and Export tabs: chain picker, budget slider, measured runs, downloads.
+
+The slider callback (:func:`planner_view`) never solves: it reads the cached Pareto front with
+``schedule_at`` and asks the simulator for the predicted timeline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from typing import Any
+
+import dash
+from dash import Input, Output, State, dcc, html
+
+import planner
+import planner.export
+from dashboard import ids
+from dashboard.callbacks import VIEW_ERRORS
+from dashboard.data import TraceStore
+from dashboard.figures import empty_figure
+from dashboard.figures_planner import memory_figure, schedule_figure, schedule_text, with_current
+from dashboard.planning import (
+    SLIDER_STEPS,
+    MeasuredComparison,
+    PlannerModel,
+    compare_measured,
+    container_choices,
+    default_budget,
+    measured_runs,
+    planner_model,
+    prediction_frame,
+    same_schedule,
+)
+from memprof.units import format_bytes
+
+#: Chain picker value for the chain the planner finds by itself; containers are ``"module:<name>"``.
+AUTO = "auto"
+_MODULE_PREFIX = "module:"
+#: Name of the downloaded Python file, the module name its usage lines import.
+PYTHON_FILENAME = "apply_schedule.py"
+_NO_RUN = "Choose a run on the Runs tab."
+
+
+def container_of(choice: str | None) -> str | None:
+    """The container name a chain-picker value names, or ``None`` for the auto-detected chain."""
+    if choice and choice.startswith(_MODULE_PREFIX):
+        return choice[len(_MODULE_PREFIX):]
+    return None
+
+
+def chain_options(store: TraceStore, names: list[str] | None) -> tuple[list[dict], str]:
+    """Chain-picker options: the auto-detected chain, then every container of the first chosen run."""
+    options = [{"label": "auto-detected chain", "value": AUTO}]
+    if names:
+        with contextlib.suppress(VIEW_ERRORS):
+            options += [{"label": f"children of {m}", "value": _MODULE_PREFIX + m}
+                        for m in container_choices(store.layers(names[0]))]
+    return options, AUTO
+
+
+def describe_chain(model: PlannerModel) -> str:
+    """One sentence saying which modules the chain covers."""
+    names = model.chain.module_names
+    shown = ", ".join(names[:6]) + (f", ... ({len(names)} stages)" if len(names) > 6 else "")
+    return f"Chain {model.chain.name}: {shown}; the budget excludes {format_bytes(model.model_state_bytes)} of model state."
+
+
+def planner_bounds(store: TraceStore, names: list[str] | None, choice: str | None) -> tuple[Any, ...]:
+    """The slider's range and start for the chosen chain: min feasible budget to store-all.
+
+    Returns:
+        ``(min, max, step, marks, value, disabled, message)`` for the slider and the message line.
+    """
+    if not names:
+        return 0, 1, 0.01, None, 0.5, True, _NO_RUN
+    try:
+        model = planner_model(store, names[0], container_of(choice))
+    except VIEW_ERRORS as exc:
+        return 0, 1, 0.01, None, 0.5, True, f"No plan for {names[0]}: {exc}"
+    low, high = model.min_budget_bytes, model.max_budget_bytes
+    if high <= low:
+        marks = {str(low): f"{format_bytes(low)} (store-all)"}
+        return low, low, 1, marks, low, True, describe_chain(model) + " Store-all is already the minimum."
+    step = (high - low) / SLIDER_STEPS
+    marks = {str(low): format_bytes(low), str(high): format_bytes(high)}
+    span = f" Budgets from {format_bytes(low)} (the minimum feasible) to {format_bytes(high)} (store-all)."
+    return low, high, step, marks, default_budget(model), False, describe_chain(model) + span
+
+
+def _run_id(store: TraceStore, name: str) -> str:
+    return str(store.meta(name).get("run_id", name))
+
+
+def comparisons(store: TraceStore, name: str) -> list[MeasuredComparison | tuple[str, str]]:
+    """Measured runs of schedules made from run ``name``; an unreadable one as ``(name, error)``."""
+    folder_stamp = store.traces_dir.stat().st_mtime_ns if store.traces_dir.is_dir() else 0
+    run_id = _run_id(store, name)
+    found = store.cache.get_or_build(("measured-of", str(store.traces_dir), folder_stamp, run_id),
+                                     lambda: tuple(measured_runs(store, run_id)))
+    out: list[MeasuredComparison | tuple[str, str]] = []
+    for measured in found:
+        try:
+            out.append(compare_measured(store, measured))
+        except VIEW_ERRORS as exc:
+            out.append((measured, str(exc)))
+    return out
+
+
+def _error_sentence(c: MeasuredComparison) -> str:
+    return (f"{c.name}: peak predicted {format_bytes(c.predicted_peak_bytes)}, measured "
+            f"{format_bytes(c.measured_peak_bytes)} ({c.peak_error:+.1%}); time predicted {c.predicted_ms:.3f} ms, "
+            f"measured {c.measured_ms:.3f} ms ({c.time_error:+.1%}).")
+
+
+def planner_view(store: TraceStore, names: list[str] | None, choice: str | None,
+                 budget: float | None) -> tuple[Any, ...]:
+    """What the budget slider shows: the optimal schedule at ``budget`` and its prediction.
+
+    Returns:
+        ``(budget text, peak text, makespan text, operations text, schedule figure, memory figure,
+        Pareto figure, planner choice)``; the choice (run, container, budget) feeds the Export tab.
+    """
+    if not names:
+        blank = empty_figure(_NO_RUN)
+        return "", "", "", "", blank, blank, blank, None
+    try:
+        model = planner_model(store, names[0], container_of(choice))
+    except VIEW_ERRORS as exc:
+        message = f"No plan for {names[0]}: {exc}"
+        failed = empty_figure(message)
+        return message, "", "", "", failed, failed, failed, None
+    budget_bytes = model.clamp(budget)
+    schedule = model.front.schedule_at(budget_bytes)
+    prediction = planner.simulate(model.chain, schedule)
+    frame = prediction_frame(prediction)
+    peak, makespan = int(prediction.peak_bytes), float(prediction.makespan_ms)
+    state = model.model_state_bytes
+    budget_text = (f"budget {format_bytes(budget_bytes)} for activations "
+                   f"(+ {format_bytes(state)} model state = {format_bytes(budget_bytes + state)} in all)")
+    peak_text = f"predicted peak {format_bytes(peak)}"
+    makespan_text = f"predicted makespan {makespan:.3f} ms"
+    store_all = model.points[model.points["algorithm"] == "store_all"]
+    if not store_all.empty and float(store_all["makespan_ms"].iloc[0]) > 0:
+        base = float(store_all["makespan_ms"].iloc[0])
+        makespan_text += f" ({makespan / base - 1:+.1%} over store-all's {base:.3f} ms)"
+    matches = [c for c in comparisons(store, names[0])
+               if isinstance(c, MeasuredComparison) and same_schedule(c.schedule, schedule)]
+    if matches:
+        peak_text += "; measured " + ", ".join(f"{format_bytes(c.measured_peak_bytes)} ({c.peak_error:+.1%})"
+                                               for c in matches)
+        makespan_text += "; measured " + ", ".join(f"{c.measured_ms:.3f} ms ({c.time_error:+.1%})" for c in matches)
+    memory = memory_figure(frame, budget_bytes, [(c.name, c.measured) for c in matches])
+    pareto = with_current(model.pareto, current=(peak, makespan), budget_bytes=budget_bytes)
+    picked = {"run": names[0], "container": container_of(choice), "budget_bytes": budget_bytes}
+    return (budget_text, peak_text, makespan_text, schedule_text(schedule.ops),
+            schedule_figure(frame, model.chain.module_names), memory, pareto, picked)
+
+
+def measured_view(store: TraceStore, names: list[str] | None) -> list[Any]:
+    """One block per measured run of a schedule from the first chosen run: errors and both timelines."""
+    if not names:
+        return [html.P(_NO_RUN)]
+    try:
+        found = comparisons(store, names[0])
+    except VIEW_ERRORS as exc:
+        return [html.P(f"Cannot list measured runs: {exc}")]
+    if not found:
+        return [html.P("No schedule made from this run has been executed and measured yet "
+                       "(a measured run is a run whose meta.json names this run as its source_run).")]
+    blocks: list[Any] = []
+    for item in found:
+        if not isinstance(item, MeasuredComparison):
+            blocks.append(html.P(f"{item[0]}: cannot compare: {item[1]}", className="message"))
+            continue
+        figure = memory_figure(item.predicted, item.schedule.budget_bytes, [(item.name, item.measured)],
+                                          title=f"{item.schedule.algorithm} schedule: predicted and measured")
+        blocks.append(html.Div(className="measured", children=[
+            html.P(_error_sentence(item)), dcc.Graph(figure=figure, config={"displaylogo": False})]))
+    return blocks
+
+
+def current_schedule(store: TraceStore, choice: dict | None, names: list[str] | None) -> Any:
+    """The schedule the Planner shows (or, before it was opened, the first run's at the default budget)."""
+    if choice and isinstance(choice, dict) and choice.get("run"):
+        run, container, budget = str(choice["run"]), choice.get("container"), choice.get("budget_bytes")
+    elif names:
+        run, container, budget = names[0], None, None
+    else:
+        raise LookupError("no run chosen: choose a run on the Runs tab and a budget on the Planner tab")
+    model = planner_model(store, run, container if isinstance(container, str) else None)
+    schedule = model.front.schedule_at(model.clamp(budget))
+    prediction = planner.simulate(model.chain, schedule)
+    return schedule.with_prediction(prediction.peak_bytes, prediction.makespan_ms)
+
+
+def _file_stem(schedule: Any) -> str:
+    chain = re.sub(r"[^A-Za-z0-9._-]+", "_", schedule.chain.name or "chain").strip("_") or "chain"
+    return f"schedule_{chain}_{schedule.algorithm}_{schedule.budget_bytes}"
+
+
+def export_summary(store: TraceStore, choice: dict | None, names: list[str] | None) -> str:
+    """What the Export buttons will download."""
+    try:
+        schedule = current_schedule(store, choice, names)
+    except (*VIEW_ERRORS, LookupError) as exc:
+        return f"Nothing to export yet: {exc}"
+    run = choice.get("run") if isinstance(choice, dict) and choice.get("run") else (names or ["?"])[0]
+    return (f"{schedule.algorithm} schedule of run {run}, chain {schedule.chain.name}, at budget "
+            f"{format_bytes(schedule.budget_bytes)}: "
+            f"{len(schedule.ops)} operations, predicted peak {format_bytes(schedule.predicted_peak_bytes)}, "
+            f"makespan {schedule.predicted_makespan_ms:.3f} ms.")
+
+
+def export_json(store: TraceStore, choice: dict | None, names: list[str] | None) -> dict:
+    """The download of the current schedule as JSON (``Schedule.to_json``)."""
+    schedule = current_schedule(store, choice, names)
+    return dcc.send_string(schedule.to_json(), f"{_file_stem(schedule)}.json")
+
+
+def export_python(store: TraceStore, choice: dict | None, names: list[str] | None) -> dict:
+    """The download of the current schedule as the planner's standalone Python file."""
+    schedule = current_schedule(store, choice, names)
+    # The generated file documents its use as `from apply_schedule import apply_schedule`.
+    return dcc.send_string(planner.export.export_python(schedule), PYTHON_FILENAME)
+
+
+def register(app: dash.Dash, store: TraceStore) -> None:
+    """Wires the Planner and Export callbacks."""
+
+    @app.callback(Output(ids.PLANNER_CONTAINER, "options"), Output(ids.PLANNER_CONTAINER, "value"),
+                  Input(ids.SELECTED_RUNS, "data"))
+    def _chains(names):
+        return chain_options(store, names)
+
+    @app.callback(Output(ids.PLANNER_BUDGET, "min"), Output(ids.PLANNER_BUDGET, "max"),
+                  Output(ids.PLANNER_BUDGET, "step"), Output(ids.PLANNER_BUDGET, "marks"),
+                  Output(ids.PLANNER_BUDGET, "value"), Output(ids.PLANNER_BUDGET, "disabled"),
+                  Output(ids.PLANNER_MESSAGE, "children"),
+                  Input(ids.SELECTED_RUNS, "data"), Input(ids.PLANNER_CONTAINER, "value"))
+    def _bounds(names, choice):
+        return planner_bounds(store, names, choice)
+
+    @app.callback(Output(ids.PLANNER_BUDGET_TEXT, "children"), Output(ids.PLANNER_PEAK, "children"),
+                  Output(ids.PLANNER_MAKESPAN, "children"), Output(ids.PLANNER_SCHEDULE_TEXT, "children"),
+                  Output(ids.PLANNER_SCHEDULE_GRAPH, "figure"), Output(ids.PLANNER_TIMELINE_GRAPH, "figure"),
+                  Output(ids.PLANNER_PARETO_GRAPH, "figure"), Output(ids.PLANNER_CHOICE, "data"),
+                  Input(ids.PLANNER_BUDGET, "value"), Input(ids.SELECTED_RUNS, "data"),
+                  Input(ids.PLANNER_CONTAINER, "value"))
+    def _plan(budget, names, choice):
+        return planner_view(store, names, choice, budget)
+
+    @app.callback(Output(ids.PLANNER_MEASURED, "children"), Input(ids.SELECTED_RUNS, "data"))
+    def _measured(names):
+        return measured_view(store, names)
+
+    @app.callback(Output(ids.EXPORT_SUMMARY, "children"), Input(ids.PLANNER_CHOICE, "data"),
+                  Input(ids.SELECTED_RUNS, "data"))
+    def _summary(choice, names):
+        return export_summary(store, choice, names)
+
+    @app.callback(Output(ids.EXPORT_JSON_DOWNLOAD, "data"), Output(ids.EXPORT_MESSAGE, "children", allow_duplicate=True),
+                  Input(ids.EXPORT_JSON_BUTTON, "n_clicks"), State(ids.PLANNER_CHOICE, "data"),
+                  State(ids.SELECTED_RUNS, "data"), prevent_initial_call=True)
+    def _download_json(_clicks, choice, names):
+        return _download(export_json, store, choice, names)
+
+    @app.callback(Output(ids.EXPORT_PY_DOWNLOAD, "data"), Output(ids.EXPORT_MESSAGE, "children", allow_duplicate=True),
+                  Input(ids.EXPORT_PY_BUTTON, "n_clicks"), State(ids.PLANNER_CHOICE, "data"),
+                  State(ids.SELECTED_RUNS, "data"), prevent_initial_call=True)
+    def _download_python(_clicks, choice, names):
+        return _download(export_python, store, choice, names)
+
+
+def _download(build: Any, store: TraceStore, choice: dict | None, names: list[str] | None) -> tuple[Any, str]:
+    try:
+        payload = build(store, choice, names)
+    except (*VIEW_ERRORS, LookupError) as exc:
+        return dash.no_update, f"Cannot export: {exc}"
+    return payload, f"Downloaded {payload['filename']}."

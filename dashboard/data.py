@@ -1,0 +1,180 @@
+"""Trace access for the dashboard: safe run names, cached reads of only the columns a view needs.
+
+A run is addressed by its name relative to the traces folder (``"mlp"``, ``"ddp/rank=1"``), exactly
+as :func:`memprof.list_runs` names it. Names come from the browser, so every name is resolved and
+refused when it points outside the folder (``..``, absolute paths, symbolic links leading out).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Hashable
+from pathlib import Path, PurePosixPath, PureWindowsPath
+from typing import Any, TypeVar
+
+import numpy as np
+import pandas as pd
+
+from dashboard.cache import BoundedCache
+from memprof import RunEntry, Trace, list_runs, load_trace
+from memprof.categories import CATEGORY_COLUMNS
+from memprof.errors import MemprofError, TraceError, TraceNotFoundError
+from memprof.schema import EVENTS, ITERATIONS, LAYERS, META_FILE, TABLES, table_dir_name
+from memprof.units import format_bytes
+
+T = TypeVar("T")
+
+#: Columns of the layers table that the Layers view shows.
+LAYER_COLUMNS: tuple[str, ...] = (
+    "iteration", "module", "parent", "depth", "order", "kind", "weight_bytes", "weight_grad_bytes",
+    "buffer_bytes", "feature_map_bytes", "output_bytes", "saved_bytes", "forward_ms", "backward_ms",
+)
+#: Columns of the events table that a memory timeline needs.
+TIMELINE_COLUMNS: tuple[str, ...] = (
+    "iteration", "seq", "time_ns", "phase", "module", "allocated_bytes", "peak_bytes", "reserved_bytes",
+    *CATEGORY_COLUMNS,
+)
+_SUMMARY_COLUMNS = ("iteration", "peak_allocated_bytes", "peak_reserved_bytes")
+
+
+class UnsafeRunPathError(MemprofError, ValueError):
+    """A run name does not name a directory inside the traces folder."""
+
+
+def resolve_run(traces_dir: str | Path, name: str) -> Path:
+    """Turns a run name from the browser into a directory inside ``traces_dir``.
+
+    Raises:
+        UnsafeRunPathError: the name is empty, absolute, contains ``..`` or a NUL byte, or resolves
+            (following symbolic links) to a place outside the traces folder.
+        TraceNotFoundError: the name is safe but no such directory exists.
+    """
+    if not isinstance(name, str) or not name.strip():
+        raise UnsafeRunPathError(f"expected a run name relative to the traces folder, found {name!r}")
+    if "\x00" in name or "\\" in name:
+        raise UnsafeRunPathError(f"run name {name!r} contains a NUL byte or a backslash; expected a relative path")
+    posix = PurePosixPath(name)
+    if posix.is_absolute() or PureWindowsPath(name).is_absolute() or PureWindowsPath(name).drive:
+        raise UnsafeRunPathError(f"run name {name!r} is absolute; expected a name relative to the traces folder")
+    if any(part == ".." for part in posix.parts):
+        raise UnsafeRunPathError(f"run name {name!r} climbs out with '..'; expected a name inside the traces folder")
+    root = Path(traces_dir).resolve()
+    target = (root / posix).resolve()
+    if target == root or not target.is_relative_to(root):
+        raise UnsafeRunPathError(f"run name {name!r} resolves to {target}, outside the traces folder {root}")
+    if not target.is_dir():
+        raise TraceNotFoundError(f"no run named {name!r} in {root}")
+    return target
+
+
+def run_stamp(run_dir: Path) -> tuple[int, ...]:
+    """Modification times of a run's metadata and table folders; changes whenever a part is written."""
+    stamps = []
+    for path in (run_dir / META_FILE, *(run_dir / table_dir_name(t) for t in TABLES)):
+        try:
+            stamps.append(os.stat(path).st_mtime_ns)
+        except OSError:
+            stamps.append(0)
+    return tuple(stamps)
+
+
+class TraceStore:
+    """Reads runs under one traces folder, caching what it read in a bounded read-only cache.
+
+    Frames returned by this class are shared between requests and browser sessions: callers must not
+    modify them (figure builders are pure functions and never do).
+
+    Args:
+        traces_dir: the folder holding the runs.
+        cache: the cache to use; a new bounded one when ``None``.
+    """
+
+    def __init__(self, traces_dir: str | Path, cache: BoundedCache | None = None) -> None:
+        self.traces_dir = Path(traces_dir)
+        self.cache = cache if cache is not None else BoundedCache()
+
+    def path(self, name: str) -> Path:
+        """The directory of run ``name`` (see :func:`resolve_run`)."""
+        return resolve_run(self.traces_dir, name)
+
+    def memo(self, name: str, what: Hashable, build: Callable[[Path], T]) -> T:
+        """Returns ``build(run_dir)`` cached under the run's name, its stamp and ``what``."""
+        run_dir = self.path(name)
+        key = (str(run_dir), run_stamp(run_dir), what)
+        return self.cache.get_or_build(key, lambda: build(run_dir))
+
+    def runs(self) -> list[RunEntry]:
+        """Every run and rank in the folder (unreadable ones with their error); empty if no folder."""
+        try:
+            return list_runs(self.traces_dir)
+        except TraceNotFoundError:
+            return []
+
+    def trace(self, name: str) -> Trace:
+        """The opened run (metadata and footers validated)."""
+        return self.memo(name, "trace", load_trace)
+
+    def meta(self, name: str) -> dict[str, Any]:
+        """The run's ``meta.json``."""
+        return self.trace(name).meta
+
+    def iterations(self, name: str) -> pd.DataFrame:
+        """The iterations table, sorted by iteration."""
+        return self.memo(name, ITERATIONS, lambda _: _sorted(self.trace(name).read(ITERATIONS), ["iteration"]))
+
+    def layers(self, name: str) -> pd.DataFrame:
+        """The columns of the layers table the Layers view shows, every iteration."""
+        return self.memo(name, LAYERS, lambda _: self.trace(name).read(LAYERS, columns=list(LAYER_COLUMNS)))
+
+    def layers_at(self, name: str, iteration: int) -> pd.DataFrame:
+        """The modules of one iteration, in first-forward order."""
+        frame = self.layers(name)
+        return _sorted(frame[frame["iteration"] == iteration], ["order", "module"])
+
+    def timeline(self, name: str, iteration: int) -> pd.DataFrame:
+        """The events of one iteration with ``time_ms`` since its first event, in event order."""
+        return self.memo(name, (EVENTS, int(iteration)), lambda _: self._read_timeline(name, int(iteration)))
+
+    def _read_timeline(self, name: str, iteration: int) -> pd.DataFrame:
+        events = self.trace(name).read(EVENTS, columns=list(TIMELINE_COLUMNS))
+        frame = events[events["iteration"].to_numpy() == iteration]
+        frame = _sorted(frame, ["seq"])
+        times = frame["time_ns"].to_numpy(dtype=np.int64)
+        origin = times[0] if len(times) else 0
+        frame = frame.assign(time_ms=(times - origin) / 1e6)
+        frame["phase"] = frame["phase"].astype("category")
+        return frame
+
+    def summary(self, entry: RunEntry) -> dict[str, Any]:
+        """One row of the Runs table: what a user needs to tell runs apart, or why one is unreadable."""
+        row: dict[str, Any] = {"name": entry.name, "model": "", "device": "", "created": "", "rank": "",
+                               "iterations": 0, "peak_bytes": 0, "peak": "", "kind": "", "error": entry.error or ""}
+        if entry.meta is None:
+            return row
+        meta = entry.meta
+        row.update(model=str(meta.get("model", "")), device=str(meta.get("device", "")),
+                   created=str(meta.get("created_at", ""))[:19].replace("T", " "),
+                   rank=f"{meta.get('rank', 0)}/{meta.get('world_size', 1)}",
+                   kind=_run_kind(meta))
+        try:
+            table = self.memo(entry.name, "summary", lambda _: self.trace(entry.name).read(
+                ITERATIONS, columns=list(_SUMMARY_COLUMNS)))
+        except (TraceError, OSError) as exc:
+            row["error"] = str(exc)
+            return row
+        peak = int(table["peak_allocated_bytes"].max()) if len(table) else 0
+        row.update(iterations=len(table), peak_bytes=peak)
+        row["peak"] = format_bytes(peak) if len(table) else "no iterations"
+        return row
+
+
+def _run_kind(meta: dict[str, Any]) -> str:
+    schedule = meta.get("schedule")
+    if isinstance(schedule, dict):
+        source = meta.get("source_run", "?")
+        return f"measured {schedule.get('algorithm', '?')} schedule of {source}"
+    return "profiled"
+
+
+def _sorted(frame: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+    return frame.sort_values(by, kind="stable").reset_index(drop=True)

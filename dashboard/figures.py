@@ -1,0 +1,205 @@
+"""Figure builders for the trace views: pure functions from data frames to plotly figures.
+
+Plotly reads a few HTML tags (``<b>``, ``<br>``, ``<a>``) in text, so every module or run name put
+into a figure goes through :func:`plot_text`, which escapes it to show as typed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+from memprof.categories import CATEGORY_COLUMNS
+from memprof.units import format_bytes
+
+#: One colour per category, the same in every figure.
+CATEGORY_COLORS: dict[str, str] = {
+    "weights": "#4c78a8",
+    "buffers": "#9ecae9",
+    "weight_grads": "#f58518",
+    "feature_maps": "#54a24b",
+    "grads": "#e45756",
+    "optimizer_state": "#b279a2",
+    "inputs": "#72b7b2",
+    "other": "#bab0ac",
+}
+CACHE_COLOR = "#dddddd"
+PHASE_COLORS: dict[str, str] = {
+    "forward": "rgba(84, 162, 75, 0.10)",
+    "backward": "rgba(228, 87, 86, 0.10)",
+    "optimizer": "rgba(178, 121, 162, 0.12)",
+    "other": "rgba(150, 150, 150, 0.06)",
+}
+_MARGIN = {"l": 70, "r": 20, "t": 50, "b": 40}
+#: plotly.js's own plain look; the same for figures built as dicts (see ``figures_planner``).
+TEMPLATE = "none"
+_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+
+
+def byte_ticks(top_bytes: float, ticks: int = 6) -> dict[str, Any]:
+    """Axis ticks in binary units (``0, 16 MiB, 32 MiB ...``) up to ``top_bytes``.
+
+    Plotly would label bytes with decimal prefixes (``60M``) where every number on the page is in
+    KiB/MiB/GiB; these ticks say the same unit as the text beside the figure.
+    """
+    if not math.isfinite(top_bytes) or top_bytes <= 0:
+        return {}
+    power = min(int(math.log(top_bytes, 1024)), len(_UNITS) - 1) if top_bytes >= 1 else 0
+    unit = 1024**power
+    raw = top_bytes / unit / ticks
+    magnitude = 10 ** math.floor(math.log10(raw)) if raw > 0 else 1
+    step = next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw)
+    if power == 0:
+        step = max(1, round(step))
+    values = np.arange(0, top_bytes + step * unit, step * unit)
+    return {"tickmode": "array", "tickvals": values.tolist(),
+            "ticktext": ["0" if v == 0 else f"{v / unit:g} {_UNITS[power]}" for v in values]}
+
+
+def plot_text(name: object) -> str:
+    """Escapes a name for plotly text so that markup in it is shown, never interpreted."""
+    return str(name).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def module_label(module: str) -> str:
+    """The display label of a qualified module name (the root module has the empty name)."""
+    return module if module else "(model)"
+
+
+def empty_figure(message: str) -> go.Figure:
+    """A blank figure carrying a message, for views with nothing to draw."""
+    fig = go.Figure()
+    fig.add_annotation(text=plot_text(message), showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper")
+    fig.update_layout(xaxis={"visible": False}, yaxis={"visible": False}, margin=_MARGIN, height=300,
+                      template=TEMPLATE)
+    return fig
+
+
+def peaks_figure(iterations: pd.DataFrame, compare: pd.DataFrame | None = None,
+                 names: Sequence[str] = ("", "")) -> go.Figure:
+    """Peak allocated and reserved bytes per iteration, optionally beside a second run's.
+
+    Args:
+        iterations: the iterations table (``iteration``, ``peak_allocated_bytes``, ``peak_reserved_bytes``).
+        compare: a second run's iterations table, or ``None``.
+        names: the two runs' names, used in the legend when comparing.
+    """
+    fig = go.Figure()
+    top = 0.0
+    for frame, run, dash in ((iterations, names[0], "solid"), (compare, names[1] if len(names) > 1 else "", "dot")):
+        if frame is None:
+            continue
+        suffix = f" ({plot_text(run)})" if compare is not None else ""
+        for column, label, color in (("peak_allocated_bytes", "peak allocated", "#4c78a8"),
+                                     ("peak_reserved_bytes", "peak reserved", "#f58518")):
+            if column == "peak_reserved_bytes" and not frame[column].any():
+                continue  # no caching allocator (CPU): nothing reserved to show
+            top = max(top, float(frame[column].max()) if len(frame) else 0.0)
+            fig.add_trace(go.Scatter(
+                x=frame["iteration"].to_numpy(), y=frame[column].to_numpy(), name=label + suffix,
+                mode="lines+markers", line={"color": color, "dash": dash},
+                customdata=[format_bytes(v) for v in frame[column]],
+                hovertemplate="iteration %{x}: %{customdata}<extra>" + label + suffix + "</extra>",
+            ))
+    fig.update_layout(title="Peak memory per iteration", xaxis={"title": "iteration", "tickformat": "d"},
+                      yaxis={"title": "bytes", "rangemode": "tozero", **byte_ticks(top)}, margin=_MARGIN,
+                      height=360, legend={"orientation": "h", "y": -0.2}, template=TEMPLATE)
+    return fig
+
+
+def breakdown_figure(iterations: pd.DataFrame) -> go.Figure:
+    """Bytes of each category at each iteration's peak, stacked, with the allocator's cache on top."""
+    fig = go.Figure()
+    x = iterations["iteration"].to_numpy()
+    for column in CATEGORY_COLUMNS:
+        values = iterations[column].to_numpy()
+        fig.add_trace(go.Bar(x=x, y=values, name=column, marker_color=CATEGORY_COLORS[column],
+                             customdata=[format_bytes(v) for v in values],
+                             hovertemplate="iteration %{x}: %{customdata}<extra>" + column + "</extra>"))
+    cache = np.clip(iterations["peak_reserved_bytes"].to_numpy() - iterations["peak_allocated_bytes"].to_numpy(),
+                    0, None)
+    if cache.any():
+        fig.add_trace(go.Bar(x=x, y=cache, name="cache (reserved, unallocated)", marker_color=CACHE_COLOR,
+                             customdata=[format_bytes(v) for v in cache],
+                             hovertemplate="iteration %{x}: %{customdata}<extra>cache</extra>"))
+    top = float(np.max(iterations[list(CATEGORY_COLUMNS)].to_numpy().sum(axis=1) + cache)) if len(x) else 0.0
+    fig.update_layout(barmode="stack", title="What the memory held at each iteration's peak",
+                      xaxis={"title": "iteration", "tickformat": "d"}, yaxis={"title": "bytes", **byte_ticks(top)},
+                      margin=_MARGIN, height=380, template=TEMPLATE)
+    return fig
+
+
+def headline(iterations: pd.DataFrame) -> str:
+    """One sentence: the peak, where it happened, what dominates it and how much is cache."""
+    if iterations.empty:
+        return "This run has no recorded iterations yet."
+    row = iterations.loc[iterations["peak_allocated_bytes"].idxmax()]
+    peak = int(row["peak_allocated_bytes"])
+    shares = {c: int(row[c]) for c in CATEGORY_COLUMNS}
+    top = max(shares, key=lambda c: shares[c])
+    share = shares[top] / peak if peak else 0.0
+    where = ""
+    if "peak_module" in row.index and isinstance(row.get("peak_module"), str):
+        where = f" during {row.get('peak_phase', '')} in {module_label(row['peak_module'])}"
+    reserved = int(row["peak_reserved_bytes"])
+    cache = max(reserved - peak, 0)
+    cache_text = (f"allocator cache {format_bytes(cache)} ({cache / reserved:.0%} of {format_bytes(reserved)} reserved)"
+                  if reserved else "no allocator cache on this device")
+    return (f"Peak {format_bytes(peak)} allocated at iteration {int(row['iteration'])}{where}; "
+            f"{top} dominates with {format_bytes(shares[top])} ({share:.0%}); {cache_text}.")
+
+
+def _tree_values(layers: pd.DataFrame, column: str) -> dict[str, int]:
+    # A treemap with branchvalues="total" needs every parent to be at least the sum of its children;
+    # a container's own figure may count its children or not, so take the larger of the two.
+    rows = sorted(zip(layers["depth"], layers["module"], layers["parent"], layers[column]),
+                  key=lambda r: -int(r[0]))
+    known = {r[1] for r in rows}
+    below: dict[str, int] = {}
+    values: dict[str, int] = {}
+    for _, module, parent, own in rows:
+        values[module] = max(int(own), below.get(module, 0))
+        if module != "":
+            # An orphan (its parent not recorded) hangs under the root, as in the figure.
+            key = parent if parent in known else ""
+            below[key] = below.get(key, 0) + values[module]
+    values.setdefault("", below.get("", 0))
+    return values
+
+
+def layer_tree_figure(layers: pd.DataFrame, column: str, root_label: str = "model") -> go.Figure:
+    """Treemap of the module tree of one iteration, each box sized by ``column`` (bytes).
+
+    Args:
+        layers: one iteration's rows of the layers table (``module``, ``parent``, ``depth``, ``kind``
+            and ``column``).
+        column: the byte column that sizes the boxes, e.g. ``"weight_bytes"``.
+        root_label: the label of the root module (the model's class name).
+    """
+    if layers.empty:
+        return empty_figure("no modules recorded in this iteration")
+    values = _tree_values(layers, column)
+    known = set(layers["module"])
+    ids, parents, labels, sizes, texts = [], [], [], [], []
+    for module, parent, kind in zip(layers["module"], layers["parent"], layers["kind"]):
+        # Ids are prefixed so that the root (empty name) gets a non-empty id of its own.
+        ids.append("m:" + module)
+        parents.append("" if module == "" else "m:" + (parent if parent in known else ""))
+        labels.append(plot_text(module.rsplit(".", 1)[-1] if module else root_label))
+        sizes.append(values[module])
+        texts.append(f"{plot_text(module_label(module))} ({plot_text(kind)}): {format_bytes(values[module])}")
+    if "" not in known:
+        ids.append("m:")
+        parents.append("")
+        labels.append(plot_text(root_label))
+        sizes.append(values[""])
+        texts.append(plot_text(root_label))
+    fig = go.Figure(go.Treemap(ids=ids, parents=parents, labels=labels, values=sizes, branchvalues="total",
+                               hovertext=texts, hoverinfo="text", textinfo="label"))
+    fig.update_layout(title=f"Module tree sized by {column}", margin=_MARGIN, height=480, template=TEMPLATE)
+    return fig

@@ -1,0 +1,186 @@
+"""Figure builders for the Planner view: pure functions from data frames to plotly figures.
+
+These figures are redrawn on every move of the budget slider, whose server time must stay under
+150 ms on a 100-stage chain. Building ``plotly.graph_objects`` validates every property and costs
+more than that, so these builders return the figure in plotly's JSON form (``{"data": [...],
+"layout": {...}}``), which ``dcc.Graph`` takes as is; ``go.Figure(fig)`` validates it (the tests do).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from dashboard.figures import byte_ticks, plot_text
+from memprof.units import format_bytes
+
+OP_COLORS: dict[str, str] = {"F_all": "#54a24b", "F_ck": "#4c78a8", "F_none": "#bab0ac", "B": "#e45756"}
+ALGORITHM_COLORS: dict[str, str] = {
+    "store_all": "#333333", "periodic": "#f58518", "sqrt": "#b279a2", "revolve": "#72b7b2",
+    "rotor": "#4c78a8", "rotor_optimal": "#54a24b",
+}
+_MARGIN = {"l": 70, "r": 20, "t": 50, "b": 40}
+#: Up to this many stages, each row of the schedule figure is labelled with its module name.
+MAX_STAGE_LABELS = 40
+
+Figure = dict[str, Any]
+
+
+def _layout(title: str, x_title: str, y_title: str, **extra: Any) -> dict[str, Any]:
+    layout: dict[str, Any] = {"title": {"text": title}, "xaxis": {"title": {"text": x_title}},
+                              "yaxis": {"title": {"text": y_title}}, "margin": dict(_MARGIN),
+                              "paper_bgcolor": "white", "plot_bgcolor": "white"}
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(layout.get(key), dict):
+            layout[key] = {**layout[key], **value}
+        else:
+            layout[key] = value
+    return layout
+
+
+def _hline(y: float, text: str) -> tuple[dict, dict]:
+    shape = {"type": "line", "xref": "paper", "x0": 0, "x1": 1, "yref": "y", "y0": y, "y1": y,
+             "line": {"color": "#999999", "dash": "dash"}}
+    note = {"xref": "paper", "x": 0, "yref": "y", "y": y, "text": text, "showarrow": False,
+            "xanchor": "left", "yanchor": "bottom"}
+    return shape, note
+
+
+def schedule_figure(prediction: pd.DataFrame, stage_names: Sequence[str]) -> Figure:
+    """The schedule's operations as bars on a time axis, one row per stage.
+
+    Args:
+        prediction: the simulator's frame (``kind``, ``stage``, ``start_ms``, ``end_ms``).
+        stage_names: labels of stages 1..L (the loss, stage L+1, is labelled ``loss``).
+    """
+    labels = [*(plot_text(n) for n in stage_names), "loss"]
+    kinds = prediction["kind"].astype(str).to_numpy()
+    data = []
+    for kind, color in OP_COLORS.items():
+        chosen = kinds == kind
+        if not chosen.any():
+            continue
+        start = prediction["start_ms"].to_numpy(dtype=float)[chosen]
+        stage = prediction["stage"].to_numpy(dtype=int)[chosen]
+        data.append({
+            "type": "bar", "orientation": "h", "name": kind, "y": stage, "base": start,
+            "x": prediction["end_ms"].to_numpy(dtype=float)[chosen] - start,
+            "marker": {"color": color, "line": {"width": 0}},
+            "customdata": [labels[s - 1] if 0 < s <= len(labels) else str(s) for s in stage],
+            "hovertemplate": kind + "(%{y}) %{customdata}: %{base:.3f} ms + %{x:.3f} ms<extra></extra>",
+        })
+    yaxis: dict[str, Any] = {"autorange": "reversed"}
+    if len(labels) <= MAX_STAGE_LABELS:
+        yaxis.update(tickmode="array", tickvals=list(range(1, len(labels) + 1)),
+                     ticktext=[f"{i} {label}" for i, label in enumerate(labels, start=1)])
+    layout = _layout("Schedule: operations over time, one row per stage", "time (ms)", "stage",
+                     barmode="overlay", bargap=0.15, yaxis=yaxis, height=max(300, 60 + 22 * len(labels)),
+                     margin={"l": 160})
+    return {"data": data, "layout": layout}
+
+
+def predicted_line(prediction: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """The predicted memory as a line: each operation's peak while it runs, then what it leaves live."""
+    start = prediction["start_ms"].to_numpy(dtype=float)
+    end = prediction["end_ms"].to_numpy(dtype=float)
+    peak = prediction["peak_bytes"].to_numpy(dtype=float)
+    after = prediction["memory_bytes"].to_numpy(dtype=float)
+    x = np.column_stack([start, end, end]).ravel()
+    y = np.column_stack([peak, peak, after]).ravel()
+    return x, y
+
+
+def memory_figure(prediction: pd.DataFrame, budget_bytes: int | None = None,
+                  measured: Sequence[tuple[str, pd.DataFrame]] = (), title: str = "") -> Figure:
+    """Predicted activation memory of a schedule, with measured runs of it drawn over it.
+
+    Args:
+        prediction: the simulator's frame (``start_ms``, ``end_ms``, ``memory_bytes``, ``peak_bytes``).
+        budget_bytes: the budget, drawn as a horizontal line.
+        measured: ``(run name, frame)`` pairs from :func:`dashboard.planning.measured_activation`.
+        title: the figure title.
+    """
+    x, y = predicted_line(prediction)
+    data = [{"type": "scatter", "x": x, "y": y, "mode": "lines", "name": "predicted",
+             "line": {"color": "#4c78a8", "width": 2},
+             "hovertemplate": "%{x:.3f} ms: %{y:,.0f} B<extra>predicted</extra>"}]
+    for name, frame in measured:
+        data.append({"type": "scatter", "x": frame["time_ms"].to_numpy(), "y": frame["activation_bytes"].to_numpy(),
+                     "mode": "lines", "name": f"measured ({plot_text(name)})",
+                     "line": {"color": "#e45756", "width": 1.5, "dash": "dot"},
+                     "hovertemplate": "%{x:.3f} ms: %{y:,.0f} B<extra>measured</extra>"})
+    top = max([float(np.max(y)) if len(y) else 0.0, float(budget_bytes or 0)]
+              + [float(f["activation_bytes"].max()) for _, f in measured if len(f)])
+    layout = _layout(title or "Predicted activation memory (budget counts activations, not weights)",
+                     "time since the forward began (ms)", "bytes", height=380,
+                     legend={"orientation": "h", "y": -0.25}, yaxis=byte_ticks(top))
+    if budget_bytes is not None:
+        shape, note = _hline(budget_bytes, f"budget {format_bytes(budget_bytes)}")
+        layout.update(shapes=[shape], annotations=[note])
+    return {"data": data, "layout": layout}
+
+
+def pareto_base(points: pd.DataFrame, front_budgets: Sequence[float], front_makespans: Sequence[float]) -> Figure:
+    """Memory against time of every algorithm and the optimal front (what does not move with the slider).
+
+    Args:
+        points: ``planner.algorithm_points``: algorithm, budget_bytes, peak_bytes, makespan_ms.
+        front_budgets: the Pareto front's budgets (bytes).
+        front_makespans: the optimal makespan at each of those budgets (ms).
+    """
+    data = [{"type": "scatter", "x": np.asarray(front_budgets), "y": np.asarray(front_makespans), "mode": "lines",
+             "name": "rotor optimum by budget", "line": {"shape": "hv", "color": ALGORITHM_COLORS["rotor"], "width": 1},
+             "hovertemplate": "budget %{x:,.0f} B: %{y:.3f} ms<extra>optimal</extra>"}]
+    for algorithm, group in points.groupby("algorithm", sort=False):
+        group = group.sort_values("peak_bytes")
+        name = plot_text(algorithm)
+        data.append({"type": "scatter", "x": group["peak_bytes"].to_numpy(), "y": group["makespan_ms"].to_numpy(),
+                     "mode": "lines+markers", "name": name, "marker": {"size": 7},
+                     "line": {"color": ALGORITHM_COLORS.get(str(algorithm), "#888888"), "width": 1, "dash": "dot"},
+                     "customdata": [format_bytes(v) for v in group["peak_bytes"]],
+                     "hovertemplate": "peak %{customdata}: %{y:.3f} ms<extra>" + name + "</extra>"})
+    top = max([float(np.max(front_budgets)) if len(front_budgets) else 0.0]
+              + ([float(points["peak_bytes"].max())] if len(points) else []))
+    return {"data": data,
+            "layout": _layout("Memory vs time of every algorithm", "activation memory (bytes)", "makespan (ms)",
+                              height=380, xaxis=byte_ticks(top))}
+
+
+def with_current(base: Figure, current: tuple[float, float] | None = None,
+                 budget_bytes: float | None = None) -> Figure:
+    """A copy of :func:`pareto_base`'s figure with the budget line and the current schedule's star.
+
+    ``base`` is not modified (it is cached and shared), only its top-level lists are copied.
+    """
+    data = list(base["data"])
+    layout = dict(base["layout"])
+    if budget_bytes is not None:
+        layout["shapes"] = [{"type": "line", "yref": "paper", "y0": 0, "y1": 1, "xref": "x", "x0": budget_bytes,
+                             "x1": budget_bytes, "line": {"color": "#999999", "dash": "dash"}}]
+    if current is not None:
+        data.append({"type": "scatter", "x": [current[0]], "y": [current[1]], "mode": "markers",
+                     "name": "this schedule", "marker": {"symbol": "star", "size": 16, "color": "#d62728"},
+                     "hovertemplate": "peak %{x:,.0f} B: %{y:.3f} ms<extra>this schedule</extra>"})
+    return {"data": data, "layout": layout}
+
+
+def pareto_figure(points: pd.DataFrame, front_budgets: Sequence[float], front_makespans: Sequence[float],
+                  current: tuple[float, float] | None = None, budget_bytes: float | None = None) -> Figure:
+    """Memory against time of every algorithm, the optimal front, and the current schedule.
+
+    Args:
+        points: ``planner.algorithm_points``: algorithm, budget_bytes, peak_bytes, makespan_ms.
+        front_budgets: the Pareto front's budgets (bytes).
+        front_makespans: the optimal makespan at each of those budgets (ms).
+        current: ``(peak_bytes, makespan_ms)`` of the schedule shown, marked with a star.
+        budget_bytes: the slider's budget, drawn as a vertical line.
+    """
+    return with_current(pareto_base(points, front_budgets, front_makespans), current, budget_bytes)
+
+
+def schedule_text(ops: Sequence[object]) -> str:
+    """The operations as one line of text, e.g. ``"F_ck(1) F_all(2) B(2) B(1)"``."""
+    return " ".join(str(op) for op in ops)

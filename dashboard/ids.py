@@ -1,0 +1,62 @@
+"""Every component id of the dashboard, in one place, so layout, callbacks and browser tests agree."""
+
+from __future__ import annotations
+
+# Page frame
+URL = "url"
+TABS = "tabs"
+SELECTED_RUNS = "selected-runs"  # dcc.Store: the chosen run names (at most two), client side
+PLANNER_CHOICE = "planner-choice"  # dcc.Store: {run, container, budget_bytes} of the shown schedule
+STATUS = "status"
+
+# Tab values
+TAB_RUNS = "tab-runs"
+TAB_OVERVIEW = "tab-overview"
+TAB_LAYERS = "tab-layers"
+TAB_TIMELINE = "tab-timeline"
+TAB_PLANNER = "tab-planner"
+TAB_EXPORT = "tab-export"
+TAB_VALUES: tuple[str, ...] = (TAB_RUNS, TAB_OVERVIEW, TAB_LAYERS, TAB_TIMELINE, TAB_PLANNER, TAB_EXPORT)
+
+# Runs
+RUNS_TABLE = "runs-table"
+RUNS_EMPTY = "runs-empty"
+RUNS_SELECTION = "runs-selection"
+
+# Overview
+OVERVIEW_HEADLINE = "overview-headline"
+OVERVIEW_PEAKS = "overview-peaks"
+OVERVIEW_BREAKDOWN = "overview-breakdown"
+
+# Layers
+LAYERS_ITERATION = "layers-iteration"
+LAYERS_SIZE = "layers-size"
+LAYERS_TABLE = "layers-table"
+LAYERS_TREE = "layers-tree"
+
+# Timeline
+TIMELINE_ITERATION = "timeline-iteration"
+TIMELINE_GRAPH = "timeline-graph"
+TIMELINE_INFO = "timeline-info"
+TIMELINE_ZOOM = "timeline-zoom"  # dcc.Store: {run, iteration, range} of the last zoom
+
+# Planner
+PLANNER_CONTAINER = "planner-container"
+PLANNER_BUDGET = "planner-budget"
+PLANNER_BUDGET_TEXT = "planner-budget-text"
+PLANNER_MAKESPAN = "planner-makespan"
+PLANNER_PEAK = "planner-peak"
+PLANNER_MESSAGE = "planner-message"
+PLANNER_SCHEDULE_TEXT = "planner-schedule-text"
+PLANNER_SCHEDULE_GRAPH = "planner-schedule-graph"
+PLANNER_TIMELINE_GRAPH = "planner-timeline-graph"
+PLANNER_PARETO_GRAPH = "planner-pareto-graph"
+PLANNER_MEASURED = "planner-measured"
+
+# Export
+EXPORT_SUMMARY = "export-summary"
+EXPORT_JSON_BUTTON = "export-json-button"
+EXPORT_PY_BUTTON = "export-py-button"
+EXPORT_JSON_DOWNLOAD = "export-json-download"
+EXPORT_PY_DOWNLOAD = "export-py-download"
+EXPORT_MESSAGE = "export-message"

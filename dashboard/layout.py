@@ -1,0 +1,181 @@
+"""The page: one tab per view. Static; callbacks fill it (see :mod:`dashboard.callbacks`).
+
+Names from traces only ever reach the page as component properties (table cells, dropdown labels,
+text children), which Dash renders as text: nothing here turns data into HTML or Markdown.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+from dash import dash_table, dcc, html
+from dash.dash_table.Format import Format, Group
+
+from dashboard import ids
+
+#: Lines a user adds to a training loop to make a first trace.
+FIRST_TRACE_HELP = """\
+from memprof import MemoryProfiler
+
+profiler = MemoryProfiler(model, optimizer)      # once, before training
+for inputs, targets in loader:
+    loss = criterion(model(inputs), targets)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    profiler.record_stats()                      # at the end of every iteration
+profiler.close()                                 # writes traces/<run>/
+"""
+
+#: The two lines that apply a downloaded ``apply_schedule.py`` (see ``planner.export``).
+EXPORT_USAGE = "from apply_schedule import apply_schedule\nmodel = apply_schedule(model)\n"
+
+RUN_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("name", "run"), ("kind", "kind"), ("model", "model"), ("device", "device"), ("created", "created"),
+    ("rank", "rank"), ("iterations", "iterations"), ("peak", "peak allocated"), ("error", "error"),
+)
+LAYER_TABLE_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("module", "module"), ("kind", "class"), ("weight_bytes", "weights (B)"),
+    ("weight_grad_bytes", "weight grads (B)"), ("feature_map_bytes", "feature maps (B)"),
+    ("output_bytes", "output (B)"), ("saved_bytes", "saved (B)"), ("forward_ms", "forward (ms)"),
+    ("backward_ms", "backward (ms)"),
+)
+TREE_SIZES: tuple[tuple[str, str], ...] = (
+    ("weight_bytes", "weights"), ("feature_map_bytes", "feature maps"), ("saved_bytes", "saved for backward"),
+    ("output_bytes", "outputs"), ("weight_grad_bytes", "weight grads"),
+)
+_TABLE_STYLE = {"overflowX": "auto"}
+_CELL_STYLE = {"fontFamily": "monospace", "fontSize": "13px", "padding": "2px 8px", "textAlign": "left"}
+
+
+def data_table(**props: Any) -> dash_table.DataTable:
+    """A ``dash_table.DataTable`` without Dash 4's notice that it will move to a separate package.
+
+    It is still Dash's built-in sortable, filterable table, and the dashboard stays on it until it
+    is removed; the notice would otherwise appear every time a page is built.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"(?s).*dash_table\.DataTable will be removed",
+                                category=DeprecationWarning)
+        return dash_table.DataTable(**props)
+
+
+def _runs_tab() -> dcc.Tab:
+    table = data_table(
+        id=ids.RUNS_TABLE, columns=[{"name": label, "id": key} for key, label in RUN_COLUMNS], data=[],
+        row_selectable="multi", selected_rows=[], sort_action="native", filter_action="native",
+        style_table=_TABLE_STYLE, style_cell=_CELL_STYLE, page_size=50,
+        style_data_conditional=[{"if": {"filter_query": '{error} != ""'}, "color": "#b00020"}],
+    )
+    return dcc.Tab(label="Runs", value=ids.TAB_RUNS, children=[
+        html.P("Tick one run to look at it, or two to compare them. The first ticked run is the one every tab shows."),
+        html.Div(id=ids.RUNS_EMPTY),
+        table,
+        html.P(id=ids.RUNS_SELECTION, className="note"),
+    ])
+
+
+def _overview_tab() -> dcc.Tab:
+    return dcc.Tab(label="Overview", value=ids.TAB_OVERVIEW, children=[
+        html.H3(id=ids.OVERVIEW_HEADLINE, className="headline"),
+        dcc.Graph(id=ids.OVERVIEW_PEAKS, config={"displaylogo": False}),
+        dcc.Graph(id=ids.OVERVIEW_BREAKDOWN, config={"displaylogo": False}),
+    ])
+
+
+def _layers_tab() -> dcc.Tab:
+    columns = []
+    for key, label in LAYER_TABLE_COLUMNS:
+        column: dict = {"name": label, "id": key}
+        if key.endswith("_bytes"):
+            column.update(type="numeric", format=Format(group=Group.yes))
+        elif key.endswith("_ms"):
+            column.update(type="numeric", format=Format(precision=3, scheme="f"))
+        columns.append(column)
+    return dcc.Tab(label="Layers", value=ids.TAB_LAYERS, children=[
+        html.Div(className="controls", children=[
+            html.Label("iteration"), dcc.Dropdown(id=ids.LAYERS_ITERATION, clearable=False, className="picker"),
+            html.Label("size boxes by"),
+            dcc.RadioItems(id=ids.LAYERS_SIZE, options=[{"label": lbl, "value": key} for key, lbl in TREE_SIZES],
+                           value="weight_bytes", inline=True),
+        ]),
+        data_table(id=ids.LAYERS_TABLE, columns=columns, data=[], sort_action="native",
+                             filter_action="native", page_size=25, style_table=_TABLE_STYLE, style_cell=_CELL_STYLE),
+        dcc.Graph(id=ids.LAYERS_TREE, config={"displaylogo": False}),
+    ])
+
+
+def _timeline_tab() -> dcc.Tab:
+    return dcc.Tab(label="Timeline", value=ids.TAB_TIMELINE, children=[
+        html.Div(className="controls", children=[
+            html.Label("iteration"), dcc.Dropdown(id=ids.TIMELINE_ITERATION, clearable=False, className="picker"),
+        ]),
+        html.P(id=ids.TIMELINE_INFO, className="note"),
+        dcc.Graph(id=ids.TIMELINE_GRAPH, config={"displaylogo": False}),
+    ])
+
+
+def _planner_tab() -> dcc.Tab:
+    return dcc.Tab(label="Planner", value=ids.TAB_PLANNER, children=[
+        html.Div(className="controls", children=[
+            html.Label("chain"),
+            dcc.Dropdown(id=ids.PLANNER_CONTAINER, clearable=False, className="picker wide"),
+        ]),
+        html.P(id=ids.PLANNER_MESSAGE, className="message"),
+        html.Label("memory budget for activations (minimum feasible to store-all)"),
+        html.Div(className="slider", children=[
+            dcc.Slider(id=ids.PLANNER_BUDGET, min=0, max=1, value=0.5, step=0.01, marks=None,
+                       allow_direct_input=False, updatemode="mouseup"),
+        ]),
+        html.Div(className="figures-row", children=[
+            html.Div(id=ids.PLANNER_BUDGET_TEXT, className="stat"),
+            html.Div(id=ids.PLANNER_PEAK, className="stat"),
+            html.Div(id=ids.PLANNER_MAKESPAN, className="stat"),
+        ]),
+        html.Details(open=False, children=[
+            html.Summary("operations"), html.Pre(id=ids.PLANNER_SCHEDULE_TEXT, className="schedule"),
+        ]),
+        dcc.Graph(id=ids.PLANNER_SCHEDULE_GRAPH, config={"displaylogo": False}),
+        dcc.Graph(id=ids.PLANNER_TIMELINE_GRAPH, config={"displaylogo": False}),
+        dcc.Graph(id=ids.PLANNER_PARETO_GRAPH, config={"displaylogo": False}),
+        html.H3("Measured runs of schedules from this run"),
+        html.Div(id=ids.PLANNER_MEASURED),
+    ])
+
+
+def _export_tab() -> dcc.Tab:
+    return dcc.Tab(label="Export", value=ids.TAB_EXPORT, children=[
+        html.P(id=ids.EXPORT_SUMMARY),
+        html.Button("Download schedule (JSON)", id=ids.EXPORT_JSON_BUTTON, n_clicks=0),
+        html.Button("Download Python (apply_schedule.py)", id=ids.EXPORT_PY_BUTTON, n_clicks=0),
+        html.P(id=ids.EXPORT_MESSAGE, className="message"),
+        html.P("The Python file needs nothing but torch. Save it beside your training script and add:"),
+        html.Pre(EXPORT_USAGE),
+        dcc.Download(id=ids.EXPORT_JSON_DOWNLOAD),
+        dcc.Download(id=ids.EXPORT_PY_DOWNLOAD),
+    ])
+
+
+def build_layout(traces_dir: str) -> html.Div:
+    """The whole page for a traces folder (the folder is shown, never taken from the browser)."""
+    return html.Div(className="page", children=[
+        dcc.Location(id=ids.URL, refresh=False),
+        dcc.Store(id=ids.SELECTED_RUNS, data=[]),
+        dcc.Store(id=ids.PLANNER_CHOICE, data=None),
+        dcc.Store(id=ids.TIMELINE_ZOOM, data=None),
+        html.Header(children=[html.H1("memprof"), html.Span(f"traces: {traces_dir}", className="note")]),
+        html.Div(id=ids.STATUS, className="message"),
+        dcc.Tabs(id=ids.TABS, value=ids.TAB_RUNS, children=[
+            _runs_tab(), _overview_tab(), _layers_tab(), _timeline_tab(), _planner_tab(), _export_tab(),
+        ]),
+    ])
+
+
+def first_trace_help(traces_dir: str) -> html.Div:
+    """What an empty folder shows: the lines that make a first trace."""
+    return html.Div(className="empty", children=[
+        html.H3(f"No runs in {traces_dir} yet."),
+        html.P("Add these lines to a training loop, run it, then reload this page:"),
+        html.Pre(FIRST_TRACE_HELP),
+    ])

@@ -1,0 +1,226 @@
+"""What the Planner view needs from the planner, cached per run: chain, Pareto front, measured runs.
+
+The dashboard computes no schedule itself: one DP solve (``planner.pareto_front``) per run and chain
+is cached, and the budget slider only reads it (``ParetoFront.schedule_at``) and asks the planner's
+simulator for the predicted timeline.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+import planner
+from dashboard.data import TraceStore
+from dashboard.figures_planner import pareto_base
+from memprof.categories import MODEL_STATE
+from planner.from_trace import chain_from_trace
+from planner.measure import activation_peak_bytes, compute_ms
+
+#: Positions of the budget slider between the minimum feasible budget and store-all.
+SLIDER_STEPS = 100
+#: Phases a schedule's prediction covers (the optimizer step is outside it).
+_PREDICTED_PHASES = ("forward", "backward")
+
+
+@dataclass(frozen=True)
+class PlannerModel:
+    """A run's chain with its one-solve Pareto front and every algorithm's points.
+
+    Attributes:
+        chain: the chain found in (or named in) the run.
+        front: ``planner.pareto_front(chain)``; ``schedule_at`` reads it without solving again.
+        points: ``planner.algorithm_points(chain)``: algorithm, budget_bytes, peak_bytes, makespan_ms, params.
+        model_state_bytes: weights, buffers, weight gradients and optimizer state at the run's peak,
+            which the budget does not count.
+        pareto: the part of the Pareto figure that does not move with the slider
+            (:func:`dashboard.figures_planner.pareto_base`); shared, never modified.
+    """
+
+    chain: Any
+    front: Any
+    points: pd.DataFrame
+    model_state_bytes: int
+    pareto: dict[str, Any]
+
+    @property
+    def min_budget_bytes(self) -> int:
+        """The smallest budget with a schedule (the slider's minimum)."""
+        return int(self.front.min_feasible_bytes)
+
+    @property
+    def max_budget_bytes(self) -> int:
+        """The store-all budget (the slider's maximum)."""
+        return int(self.front.max_budget_bytes)
+
+    def clamp(self, budget_bytes: float | None) -> int:
+        """A budget from the browser, held inside the slider's range (the middle when missing)."""
+        if budget_bytes is None or not np.isfinite(float(budget_bytes)):
+            return default_budget(self)
+        return int(min(max(round(float(budget_bytes)), self.min_budget_bytes), self.max_budget_bytes))
+
+
+def default_budget(model: PlannerModel) -> int:
+    """Where the slider starts: half-way between the minimum feasible budget and store-all."""
+    return (model.min_budget_bytes + model.max_budget_bytes) // 2
+
+
+def container_choices(layers: pd.DataFrame) -> list[str]:
+    """Modules with at least two children, in forward order: the containers a chain can be taken from."""
+    if layers.empty:
+        return []
+    first = layers[layers["iteration"] == layers["iteration"].min()]
+    counts = first[first["module"] != ""].groupby("parent").size()
+    parents = set(counts[counts >= 2].index)
+    ordered = first.sort_values(["order", "module"], kind="stable")
+    return [m for m in ordered["module"] if m in parents]
+
+
+def model_state_bytes(iterations: pd.DataFrame) -> int:
+    """Model-state bytes (the categories the budget leaves out) at the highest peak of a run."""
+    if iterations.empty:
+        return 0
+    row = iterations.loc[iterations["peak_allocated_bytes"].idxmax()]
+    return int(sum(int(row[c.value]) for c in MODEL_STATE))
+
+
+def planner_model(store: TraceStore, name: str, container: str | None) -> PlannerModel:
+    """The cached planner model of run ``name`` (one DP solve per run, container and run stamp).
+
+    Raises:
+        planner.errors.NotAChainError: no chain was found (or the container is not one).
+        memprof.errors.TraceError: the run cannot be read.
+    """
+    container = container or None
+    return store.memo(name, ("planner", container), lambda _: _build_model(store, name, container))
+
+
+def _build_model(store: TraceStore, name: str, container: str | None) -> PlannerModel:
+    chain = chain_from_trace(store.trace(name), container=container)
+    front = planner.pareto_front(chain)
+    points = planner.algorithm_points(chain)
+    pareto = pareto_base(points, front.budgets_bytes, front.makespans_ms)
+    return PlannerModel(chain, front, points, model_state_bytes(store.iterations(name)), pareto)
+
+
+def prediction_frame(prediction: Any) -> pd.DataFrame:
+    """The simulator's timeline as a table (``index, kind, stage, start_ms, end_ms, memory_bytes, peak_bytes``).
+
+    Like ``Prediction.to_frame`` without the ``live`` column, whose names cost more to build than the
+    slider's whole time budget allows on long chains.
+    """
+    points = prediction.timeline
+    return pd.DataFrame({
+        "index": [p.index for p in points], "kind": [p.op.kind.value for p in points],
+        "stage": [p.op.stage for p in points], "start_ms": [p.start_ms for p in points],
+        "end_ms": [p.end_ms for p in points], "memory_bytes": [p.memory_bytes for p in points],
+        "peak_bytes": [p.peak_bytes for p in points],
+    })
+
+
+def measured_runs(store: TraceStore, run_id: str) -> list[str]:
+    """Names of the readable runs that executed a schedule made from run ``run_id``."""
+    names = []
+    for entry in store.runs():
+        meta = entry.meta or {}
+        if isinstance(meta.get("schedule"), dict) and str(meta.get("source_run")) == str(run_id):
+            names.append(entry.name)
+    return names
+
+
+def measured_activation(frame: pd.DataFrame) -> pd.DataFrame:
+    """Activation memory over forward and backward of one measured iteration.
+
+    Activation bytes are allocated bytes minus the model-state categories; time is in ms since the
+    iteration's first forward event, as in a schedule's prediction.
+
+    Returns:
+        Columns ``time_ms``, ``activation_bytes`` and ``peak_activation_bytes`` (the highest since the
+        previous event, less the model state at the event).
+    """
+    columns = ["time_ms", "activation_bytes", "peak_activation_bytes"]
+    inside = frame[frame["phase"].astype(str).isin(_PREDICTED_PHASES)]
+    if inside.empty:
+        return pd.DataFrame({c: pd.Series(dtype="float64") for c in columns})
+    state = sum(inside[c.value].to_numpy(dtype=np.int64) for c in MODEL_STATE)
+    forward = inside[inside["phase"].astype(str) == "forward"]
+    origin = float(forward["time_ms"].iloc[0]) if not forward.empty else float(inside["time_ms"].iloc[0])
+    return pd.DataFrame({
+        "time_ms": inside["time_ms"].to_numpy() - origin,
+        "activation_bytes": inside["allocated_bytes"].to_numpy(dtype=np.int64) - state,
+        "peak_activation_bytes": inside["peak_bytes"].to_numpy(dtype=np.int64) - state,
+    })
+
+
+@dataclass(frozen=True)
+class MeasuredComparison:
+    """A measured run of a schedule beside the schedule's prediction.
+
+    Attributes:
+        name: the measured run's name.
+        schedule: the schedule it executed (``planner.Schedule``).
+        predicted: ``planner.simulate(...).to_frame()`` of that schedule.
+        measured: :func:`measured_activation` of its last iteration (the line drawn).
+        predicted_peak_bytes: the simulator's peak.
+        measured_peak_bytes: the highest measured activation bytes (``planner.measure.activation_peak_bytes``).
+        predicted_ms: the simulator's makespan.
+        measured_ms: median time from the first forward event to the end of backward
+            (``planner.measure.compute_ms``).
+    """
+
+    name: str
+    schedule: Any
+    predicted: pd.DataFrame
+    measured: pd.DataFrame
+    predicted_peak_bytes: int
+    measured_peak_bytes: int
+    predicted_ms: float
+    measured_ms: float
+
+    @property
+    def peak_error(self) -> float:
+        """(measured - predicted) / predicted peak; 0 when the prediction is 0."""
+        return _relative(self.measured_peak_bytes, self.predicted_peak_bytes)
+
+    @property
+    def time_error(self) -> float:
+        """(measured - predicted) / predicted makespan; 0 when the prediction is 0."""
+        return _relative(self.measured_ms, self.predicted_ms)
+
+
+def _relative(measured: float, predicted: float) -> float:
+    return (measured - predicted) / predicted if predicted else 0.0
+
+
+def compare_measured(store: TraceStore, name: str) -> MeasuredComparison:
+    """Measured against predicted for a measured run (cached per run stamp).
+
+    Raises:
+        planner.errors.InvalidScheduleError: the run's ``schedule`` is not a valid schedule.
+        memprof.errors.TraceError: the run cannot be read.
+    """
+    return store.memo(name, "measured", lambda _: _compare(store, name))
+
+
+def _compare(store: TraceStore, name: str) -> MeasuredComparison:
+    schedule = planner.Schedule.from_json(store.meta(name)["schedule"])
+    prediction = planner.simulate(schedule.chain, schedule)
+    iterations = store.iterations(name)
+    last = int(iterations["iteration"].max()) if not iterations.empty else 0
+    measured = measured_activation(store.timeline(name, last))
+    # The errors use the planner's own measurement (over the recorded iterations, the first one
+    # excluded when there are more); the line drawn is the last iteration.
+    trace = store.trace(name)
+    span = compute_ms(trace)
+    if not np.isfinite(span):  # no "backward end" event: the drawn iteration's span
+        span = float(measured["time_ms"].iloc[-1]) if not measured.empty else 0.0
+    return MeasuredComparison(name, schedule, prediction_frame(prediction), measured, int(prediction.peak_bytes),
+                              activation_peak_bytes(trace), float(prediction.makespan_ms), float(span))
+
+
+def same_schedule(a: Any, b: Any) -> bool:
+    """Whether two schedules run the same operations on the same chain."""
+    return tuple(a.ops) == tuple(b.ops) and a.chain.fingerprint() == b.chain.fingerprint()

@@ -1,0 +1,154 @@
+"""Planner and Export callbacks: slider bounds from the front, no re-solve, downloads, measured overlay."""
+
+from __future__ import annotations
+
+import json
+
+import plotly.graph_objects as go
+import pytest
+
+import planner
+from dashboard import callbacks_planner as cp
+from dashboard.data import UnsafeRunPathError
+from dashboard.planning import planner_model
+from memprof import load_trace
+from memprof.units import format_bytes
+from tests.dashboard.fixtures import HTML_NAME, event_rows, iteration_row, layer_rows, meta
+
+
+def test_container_of():
+    assert cp.container_of(cp.AUTO) is None
+    assert cp.container_of(None) is None
+    assert cp.container_of("module:features") == "features"
+    assert cp.container_of("module:") == ""
+
+
+def test_chain_options(store):
+    options, value = cp.chain_options(store, ["mlp"])
+    assert value == cp.AUTO
+    assert [o["value"] for o in options] == [cp.AUTO, "module:features"]
+    assert cp.chain_options(store, ["corrupt"])[0] == [options[0]]
+    assert cp.chain_options(store, None)[0] == [options[0]]
+
+
+def test_no_run_no_plan(store):
+    assert cp.planner_bounds(store, [], cp.AUTO)[-1] == "Choose a run on the Runs tab."
+    assert cp.planner_view(store, [], cp.AUTO, 5)[-1] is None
+    assert cp.measured_view(store, [])[0].children == "Choose a run on the Runs tab."
+    assert cp.export_summary(store, None, []).startswith("Nothing to export yet: no run chosen")
+
+
+@pytest.mark.parametrize("name", ["corrupt", "../outside"])
+def test_bad_runs_give_messages(store, name):
+    low, high, _, _, _, disabled, message = cp.planner_bounds(store, [name], cp.AUTO)
+    assert disabled and message.startswith(f"No plan for {name}: ")
+    assert cp.planner_view(store, [name], cp.AUTO, 5)[0].startswith(f"No plan for {name}: ")
+
+
+def test_slider_bounds_are_the_fronts(store):
+    from planner.from_trace import chain_from_trace
+
+    front = planner.pareto_front(chain_from_trace(load_trace(store.path("mlp"))))
+    low, high, step, marks, value, disabled, message = cp.planner_bounds(store, ["mlp"], cp.AUTO)
+    assert (low, high) == (front.min_feasible_bytes, front.max_budget_bytes)
+    assert not disabled and low <= value <= high
+    assert step == pytest.approx((high - low) / 100)
+    assert marks == {str(low): format_bytes(low), str(high): format_bytes(high)}
+    assert message.startswith("Chain features: features.0, features.1, features." + HTML_NAME)
+    assert message.endswith(f"Budgets from {format_bytes(low)} (the minimum feasible) to {format_bytes(high)} "
+                            "(store-all).")
+
+
+def test_slider_reads_the_front_and_simulates(store, monkeypatch):
+    model = planner_model(store, "mlp", None)
+    # Moving the slider must not solve again.
+    monkeypatch.setattr(planner, "pareto_front", lambda *a, **k: pytest.fail("pareto_front called again"))
+    monkeypatch.setattr(planner, "solve", lambda *a, **k: pytest.fail("solve called"))
+    seen = []
+    for budget in (model.min_budget_bytes, (model.min_budget_bytes + model.max_budget_bytes) / 2,
+                   model.max_budget_bytes):
+        budget_text, peak_text, makespan_text, ops_text, *figures, choice = \
+            cp.planner_view(store, ["mlp"], cp.AUTO, budget)
+        schedule_fig, memory_fig, pareto_fig = (go.Figure(f) for f in figures)
+        schedule = model.front.schedule_at(int(round(budget)))
+        prediction = planner.simulate(model.chain, schedule)
+        assert ops_text == " ".join(str(op) for op in schedule.ops)
+        assert makespan_text.startswith(f"predicted makespan {prediction.makespan_ms:.3f} ms")
+        assert peak_text == f"predicted peak {format_bytes(prediction.peak_bytes)}"
+        assert prediction.peak_bytes <= int(round(budget))
+        assert budget_text.startswith(f"budget {format_bytes(int(round(budget)))} for activations")
+        assert max(memory_fig.data[0].y) == prediction.peak_bytes
+        star = pareto_fig.data[-1]
+        assert (star.x[0], star.y[0]) == (prediction.peak_bytes, pytest.approx(prediction.makespan_ms))
+        assert sum(len(t.x) for t in schedule_fig.data) == len(schedule.ops)
+        assert choice == {"run": "mlp", "container": None, "budget_bytes": int(round(budget))}
+        seen.append(makespan_text)
+    assert seen[0] != seen[-1]  # the tightest budget recomputes, store-all does not
+
+
+def test_schedule_labels_are_escaped(store):
+    model = planner_model(store, "mlp", None)
+    fig = go.Figure(cp.planner_view(store, ["mlp"], cp.AUTO, model.max_budget_bytes)[4])
+    labels = [label for t in fig.data for label in t.customdata]
+    assert any("&lt;img" in label for label in labels) and not any("<img" in label for label in labels)
+
+
+def test_measured_view_states_errors(store):
+    blocks = cp.measured_view(store, ["mlp"])
+    assert len(blocks) == 1
+    sentence = blocks[0].children[0].children
+    assert sentence.startswith("mlp-measured: peak predicted ")
+    assert "%); time predicted " in sentence
+    graph = go.Figure(blocks[0].children[1].figure)
+    assert [t.name for t in graph.data][:2] == ["predicted", "measured (mlp-measured)"]
+
+
+def test_current_schedule_measured_is_overlaid(store, traces):
+    # A measured run of exactly the schedule the slider shows at store-all.
+    model = planner_model(store, "mlp", None)
+    schedule = model.front.schedule_at(model.max_budget_bytes)
+    from memprof.writer import TraceWriter, write_meta
+
+    run_dir = traces.root / "mlp-measured-rotor"
+    writer = TraceWriter(run_dir)
+    events = event_rows(0, [("other", "", "start", 100), ("forward", "a", "enter", 100),
+                            ("backward", "a", "end", 300)])
+    writer.append("events", events)
+    writer.append("iterations", [iteration_row(0, events)])
+    writer.append("layers", layer_rows(0))
+    write_meta(run_dir, meta("mlp-measured-rotor", schedule=schedule.to_dict(), source_run="mlp"))
+    _, peak_text, makespan_text, _, _, memory_fig, _, _ = cp.planner_view(store, ["mlp"], cp.AUTO,
+                                                                          model.max_budget_bytes)
+    assert "; measured " in peak_text and "; measured " in makespan_text
+    memory_fig = go.Figure(memory_fig)
+    assert [t.name for t in memory_fig.data] == ["predicted", "measured (mlp-measured-rotor)"]
+    assert list(memory_fig.data[1].y)[-1] == 300
+
+
+def test_exports(store):
+    model = planner_model(store, "mlp", None)
+    choice = {"run": "mlp", "container": None, "budget_bytes": model.min_budget_bytes}
+    download = cp.export_json(store, choice, ["mlp"])
+    assert download["filename"].endswith(".json")
+    schedule = planner.Schedule.from_json(json.loads(download["content"]))
+    expected = model.front.schedule_at(model.min_budget_bytes)
+    assert schedule.ops == expected.ops
+    assert schedule.predicted_peak_bytes == planner.simulate(model.chain, expected).peak_bytes
+    python = cp.export_python(store, choice, ["mlp"])
+    assert python["filename"] == "apply_schedule.py"  # the name its usage lines import
+    compile(python["content"], python["filename"], "exec")
+    summary = cp.export_summary(store, choice, ["mlp"])
+    assert summary.startswith("rotor schedule of run mlp, chain features, at budget ")
+    assert f"{len(expected.ops)} operations" in summary
+
+
+def test_export_without_a_choice_uses_the_default_budget(store):
+    model = planner_model(store, "mlp", None)
+    schedule = cp.current_schedule(store, None, ["mlp"])
+    default = (model.min_budget_bytes + model.max_budget_bytes) // 2
+    assert schedule.ops == model.front.schedule_at(default).ops
+
+
+def test_export_refuses_a_run_outside(store):
+    with pytest.raises(UnsafeRunPathError, match="climbs out"):
+        cp.current_schedule(store, {"run": "../x", "container": None, "budget_bytes": 5}, None)

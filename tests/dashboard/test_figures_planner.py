@@ -1,0 +1,96 @@
+"""Planner figures from hand-made prediction frames: bars per op, memory line, Pareto curves."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+from dashboard.figures_planner import (
+    memory_figure,
+    pareto_base,
+    pareto_figure,
+    predicted_line,
+    schedule_figure,
+    schedule_text,
+    with_current,
+)
+from tests.dashboard.fixtures import HTML_NAME
+
+
+def _prediction():
+    # Two stages and the loss, store-all: F_all(1) F_all(2) F_all(3) B(3) B(2) B(1).
+    kinds = ["F_all", "F_all", "F_all", "B", "B", "B"]
+    stages = [1, 2, 3, 3, 2, 1]
+    durations = [1.0, 2.0, 0.5, 0.5, 4.0, 2.0]
+    end = np.cumsum(durations)
+    return pd.DataFrame({"index": range(6), "kind": kinds, "stage": stages, "start_ms": end - durations,
+                         "end_ms": end, "memory_bytes": [10, 30, 31, 30, 10, 0],
+                         "peak_bytes": [12, 35, 31, 33, 40, 15]})
+
+
+def test_schedule_figure_draws_each_op_as_a_bar():
+    fig = go.Figure(schedule_figure(_prediction(), ["a", HTML_NAME]))  # validates the figure dict
+    bars = {t.name: t for t in fig.data}
+    assert set(bars) == {"F_all", "B"}
+    assert list(bars["F_all"].base) == [0.0, 1.0, 3.0]
+    assert list(bars["F_all"].x) == [1.0, 2.0, 0.5]
+    assert list(bars["B"].y) == [3, 2, 1]
+    assert list(bars["B"].customdata) == ["loss", "&lt;img src=x onerror=alert(1)&gt;", "a"]
+    assert list(fig.layout.yaxis.ticktext) == ["1 a", "2 &lt;img src=x onerror=alert(1)&gt;", "3 loss"]
+
+
+def test_long_chains_are_not_labelled_row_by_row():
+    names = [f"layer{i}" for i in range(60)]
+    frame = pd.DataFrame({"kind": ["F_all"] * 61, "stage": range(1, 62), "start_ms": np.arange(61.0),
+                          "end_ms": np.arange(1.0, 62.0)})
+    fig = go.Figure(schedule_figure(frame, names))
+    assert fig.layout.yaxis.ticktext is None and len(fig.data[0].y) == 61
+
+
+def test_predicted_line_shows_peak_during_and_memory_after():
+    x, y = predicted_line(_prediction())
+    assert x[:6].tolist() == [0.0, 1.0, 1.0, 1.0, 3.0, 3.0]
+    assert y[:6].tolist() == [12, 12, 10, 35, 35, 30]
+    assert y.max() == 40
+
+
+def test_memory_figure_overlays_measured_and_budget():
+    measured = pd.DataFrame({"time_ms": [0.0, 5.0, 10.0], "activation_bytes": [5, 38, 1]})
+    fig = go.Figure(memory_figure(_prediction(), budget_bytes=45, measured=[("<b>run</b>", measured)]))
+    predicted, overlay = fig.data
+    assert max(predicted.y) == 40
+    assert list(overlay.y) == [5, 38, 1] and list(overlay.x) == [0.0, 5.0, 10.0]
+    assert overlay.name == "measured (&lt;b&gt;run&lt;/b&gt;)"
+    assert fig.layout.shapes[0].y0 == 45
+    assert fig.layout.annotations[0].text == "budget 45 B"
+
+
+def test_pareto_figure_has_every_algorithm_the_front_and_the_current_point():
+    points = pd.DataFrame({"algorithm": ["store_all", "periodic", "periodic", "sqrt", "revolve", "rotor"],
+                           "budget_bytes": [100, 80, 60, 70, 40, 50], "peak_bytes": [100, 78, 55, 66, 40, 50],
+                           "makespan_ms": [10.0, 12.0, 14.0, 13.0, 30.0, 12.5], "params": [{}] * 6})
+    fig = go.Figure(pareto_figure(points, [40, 50, 100], [20.0, 12.5, 10.0], current=(50, 12.5), budget_bytes=52))
+    names = [t.name for t in fig.data]
+    assert names == ["rotor optimum by budget", "store_all", "periodic", "sqrt", "revolve", "rotor", "this schedule"]
+    periodic = fig.data[2]
+    assert list(periodic.x) == [55, 78] and list(periodic.y) == [14.0, 12.0]
+    assert list(fig.data[-1].x) == [50] and list(fig.data[-1].y) == [12.5]
+    assert list(fig.data[0].x) == [40, 50, 100]
+    assert fig.layout.shapes[0].x0 == 52
+
+
+def test_schedule_text():
+    assert schedule_text(["F_ck(1)", "B(1)"]) == "F_ck(1) B(1)"
+
+
+def test_with_current_leaves_the_shared_base_alone():
+    points = pd.DataFrame({"algorithm": ["store_all"], "budget_bytes": [100], "peak_bytes": [100],
+                           "makespan_ms": [10.0], "params": ["{}"]})
+    base = pareto_base(points, [40, 100], [20.0, 10.0])
+    before = (len(base["data"]), dict(base["layout"]))
+    first = with_current(base, current=(40, 20.0), budget_bytes=45)
+    second = with_current(base, current=(100, 10.0), budget_bytes=120)
+    assert (len(base["data"]), base["layout"]) == before and "shapes" not in base["layout"]
+    assert go.Figure(first).data[-1].x == (40,) and go.Figure(second).data[-1].x == (100,)
+    assert go.Figure(second).layout.shapes[0].x0 == 120

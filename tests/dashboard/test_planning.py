@@ -1,0 +1,106 @@
+"""Planner data for the dashboard: containers, model state, measured activation, measured vs predicted."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import planner
+from dashboard.planning import (
+    compare_measured,
+    container_choices,
+    measured_activation,
+    measured_runs,
+    model_state_bytes,
+    planner_model,
+    same_schedule,
+)
+from memprof import load_trace
+from memprof.categories import MODEL_STATE
+from tests.dashboard.fixtures import (
+    INPUT_BYTES,
+    STEP_NS,
+    TRANSIENT_BYTES,
+    WEIGHTS_BYTES,
+    activation_profile,
+    measured_expectations,
+)
+
+
+def test_container_choices_are_modules_with_two_children(store):
+    assert container_choices(store.layers("mlp")) == ["features"]
+    assert container_choices(store.layers("mlp").iloc[0:0]) == []
+
+
+def test_model_state_bytes_at_the_peak(store):
+    # At the peak (backward) the run holds weights and their gradients, no optimizer state yet.
+    assert model_state_bytes(store.iterations("mlp")) == 2 * WEIGHTS_BYTES
+    assert {c.value for c in MODEL_STATE} == {"weights", "buffers", "weight_grads", "optimizer_state"}
+
+
+def test_measured_activation_removes_model_state_and_starts_at_forward(store):
+    frame = measured_activation(store.timeline("mlp-measured", 0))
+    profile = [p for p in activation_profile(1) if p[0] in ("forward", "backward")]
+    assert frame["activation_bytes"].tolist() == [p[3] for p in profile]
+    assert (frame["peak_activation_bytes"] - frame["activation_bytes"]).eq(TRANSIENT_BYTES).all()
+    assert frame["time_ms"].iloc[0] == 0.0  # the "other start" row before forward is not counted
+    assert np.allclose(np.diff(frame["time_ms"]), STEP_NS / 1e6)
+    assert frame["activation_bytes"].iloc[0] == INPUT_BYTES
+
+
+def test_measured_activation_of_no_forward_is_empty():
+    frame = pd.DataFrame({"time_ms": [0.0], "phase": ["other"], "allocated_bytes": [5], "peak_bytes": [5],
+                          **{c.value: [0] for c in MODEL_STATE}})
+    assert measured_activation(frame).empty
+
+
+def test_measured_runs_link_to_their_source(store):
+    assert measured_runs(store, "mlp") == ["mlp-measured"]
+    assert measured_runs(store, "ddp") == []
+
+
+def test_planner_model_is_one_cached_solve(store, monkeypatch):
+    from planner.from_trace import chain_from_trace
+
+    model = planner_model(store, "mlp", None)
+    chain = chain_from_trace(load_trace(store.path("mlp")))
+    front = planner.pareto_front(chain)
+    assert model.min_budget_bytes == front.min_feasible_bytes
+    assert model.max_budget_bytes == front.max_budget_bytes
+    assert model.chain.fingerprint() == chain.fingerprint()
+    assert set(model.points["algorithm"]) >= {"store_all", "rotor"}
+    monkeypatch.setattr(planner, "pareto_front", lambda *a, **k: pytest.fail("solved again"))
+    assert planner_model(store, "mlp", None) is model
+    assert model.clamp(None) == (model.min_budget_bytes + model.max_budget_bytes) // 2
+    assert model.clamp(-5) == model.min_budget_bytes and model.clamp(1e30) == model.max_budget_bytes
+
+
+def test_planner_model_of_a_named_container(store):
+    model = planner_model(store, "mlp", "features")
+    assert model.chain.length == 5
+    with pytest.raises(planner.NotAChainError):
+        planner_model(store, "mlp", "features.0")
+
+
+def test_compare_measured_against_the_simulator(store):
+    comparison = compare_measured(store, "mlp-measured")
+    schedule = planner.Schedule.from_json(store.meta("mlp-measured")["schedule"])
+    prediction = planner.simulate(schedule.chain, schedule)
+    peak, span_ms = measured_expectations()
+    assert comparison.predicted_peak_bytes == prediction.peak_bytes
+    assert comparison.predicted_ms == pytest.approx(prediction.makespan_ms)
+    assert comparison.measured_peak_bytes == peak
+    assert comparison.measured_ms == pytest.approx(span_ms)
+    assert comparison.peak_error == pytest.approx(peak / prediction.peak_bytes - 1)
+    assert comparison.time_error == pytest.approx(span_ms / prediction.makespan_ms - 1)
+    assert same_schedule(comparison.schedule, schedule)
+
+
+def test_prediction_frame_matches_the_simulators_table(store):
+    from dashboard.planning import prediction_frame
+
+    model = planner_model(store, "mlp", None)
+    prediction = planner.simulate(model.chain, model.front.schedule_at(model.min_budget_bytes))
+    expected = prediction.to_frame().drop(columns=["live"])
+    pd.testing.assert_frame_equal(prediction_frame(prediction), expected, check_dtype=False)

@@ -1,0 +1,77 @@
+"""The dashboard on a real profiled model and a real measured schedule (not synthetic tables)."""
+
+from __future__ import annotations
+
+import numpy as np
+import plotly.graph_objects as go
+import pytest
+import torch
+
+import planner
+from dashboard import callbacks as cb
+from dashboard import callbacks_planner as cp
+from dashboard.data import TraceStore
+from memprof import MemoryProfiler, load_trace, zoo
+from memprof.categories import CATEGORY_COLUMNS
+from planner.from_trace import chain_from_trace
+from planner.measure import measure_schedule
+
+
+@pytest.fixture(scope="module")
+def real(tmp_path_factory):
+    """A profiled MLP (run ``mlp``) and one measured schedule of it (run ``mlp-rotor``)."""
+    root = tmp_path_factory.mktemp("real") / "traces"
+    torch.manual_seed(0)
+    model, make_batch = zoo.mlp(blocks=3, width=64, in_features=32)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    with MemoryProfiler(model, optimizer, out_dir=root, run_id="mlp", print_period=0) as profiler:
+        for _ in range(3):
+            zoo.train_step(model, optimizer, make_batch(16))
+            profiler.record_stats()
+    store = TraceStore(root)
+    low, high = cp.planner_bounds(store, ["mlp"], cp.AUTO)[:2]
+    chain = chain_from_trace(load_trace(root / "mlp"))
+    schedule = planner.pareto_front(chain).schedule_at((low + high) // 2)
+    measured_model, _ = zoo.mlp(blocks=3, width=64, in_features=32)
+    _, comparison = measure_schedule(measured_model, make_batch, schedule, root, steps=3, batch_size=16,
+                                     run_id="mlp-rotor", source_run="mlp")
+    return TraceStore(root), chain, schedule, comparison
+
+
+def test_runs_and_overview(real):
+    store, *_ = real
+    rows, selected, empty, _ = cb.runs_view(store)
+    assert [r["name"] for r in rows] == ["mlp", "mlp-rotor"] and all(not r["error"] for r in rows)
+    assert rows[selected[0]]["name"] == "mlp"
+    text, peaks, _ = cb.overview_view(store, ["mlp"])
+    assert text.startswith("Peak ")
+    assert list(peaks.data[0].y) == store.iterations("mlp")["peak_allocated_bytes"].tolist()
+
+
+def test_layers_and_timeline(real):
+    store, *_ = real
+    rows, tree = cb.layers_view(store, ["mlp"], 2, "weight_bytes")
+    # The root and its 7 children (4 Linear, 3 ReLU); a Linear's weight is in*out*4 + out*4 bytes.
+    assert len(rows) == 8
+    assert rows[1]["weight_bytes"] == 32 * 64 * 4 + 64 * 4
+    fig, _ = cb.timeline_view(store, ["mlp"], 2)
+    frame = store.timeline("mlp", 2)
+    stacked = sum(np.asarray(t.y) for t in fig.data if t.name in CATEGORY_COLUMNS)
+    assert stacked.tolist() == frame["allocated_bytes"].tolist()
+
+
+def test_planner_and_measured_schedule(real):
+    store, chain, schedule, comparison = real
+    front = planner.pareto_front(chain)
+    low, high = cp.planner_bounds(store, ["mlp"], cp.AUTO)[:2]
+    assert (low, high) == (front.min_feasible_bytes, front.max_budget_bytes)
+    budget = (low + high) // 2
+    _, peak_text, makespan_text, ops_text, _, memory, _, _ = cp.planner_view(store, ["mlp"], cp.AUTO, budget)
+    assert ops_text == " ".join(str(op) for op in schedule.ops)
+    # The measured run executed exactly this schedule, so it is drawn over the prediction.
+    assert "; measured " in peak_text and "; measured " in makespan_text
+    assert [t.name for t in go.Figure(memory).data] == ["predicted", "measured (mlp-rotor)"]
+    blocks = cp.measured_view(store, ["mlp"])
+    sentence = blocks[0].children[0].children
+    expected = comparison.measured_peak_bytes / comparison.predicted_peak_bytes - 1
+    assert sentence.startswith("mlp-rotor: peak predicted ") and f"({expected:+.1%})" in sentence
