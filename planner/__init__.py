@@ -10,9 +10,19 @@ from planner.errors import (
     ScheduleMismatchError,
     UnknownAlgorithmError,
 )
+from planner.executor import CheckpointedSequential, apply_schedule
+from planner.export import export_json, export_python
+from planner.pareto import ParetoFront, algorithm_points, pareto_front
 from planner.schedule import Op, OpKind, Schedule
+from planner.simulator import Prediction, TimelinePoint, simulate
+from planner.solve import ALGORITHMS, min_feasible_budget, solve, store_all_budget
 
 __all__ = [
+    "CheckpointedSequential",
+    "apply_schedule",
+    "export_json",
+    "export_python",
+    "ALGORITHMS",
     "Chain",
     "ChainError",
     "InfeasibleBudgetError",
@@ -25,4 +35,13 @@ __all__ = [
     "ScheduleMismatchError",
     "Stage",
     "UnknownAlgorithmError",
+    "ParetoFront",
+    "Prediction",
+    "TimelinePoint",
+    "algorithm_points",
+    "min_feasible_budget",
+    "pareto_front",
+    "simulate",
+    "solve",
+    "store_all_budget",
 ]

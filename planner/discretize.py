@@ -1,0 +1,115 @@
+"""Memory discretised into slots for the dynamic programs (ROTOR paper, section 5.2).
+
+A slot is a whole number of bytes, at least 1. The grid is fixed per chain: ``slots`` slots span the
+reference budget (by default store-all's simulated peak, the largest budget worth solving for), so that
+every budget of one chain is solved on the same grid and one DP table serves them all. Sizes and
+overheads are rounded *up* to whole slots and budgets *down*, so a schedule that fits in slots never
+exceeds its budget in bytes. A chain whose reference budget is at most ``slots`` bytes gets 1-byte
+slots and is solved exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner.chain import Chain
+
+DEFAULT_SLOTS = 500
+
+
+def slot_bytes_for(reference_bytes: int, slots: int) -> int:
+    """The slot size that spreads ``slots`` slots over ``reference_bytes`` (rounded up, at least 1)."""
+    check_slots(slots)
+    return max(1, -(-int(reference_bytes) // slots))
+
+
+def check_slots(slots: int) -> None:
+    """Raises ``ValueError`` unless ``slots`` is a whole number >= 1."""
+    if isinstance(slots, bool) or not isinstance(slots, (int, np.integer)) or slots < 1:
+        raise ValueError(f"slots must be a whole number >= 1, found {slots!r}")
+
+
+@dataclass(frozen=True, eq=False)
+class DiscreteChain:
+    """A chain's sizes in slots and times in ms, as arrays indexed by the paper's stage numbers.
+
+    Index 0 of ``a``/``abar``/``delta`` is the input ``a^0``; index ``l`` (1..L+1) is stage ``l``.
+    ``forward_overhead``, ``backward_overhead``, ``forward_ms`` and ``backward_ms`` have a meaningless 0
+    at index 0 so that stage ``l`` is at index ``l`` everywhere.
+
+    Attributes:
+        chain: the chain in bytes.
+        slot_bytes: the size of one slot.
+        slots: the table width; budgets 0..``slots`` slots are represented.
+        a, abar, delta, forward_overhead, backward_overhead: sizes in slots (int64, rounded up).
+        forward_ms, backward_ms: u_f and u_b (float64).
+    """
+
+    chain: Chain
+    slot_bytes: int
+    slots: int
+    a: np.ndarray
+    abar: np.ndarray
+    delta: np.ndarray
+    forward_overhead: np.ndarray
+    backward_overhead: np.ndarray
+    forward_ms: np.ndarray
+    backward_ms: np.ndarray
+
+    @property
+    def top(self) -> int:
+        """L + 1, the loss stage."""
+        return self.chain.length + 1
+
+    def budget_slots(self, budget_bytes: int) -> int:
+        """Whole slots inside ``budget_bytes`` (rounded down; may exceed ``slots``)."""
+        return int(budget_bytes) // self.slot_bytes
+
+    def to_bytes(self, slot_count: int) -> int:
+        """The budget in bytes of ``slot_count`` whole slots."""
+        return int(slot_count) * self.slot_bytes
+
+
+def to_slots(size_bytes: int, slot_bytes: int) -> int:
+    """``size_bytes`` rounded up to whole slots."""
+    return -(-int(size_bytes) // slot_bytes)
+
+
+def discretize(chain: Chain, slots: int = DEFAULT_SLOTS, reference_bytes: int | None = None) -> DiscreteChain:
+    """Rounds a chain's sizes up to slots of ``ceil(reference_bytes / slots)`` bytes.
+
+    Args:
+        chain: the chain.
+        slots: how many slots span the reference budget.
+        reference_bytes: the budget the grid is built for; store-all's simulated peak when ``None``.
+
+    Raises:
+        ValueError: ``slots`` is not a whole number >= 1.
+    """
+    check_slots(slots)
+    if reference_bytes is None:
+        from planner.solvers.store_all import store_all_peak_bytes  # local: store_all imports nothing of ours
+
+        reference_bytes = store_all_peak_bytes(chain)
+    slot = slot_bytes_for(reference_bytes, slots)
+    top = chain.length + 1
+    index = range(top + 1)
+
+    def sizes(values: list[int]) -> np.ndarray:
+        return np.array([to_slots(v, slot) for v in values], dtype=np.int64)
+
+    stages = [None, *chain.stages]
+    return DiscreteChain(
+        chain=chain,
+        slot_bytes=slot,
+        slots=int(slots),
+        a=sizes([chain.a(i) for i in index]),
+        abar=sizes([chain.abar(i) for i in index]),
+        delta=sizes([chain.delta(i) for i in index]),
+        forward_overhead=sizes([0] + [s.forward_overhead_bytes for s in stages[1:]]),
+        backward_overhead=sizes([0] + [s.backward_overhead_bytes for s in stages[1:]]),
+        forward_ms=np.array([0.0] + [s.forward_ms for s in stages[1:]], dtype=np.float64),
+        backward_ms=np.array([0.0] + [s.backward_ms for s in stages[1:]], dtype=np.float64),
+    )

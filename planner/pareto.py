@@ -1,0 +1,161 @@
+"""Memory-vs-time trade-offs: the Pareto front of one DP, and the points of every algorithm.
+
+One DP solve for the largest useful budget (store-all's peak) yields the optimum of every smaller
+budget, since the table holds every memory 0..slots. :class:`ParetoFront` keeps that table, so the
+dashboard's budget slider calls :meth:`ParetoFront.schedule_at`, which only reads a schedule out of it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from planner.chain import Chain
+from planner.discretize import DEFAULT_SLOTS
+from planner.errors import UnknownAlgorithmError
+from planner.schedule import Schedule
+from planner.simulator import predict
+from planner.solvers import periodic, rotor, rotor_optimal, sqrt, store_all
+from planner.solvers.common import infeasible
+
+FRONT_ALGORITHMS = ("rotor", "revolve", "rotor_optimal")
+POINT_COLUMNS = ("algorithm", "budget_bytes", "peak_bytes", "makespan_ms", "params")
+_RELATIVE_STEP = 1e-6  # float32 tables: smaller makespan differences are rounding, not a new optimum
+
+
+@dataclass(frozen=True, eq=False)
+class ParetoFront:
+    """Every optimum of one DP algorithm over budgets, from one table.
+
+    Attributes:
+        chain: the chain.
+        algorithm: ``"rotor"``, ``"revolve"`` or ``"rotor_optimal"``.
+        slots: the memory slots spanning store-all's peak.
+        budgets_bytes: int64, increasing: the smallest budget at which each distinct optimum is reached.
+        makespans_ms: float64, decreasing: the optimum's makespan as the DP table holds it (float32
+            precision for rotor/revolve; :meth:`schedule_at` gives the simulator's exact value).
+        min_feasible_bytes: the smallest budget with a schedule (``budgets_bytes[0]``).
+        max_budget_bytes: store-all's peak: no budget above it changes anything.
+        table: the DP table the schedules are read from.
+    """
+
+    chain: Chain
+    algorithm: str
+    slots: int
+    budgets_bytes: np.ndarray
+    makespans_ms: np.ndarray
+    min_feasible_bytes: int
+    max_budget_bytes: int
+    table: rotor.RotorTable | rotor_optimal.OptimalTable
+
+    def makespan_at(self, budget_bytes: int) -> float:
+        """The optimal makespan within ``budget_bytes`` (from the front, no rebuild).
+
+        Raises:
+            InfeasibleBudgetError: below the minimum feasible budget.
+        """
+        position = int(np.searchsorted(self.budgets_bytes, budget_bytes, side="right")) - 1
+        if position < 0:
+            raise infeasible(self.algorithm, int(budget_bytes), self.min_feasible_bytes)
+        return float(self.makespans_ms[position])
+
+    def schedule_at(self, budget_bytes: int) -> Schedule:
+        """The optimal schedule within ``budget_bytes``, read from the stored table (no new DP).
+
+        Raises:
+            InfeasibleBudgetError: below the minimum feasible budget (named in the message).
+        """
+        budget = int(budget_bytes)
+        if isinstance(self.table, rotor.RotorTable):
+            ops = rotor.rebuild(self.table, budget)
+        else:
+            ops = rotor_optimal.rebuild(self.table, budget)
+        peak, makespan = predict(self.chain, ops)
+        params = {"slots": self.slots, "slot_bytes": self.table.grid.slot_bytes}
+        return Schedule(self.algorithm, budget, ops, self.chain, peak, makespan, params)
+
+    def to_frame(self) -> pd.DataFrame:
+        """The front as a table with columns ``budget_bytes`` and ``makespan_ms``."""
+        return pd.DataFrame({"budget_bytes": self.budgets_bytes, "makespan_ms": self.makespans_ms})
+
+
+def pareto_front(chain: Chain, algorithm: str = "rotor", slots: int = DEFAULT_SLOTS) -> ParetoFront:
+    """Solves the DP once for store-all's peak and lists every distinct optimum below it.
+
+    Raises:
+        UnknownAlgorithmError: ``algorithm`` is not a DP algorithm (``FRONT_ALGORITHMS``).
+        InfeasibleBudgetError: the algorithm finds no schedule at any budget (revolve only).
+    """
+    if algorithm not in FRONT_ALGORITHMS:
+        raise UnknownAlgorithmError(
+            f"a Pareto front comes from a DP algorithm; expected one of {', '.join(FRONT_ALGORITHMS)}, "
+            f"found {algorithm!r}"
+        )
+    if algorithm == "rotor_optimal":
+        table: rotor.RotorTable | rotor_optimal.OptimalTable = rotor_optimal.compute_table(chain, slots)
+    else:
+        table = rotor.compute_table(chain, slots, mode=algorithm)
+    peak = store_all.store_all_peak_bytes(chain)
+    # rotor and rotor_optimal answer store-all's peak and above with store-all; revolve reads its table there
+    budgets, makespans = _distinct_optima(table.root_makespans(), table.grid.slot_bytes, peak,
+                                          include_peak=algorithm == "revolve")
+    if algorithm != "revolve":
+        # store-all's exact peak can sit a rounding above the grid's last feasible point
+        store_all_ms = predict(chain, store_all.store_all_ops(chain))[1]
+        if not makespans or store_all_ms < makespans[-1] * (1 - _RELATIVE_STEP):
+            budgets.append(peak)
+            makespans.append(store_all_ms)
+    if not budgets:
+        raise infeasible(algorithm, peak, None, f"{slots} slots")
+    return ParetoFront(chain, algorithm, slots, np.array(budgets, dtype=np.int64), np.array(makespans),
+                       budgets[0], peak, table)
+
+
+def _distinct_optima(
+    by_slots: np.ndarray, slot_bytes: int, peak_bytes: int, include_peak: bool
+) -> tuple[list[int], list[float]]:
+    """Budgets (bytes, up to ``peak_bytes``) where the optimum first drops, and the optimum there."""
+    budgets: list[int] = []
+    makespans: list[float] = []
+    for count in np.flatnonzero(np.isfinite(by_slots)):
+        budget, value = int(count) * slot_bytes, float(by_slots[count])
+        if budget > peak_bytes or (budget == peak_bytes and not include_peak):
+            break
+        if not makespans or value < makespans[-1] * (1 - _RELATIVE_STEP):
+            budgets.append(budget)
+            makespans.append(value)
+    return budgets, makespans
+
+
+def algorithm_points(chain: Chain, slots: int = DEFAULT_SLOTS, sweep: int = 12) -> pd.DataFrame:
+    """Memory-vs-time points of every algorithm, for the Pareto plot.
+
+    store_all and sqrt give one point each, periodic one per segment count (2..L), and revolve and rotor
+    ``sweep`` budgets evenly spaced from their minimum feasible budget to store-all's peak. ``peak_bytes``
+    and ``makespan_ms`` are simulated; ``budget_bytes`` is the budget solved for (the peak itself for the
+    algorithms that take no budget); ``params`` is a JSON string.
+
+    Returns:
+        A DataFrame with columns ``POINT_COLUMNS``.
+    """
+    rows: list[tuple] = []
+
+    def add(algorithm: str, budget: int, ops: tuple, params: dict) -> None:
+        peak, makespan = predict(chain, ops)
+        rows.append((algorithm, int(budget), peak, makespan, json.dumps(params, sort_keys=True)))
+
+    all_ops = store_all.store_all_ops(chain)
+    add("store_all", store_all.store_all_peak_bytes(chain), all_ops, {})
+    for segments, peak, _ in periodic.candidates(chain)[1:]:
+        add("periodic", peak, periodic.periodic_ops(chain, segments), {"segments": segments})
+    sqrt_ops = sqrt.sqrt_ops(chain)
+    add("sqrt", predict(chain, sqrt_ops)[0], sqrt_ops, {"segment_length": sqrt.segment_length(chain)})
+    for algorithm in ("revolve", "rotor"):
+        front = pareto_front(chain, algorithm, slots)
+        for budget in np.unique(np.linspace(front.min_feasible_bytes, front.max_budget_bytes, sweep).astype(np.int64)):
+            schedule = front.schedule_at(int(budget))
+            add(algorithm, int(budget), schedule.ops, {"slots": slots})
+    return pd.DataFrame(rows, columns=list(POINT_COLUMNS))

@@ -1,0 +1,321 @@
+"""Replays a schedule on a chain with the ROTOR paper's memory rules and predicts its peak and makespan.
+
+The rules are Table 1 and Definitions 3.3-3.4 of the ROTOR paper (Beaumont et al., ACM TOMS 2024):
+
+* The start state holds ``a^0`` (the input) and ``delta^{L+1}`` (the gradient of the loss, the seed of the
+  backward pass); the sequence must end by computing ``delta^0``.
+* ``F_all(l)`` needs ``a^{l-1}`` (held on its own or inside ``a-bar^{l-1}``), keeps it and adds ``a-bar^l``
+  (which contains ``a^l``). ``F_ck(l)`` keeps ``a^{l-1}`` and adds ``a^l``. ``F_none(l)`` adds ``a^l`` and
+  drops ``a^{l-1}`` -- unless ``a^{l-1}`` is only held inside ``a-bar^{l-1}``, which a forward cannot free,
+  or ``a-bar^l`` is held: the graph recorded by ``F_all(l)`` references its input, which ``B(l)`` needs,
+  so in PyTorch dropping the input's handle frees nothing until ``B(l)``. (Read literally, Table 1 would
+  let ``F_all(l) F_none(l)`` delete ``a^{l-1}`` and keep ``a-bar^l``; no DP uses that, and no executor
+  could realise the memory it promises.)
+* ``B(l)`` needs ``delta^l``, ``a-bar^l`` and ``a^{l-1}``; it frees ``delta^l`` and ``a-bar^l``, frees
+  ``a^{l-1}`` when that is held on its own (first line of Table 1) and keeps ``a-bar^{l-1}`` when it is
+  held instead (second line), and adds ``delta^{l-1}``.
+* The memory during an operation is everything held before it, plus its output, plus its overhead
+  (``o_f`` for a forward, ``o_b`` for a backward). The peak is the largest such value.
+* A forward whose output is already held recomputes it (its memory counts the new copy) and keeps one;
+  ``F_all(l)`` over a held ``a^l`` replaces it by ``a-bar^l``. Nothing may follow ``B(1)``.
+
+Only what the paper's memory M counts is counted: the input, activations, their gradients and the
+overheads; weights, weight gradients and optimizer state are outside the budget.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+import pandas as pd
+
+from planner.chain import Chain
+from planner.errors import InvalidScheduleError, ScheduleMismatchError
+from planner.schedule import Op, OpKind, Schedule
+
+FRAME_COLUMNS = ("index", "kind", "stage", "start_ms", "end_ms", "memory_bytes", "peak_bytes", "live")
+
+
+class StepError(Exception):
+    """Raised by :func:`step` with the reason an operation cannot run (without its position)."""
+
+
+@dataclass(frozen=True)
+class MemoryState:
+    """What is held in memory between two operations (immutable and hashable, for searches).
+
+    Attributes:
+        plain: indices ``l`` for which ``a^l`` is held on its own.
+        saved: indices ``l`` for which ``a-bar^l`` (what ``B(l)`` needs, including ``a^l``) is held.
+        delta: index ``l`` of the gradient ``delta^l`` currently held (exactly one is held at any time).
+        live_bytes: total size of the held values.
+    """
+
+    plain: frozenset[int]
+    saved: frozenset[int]
+    delta: int
+    live_bytes: int
+
+    def has_a(self, index: int) -> bool:
+        """Whether ``a^index`` is available, on its own or inside ``a-bar^index``."""
+        return index in self.plain or index in self.saved
+
+    def live_names(self) -> tuple[str, ...]:
+        """The held values, e.g. ``("a^0", "abar^3", "delta^4")``, by index."""
+        return _names(self.plain, self.saved, self.delta)
+
+
+def _names(plain: Iterable[int], saved: Iterable[int], delta: int) -> tuple[str, ...]:
+    named = [(i, f"a^{i}") for i in plain] + [(i, f"abar^{i}") for i in saved]
+    return tuple(name for _, name in sorted(named)) + (f"delta^{delta}",)
+
+
+class _Memory:
+    """The memory during a replay, mutated in place (O(1) per operation); the one copy of Table 1's rules."""
+
+    __slots__ = ("chain", "plain", "saved", "delta", "live", "named")
+
+    def __init__(self, chain: Chain, plain: set[int], saved: set[int], delta: int, live: int, named: bool = True) -> None:
+        self.chain, self.plain, self.saved, self.delta, self.live = chain, plain, saved, delta, live
+        self.named = named  # False: skip naming what each operation adds and frees (faster)
+
+    @classmethod
+    def start(cls, chain: Chain, named: bool = True) -> _Memory:
+        top = chain.length + 1
+        return cls(chain, {0}, set(), top, chain.a(0) + chain.delta(top), named)
+
+    def freeze(self) -> MemoryState:
+        return MemoryState(frozenset(self.plain), frozenset(self.saved), self.delta, self.live)
+
+    def apply(self, op: Op) -> tuple[int, tuple[str, ...], tuple[str, ...]]:
+        """Runs ``op``; returns the memory during it and the names of the values it added and freed.
+
+        Raises:
+            StepError: an input is missing (nothing is changed then).
+        """
+        top = self.chain.length + 1
+        if op.stage > top:
+            raise StepError(f"stage {op.stage} does not exist; the chain has stages 1..{top}")
+        if self.delta == 0:
+            raise StepError("delta^0 is already computed; no operation may follow")
+        if op.kind is OpKind.B:
+            return self._backward(op.stage)
+        return self._forward(op.kind, op.stage)
+
+    def _has_a(self, index: int) -> bool:
+        return index in self.plain or index in self.saved
+
+    def _forward(self, kind: OpKind, stage: int) -> tuple[int, tuple[str, ...], tuple[str, ...]]:
+        if not self._has_a(stage - 1):
+            raise StepError(f"needs a^{stage - 1} (not in memory)")
+        spec = self.chain.stage(stage)
+        added: tuple[str, ...] = ()
+        freed: tuple[str, ...] = ()
+        if kind is OpKind.F_ALL:
+            during = self.live + spec.saved_bytes + spec.forward_overhead_bytes
+            if stage not in self.saved:
+                self.saved.add(stage)
+                self.live += spec.saved_bytes
+                added = (f"abar^{stage}",) if self.named else ()
+            if stage in self.plain:  # a^l is part of a-bar^l now
+                self.plain.remove(stage)
+                self.live -= spec.output_bytes
+                freed = (f"a^{stage}",) if self.named else ()
+            return during, added, freed
+        during = self.live + spec.output_bytes + spec.forward_overhead_bytes
+        if stage not in self.plain and stage not in self.saved:
+            self.plain.add(stage)
+            self.live += spec.output_bytes
+            added = (f"a^{stage}",) if self.named else ()
+        if kind is OpKind.F_NONE and stage - 1 in self.plain and stage not in self.saved:
+            self.plain.remove(stage - 1)
+            self.live -= self.chain.a(stage - 1)
+            freed = (f"a^{stage - 1}",) if self.named else ()
+        return during, added, freed
+
+    def _backward(self, stage: int) -> tuple[int, tuple[str, ...], tuple[str, ...]]:
+        if self.delta != stage:
+            raise StepError(f"needs delta^{stage} (the gradient in memory is delta^{self.delta})")
+        if stage not in self.saved:
+            hint = f"; a^{stage} is held but only F_all({stage}) keeps what B({stage}) needs" if stage in self.plain else ""
+            raise StepError(f"needs a-bar^{stage} (not in memory{hint})")
+        if not self._has_a(stage - 1):  # a guard: a-bar^l pins a^{l-1}, so this cannot happen
+            raise StepError(f"needs a^{stage - 1} (not in memory)")
+        spec = self.chain.stage(stage)
+        grad_out = self.chain.delta(stage - 1)
+        during = self.live + grad_out + spec.backward_overhead_bytes
+        self.live += grad_out - spec.saved_bytes - spec.grad_bytes
+        self.saved.remove(stage)
+        self.delta = stage - 1
+        kept_input = stage - 1 not in self.plain
+        if not kept_input:
+            self.plain.remove(stage - 1)
+            self.live -= self.chain.a(stage - 1)
+        if not self.named:
+            return during, (), ()
+        freed = (f"abar^{stage}", f"delta^{stage}") + (() if kept_input else (f"a^{stage - 1}",))
+        return during, (f"delta^{stage - 1}",), freed
+
+
+def initial_state(chain: Chain) -> MemoryState:
+    """The start state: ``a^0`` and ``delta^{L+1}`` held."""
+    return _Memory.start(chain).freeze()
+
+
+def step(chain: Chain, state: MemoryState, op: Op) -> tuple[MemoryState, int]:
+    """Applies one operation to an immutable state (the exhaustive search's move).
+
+    Returns:
+        The state after the operation and the memory in bytes during it (overhead included).
+
+    Raises:
+        StepError: the operation's inputs are not in memory (the message says which).
+    """
+    memory = _Memory(chain, set(state.plain), set(state.saved), state.delta, state.live_bytes)
+    during, _, _ = memory.apply(op)
+    return memory.freeze(), during
+
+
+@dataclass(frozen=True)
+class TimelinePoint:
+    """One operation of a replayed schedule.
+
+    Attributes:
+        index: position of the operation in the schedule (0-based).
+        op: the operation.
+        start_ms: when it starts, counted from the start of the schedule.
+        end_ms: when it ends.
+        memory_bytes: memory held after it.
+        peak_bytes: memory during it, its output and overhead included.
+        added: names of the values it added to memory (e.g. ``("abar^3",)``).
+        freed: names of the values it freed.
+    """
+
+    index: int
+    op: Op
+    start_ms: float
+    end_ms: float
+    memory_bytes: int
+    peak_bytes: int
+    added: tuple[str, ...] = ()
+    freed: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """The simulator's prediction for one schedule.
+
+    Attributes:
+        peak_bytes: the largest memory during any operation (Definition 3.4).
+        makespan_ms: the sum of the operations' durations (Definition 3.2).
+        timeline: one point per operation.
+        start_live: names of the values held before the first operation.
+    """
+
+    peak_bytes: int
+    makespan_ms: float
+    timeline: tuple[TimelinePoint, ...]
+    start_live: tuple[str, ...] = ()
+
+    def live(self) -> tuple[tuple[str, ...], ...]:
+        """For each operation, the names of the values held after it (by index, gradient last)."""
+        held = set(self.start_live)
+        out = []
+        for point in self.timeline:
+            held.difference_update(point.freed)
+            held.update(point.added)
+            out.append(tuple(sorted(held, key=_name_order)))
+        return tuple(out)
+
+    def to_frame(self) -> pd.DataFrame:
+        """The timeline as a table with columns ``FRAME_COLUMNS`` (``live`` joins the held values' names)."""
+        rows = [
+            (p.index, p.op.kind.value, p.op.stage, p.start_ms, p.end_ms, p.memory_bytes, p.peak_bytes, " ".join(live))
+            for p, live in zip(self.timeline, self.live())
+        ]
+        return pd.DataFrame(rows, columns=list(FRAME_COLUMNS))
+
+
+def _name_order(name: str) -> tuple[int, int]:
+    kind, index = name.split("^")
+    return (1 if kind == "delta" else 0, int(index))
+
+
+def simulate(chain: Chain, schedule: Schedule | Iterable[Op]) -> Prediction:
+    """Replays ``schedule`` (a :class:`Schedule` or a sequence of :class:`Op`) on ``chain``.
+
+    Raises:
+        InvalidScheduleError: at the first operation whose inputs are missing (naming its position, the
+            operation and what was missing), or when the sequence ends without computing ``delta^0``.
+        ScheduleMismatchError: a :class:`Schedule` made for another chain.
+    """
+    memory = _Memory.start(chain)
+    start_live = _names(memory.plain, memory.saved, memory.delta)
+    points = []
+    clock_ms = 0.0
+    peak = memory.live
+    for index, op, during, added, freed in _replay(chain, schedule, memory):
+        spec = chain.stage(op.stage)
+        duration = spec.backward_ms if op.kind is OpKind.B else spec.forward_ms
+        points.append(TimelinePoint(index, op, clock_ms, clock_ms + duration, memory.live, during, added, freed))
+        clock_ms += duration
+        peak = max(peak, during)
+    return Prediction(peak_bytes=peak, makespan_ms=clock_ms, timeline=tuple(points), start_live=start_live)
+
+
+def predict(chain: Chain, schedule: Schedule | Iterable[Op]) -> tuple[int, float]:
+    """``(peak_bytes, makespan_ms)`` of ``schedule`` -- :func:`simulate` without the timeline, faster.
+
+    Raises:
+        InvalidScheduleError, ScheduleMismatchError: as :func:`simulate`.
+    """
+    memory = _Memory.start(chain, named=False)
+    clock_ms = 0.0
+    peak = memory.live
+    stages = chain.stages
+    for _, op, during, _, _ in _replay(chain, schedule, memory):
+        spec = stages[op.stage - 1]
+        clock_ms += spec.backward_ms if op.kind is OpKind.B else spec.forward_ms
+        peak = max(peak, during)
+    return peak, clock_ms
+
+
+def _replay(
+    chain: Chain, schedule: Schedule | Iterable[Op], memory: _Memory
+) -> Iterator[tuple[int, Op, int, tuple[str, ...], tuple[str, ...]]]:
+    """Applies each operation to ``memory``; yields its index, the op, the memory during it, what it added and freed."""
+    if isinstance(schedule, Schedule):
+        if schedule.chain.fingerprint() != chain.fingerprint():
+            raise ScheduleMismatchError(
+                f"the schedule was made for chain {schedule.chain.name!r} ({schedule.chain.length} stages, "
+                f"fingerprint {schedule.chain.fingerprint()}), not for {chain.name!r} ({chain.length} stages, "
+                f"fingerprint {chain.fingerprint()})"
+            )
+        ops: Iterable[Op] = schedule.ops
+    else:
+        ops = schedule
+    count = 0
+    for index, raw in enumerate(ops):
+        op = _as_op(raw, index)
+        try:
+            during, added, freed = memory.apply(op)
+        except StepError as exc:
+            raise InvalidScheduleError(f"op {index} {op}: {exc}") from None
+        count = index + 1
+        yield index, op, during, added, freed
+    if memory.delta != 0:
+        raise InvalidScheduleError(
+            f"the sequence ends after {count} operations without computing delta^0 "
+            f"(the last gradient computed is delta^{memory.delta}); expected it to end with B(1)"
+        )
+
+
+def _as_op(raw: object, index: int) -> Op:
+    if isinstance(raw, Op):
+        return raw
+    try:
+        kind, stage = raw  # type: ignore[misc]
+        return Op(OpKind(kind), stage)
+    except (TypeError, ValueError) as exc:
+        raise InvalidScheduleError(f"op {index}: expected an Op or a (kind, stage) pair, found {raw!r}") from exc

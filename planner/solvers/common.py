@@ -1,0 +1,54 @@
+"""What every solver returns, and helpers shared by the solvers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from memprof.units import format_bytes
+from planner.errors import InfeasibleBudgetError
+from planner.schedule import Op, OpKind
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A solver's answer: the operations and the parameters that produced them."""
+
+    ops: tuple[Op, ...]
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+def forward_all(first: int, last: int) -> list[Op]:
+    """``F_all(first) .. F_all(last)``."""
+    return [Op(OpKind.F_ALL, stage) for stage in range(first, last + 1)]
+
+
+def backward_all(last: int, first: int) -> list[Op]:
+    """``B(last) .. B(first)``, descending."""
+    return [Op(OpKind.B, stage) for stage in range(last, first - 1, -1)]
+
+
+def checkpointed_forward(first: int, last: int) -> list[Op]:
+    """``F_ck(first) F_none(first+1) .. F_none(last)``: keeps ``a^{first-1}``, records nothing."""
+    return [Op(OpKind.F_CK, first)] + [Op(OpKind.F_NONE, stage) for stage in range(first + 1, last + 1)]
+
+
+def infeasible(algorithm: str, budget_bytes: int, min_bytes: int | None, detail: str = "") -> InfeasibleBudgetError:
+    """The error for a budget below ``min_bytes``, naming the minimum in bytes and in human units.
+
+    ``min_bytes`` is ``None`` when the algorithm finds no schedule at any budget its grid represents.
+    """
+    extra = f" ({detail})" if detail else ""
+    if min_bytes is None:
+        return InfeasibleBudgetError(
+            f"{algorithm} finds no schedule at any budget{extra}; budget asked: {budget_bytes} bytes "
+            f"({format_bytes(budget_bytes)}); try rotor, which can always fall back to store-all",
+            budget_bytes=budget_bytes,
+            min_feasible_bytes=None,
+        )
+    return InfeasibleBudgetError(
+        f"budget {budget_bytes} bytes ({format_bytes(budget_bytes)}) is below the minimum feasible budget "
+        f"for {algorithm}{extra}: {min_bytes} bytes ({format_bytes(min_bytes)})",
+        budget_bytes=budget_bytes,
+        min_feasible_bytes=min_bytes,
+    )

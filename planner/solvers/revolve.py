@@ -1,0 +1,45 @@
+"""The ROTOR paper's "revolve" baseline: only activations ``a^l`` are checkpointed, ``F_all`` right before each ``B``.
+
+This is the optimal persistent schedule of the automatic-differentiation model (Griewank & Walther's
+revolve, adapted to heterogeneous costs as in Appendix C of Gruslys et al. 2016): the forward pass stores
+some ``a^l`` (``F_ck``) and drops the rest (``F_none``), and every backward step ``B(l)`` is preceded
+immediately by ``F_all(l)`` re-run from ``a^{l-1}``. The placement of the checkpoints is optimal under the
+budget: it is ROTOR's persistent DP with ``F_all(s)`` allowed only when ``B(s)`` follows at once, with the
+true memory of every operation counted, so the schedules never exceed their budget.
+"""
+
+from __future__ import annotations
+
+from planner.chain import Chain
+from planner.discretize import DEFAULT_SLOTS
+from planner.solvers.common import Plan, infeasible
+from planner.solvers.rotor import RotorTable, compute_table, rebuild
+
+
+def revolve_table(chain: Chain, slots: int = DEFAULT_SLOTS) -> RotorTable:
+    """The revolve DP's table for every memory 0..slots."""
+    return compute_table(chain, slots, mode="revolve")
+
+
+def min_budget_bytes(chain: Chain, slots: int = DEFAULT_SLOTS) -> int:
+    """The smallest budget for which revolve finds a schedule on this grid.
+
+    Raises:
+        InfeasibleBudgetError: revolve finds none up to the grid's top (possible only when some
+            ``F_all`` beside its ``delta`` needs more than store-all's peak).
+    """
+    table = revolve_table(chain, slots)
+    found = table.min_feasible_bytes()
+    if found is None:
+        raise infeasible("revolve", table.grid.to_bytes(table.grid.slots), None, f"{slots} slots")
+    return found
+
+
+def plan(chain: Chain, budget_bytes: int, slots: int = DEFAULT_SLOTS) -> Plan:
+    """The optimal revolve schedule within ``budget_bytes``.
+
+    Raises:
+        InfeasibleBudgetError: the budget is below the minimum feasible one.
+    """
+    table = revolve_table(chain, slots)
+    return Plan(rebuild(table, budget_bytes), {"slots": slots, "slot_bytes": table.grid.slot_bytes})

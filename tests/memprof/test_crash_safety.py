@@ -1,0 +1,314 @@
+"""Crash safety: a run killed with SIGKILL, or a disk that fails mid-run, loses no completed iteration.
+
+The kill test forks its training processes from one helper process that imported torch once, so that
+each of the many kills costs a fraction of a second instead of a fresh interpreter start. The helper
+reports every completed ``record_stats()`` on its stdout; the test kills the training process at a
+random moment after the first one and then reads the run back with ``load_trace``.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import random
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import memprof.writer
+from memprof import MemoryProfiler, load_trace, zoo
+from tests.memprof.helpers import CATEGORIES
+
+KILLS = 40
+SEED = 20240606
+REPO = Path(__file__).resolve().parents[2]
+
+# Runs in a fresh interpreter: imports torch once, then forks one training process per request line
+# ``<out_dir> <seed>`` read from stdin and reports ``pid``, ``done <i>`` and ``reaped`` lines.
+FORK_SERVER = textwrap.dedent(
+    """
+    import os, sys
+    import torch
+    from torch import nn
+    from memprof import MemoryProfiler, zoo
+
+    torch.set_num_threads(1)
+
+    def train(out_dir, seed):
+        torch.manual_seed(seed)
+        model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+        optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+        profiler = MemoryProfiler(model, optimizer, out_dir=out_dir, run_id="run", print_period=0)
+        for i in range(2000):  # ends on its own should the test fail before the kill
+            zoo.train_step(model, optimizer, (torch.randn(4, 8), torch.randint(0, 4, (4,))))
+            profiler.record_stats()
+            os.write(1, f"done {i}\\n".encode())
+
+    def warm_up(out_dir):
+        # One short profiled run here pays the lazy imports and first-use costs (Adam, autograd, the
+        # profiler: seconds) once, instead of in every forked child.
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+        optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+        with MemoryProfiler(model, optimizer, out_dir=out_dir, print_period=0) as profiler:
+            zoo.train_step(model, optimizer, (torch.randn(4, 8), torch.randint(0, 4, (4,))))
+            profiler.record_stats()
+
+    import tempfile
+    with tempfile.TemporaryDirectory() as warm:
+        warm_up(warm)
+    os.write(1, b"ready\\n")
+    for line in sys.stdin:
+        out_dir, seed = line.split()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                train(out_dir, int(seed))
+            finally:
+                os._exit(3)
+        os.write(1, f"pid {pid}\\n".encode())
+        os.waitpid(pid, 0)
+        os.write(1, b"reaped\\n")
+    """
+)
+
+
+class ForkServer:
+    """A helper interpreter that forks profiled training processes on request."""
+
+    def __init__(self, script: Path) -> None:
+        env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+        self.proc = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, env=env, cwd=REPO, bufsize=0)
+        self._buffer = b""
+        assert self._line(timeout_s=120) == "ready"
+
+    def _line(self, timeout_s: float = 30.0) -> str:
+        """The next line of the server's output; fails instead of hanging when none comes."""
+        deadline = time.monotonic() + timeout_s
+        while b"\n" not in self._buffer:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self.proc.stdout], [], [], left)[0]:
+                raise AssertionError(f"no output from the fork server for {timeout_s} s")
+            chunk = os.read(self.proc.stdout.fileno(), 4096)
+            if not chunk:
+                raise AssertionError(f"fork server exited (rc {self.proc.poll()})")
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return line.decode().strip()
+
+    def _send(self, text: str) -> None:
+        self.proc.stdin.write(text.encode())
+
+    def run_and_kill(self, out_dir: Path, seed: int, after: int, delay_s: float) -> list[int]:
+        """Trains until ``after`` iterations completed, waits ``delay_s``, SIGKILLs; returns completed ones."""
+        self._send(f"{out_dir} {seed}\n")
+        kind, pid = self._line().split()
+        assert kind == "pid"
+        done: list[int] = []
+        line = ""
+        try:
+            while len(done) < after:
+                line = self._line()
+                assert line.startswith("done"), f"training process ended early: {line!r}"
+                done.append(int(line.split()[1]))
+            time.sleep(delay_s)
+        finally:
+            if line != "reaped":  # still ours to kill (a reaped pid could belong to someone else by now)
+                os.kill(int(pid), signal.SIGKILL)
+        # Every "done" line written before the kill is still in the pipe: those iterations completed too.
+        while (line := self._line()) != "reaped":
+            done.append(int(line.split()[1]))
+        return done
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()  # only the server this test started
+            self.proc.wait()
+
+
+def _check_sums(trace) -> None:
+    events, iterations = trace.events, trace.iterations
+    np.testing.assert_array_equal(events[CATEGORIES].sum(axis=1).to_numpy(), events.allocated_bytes.to_numpy())
+    np.testing.assert_array_equal(iterations[CATEGORIES].sum(axis=1).to_numpy(),
+                                  iterations.peak_allocated_bytes.to_numpy())
+
+
+def _check_killed_run(run_dir: Path, completed: list[int]) -> bool:
+    """Asserts what a killed run must keep; returns whether the interrupted iteration was left torn."""
+    trace = load_trace(run_dir)
+    assert trace.meta["status"] == "running"  # close() never ran
+    sets = {table: set(getattr(trace, table).iteration.tolist()) for table in ("iterations", "layers", "events")}
+    last = max(completed)
+    assert completed == list(range(last + 1))
+    for table, found in sets.items():
+        # Every reported iteration is there; at most the one being written when the kill came is extra.
+        assert set(completed) <= found, f"{table} lost a completed iteration: {sorted(found)} vs {completed}"
+        assert found <= set(range(last + 2)), f"{table} holds iterations that never ran: {sorted(found)}"
+    _check_sums(trace)
+    modules = trace.layers.groupby("iteration").module.apply(frozenset)
+    assert modules.nunique() == 1 and modules.iloc[0] == frozenset({"", "0", "1", "2"})
+    assert len(trace.iterations) == len(sets["iterations"])  # no iteration written twice
+    return len({frozenset(s) for s in sets.values()}) > 1
+
+
+@pytest.fixture(scope="module")
+def fork_server(tmp_path_factory):
+    script = tmp_path_factory.mktemp("server") / "fork_server.py"
+    script.write_text(FORK_SERVER)
+    server = ForkServer(script)
+    yield server
+    server.close()
+
+
+def test_sigkill_at_random_moments_keeps_every_completed_iteration(fork_server, tmp_path,
+                                                                  record_testsuite_property):
+    rng = random.Random(SEED)
+    torn, iterations_seen = 0, 0
+    start = time.monotonic()
+    for kill in range(KILLS):
+        out_dir = tmp_path / f"kill{kill}"
+        # Kill after 1..3 completed iterations, at a delay spread over several iterations (~20 ms each).
+        completed = fork_server.run_and_kill(out_dir, seed=kill, after=rng.randint(1, 3),
+                                             delay_s=rng.uniform(0.0, 0.15))
+        torn += _check_killed_run(out_dir / "run", completed)
+        iterations_seen += len(completed)
+    elapsed = time.monotonic() - start
+    record_testsuite_property("kills", KILLS)
+    record_testsuite_property("torn_iterations", torn)
+    print(f"{KILLS} SIGKILLs in {elapsed:.1f} s, {iterations_seen} completed iterations all readable; "
+          f"{torn} kills left an interrupted iteration in some tables only")
+    assert elapsed < 120  # about 10 s here; minutes would mean the fork server no longer saves start-up
+
+
+class _Killed(BaseException):
+    """Stands for the process dying between two file writes (nothing after it runs)."""
+
+
+@pytest.mark.xfail(strict=True, reason="an iteration is written as three parts (iterations, layers, events); "
+                   "a death between them leaves the iteration in some tables only and the reader shows it")
+def test_death_between_table_parts_leaves_consistent_tables(tmp_path, monkeypatch):
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    profiler = MemoryProfiler(model, optimizer, out_dir=tmp_path, run_id="run", print_period=0)
+    original = memprof.writer.TraceWriter.append
+
+    def append(self, table, data):
+        path = original(self, table, data)
+        if profiler.iteration == 2 and path is not None:
+            raise _Killed  # the first part of iteration 2 reached the disk, then the process died
+        return path
+
+    try:
+        for _ in range(3):
+            zoo.train_step(model, optimizer, (torch.randn(4, 8), torch.randint(0, 4, (4,))))
+            monkeypatch.setattr(memprof.writer.TraceWriter, "append", append)
+            try:
+                profiler.record_stats()
+            except _Killed:
+                break
+        trace = load_trace(tmp_path / "run")
+        sets = [set(getattr(trace, t).iteration) for t in ("iterations", "layers", "events")]
+        assert sets[0] >= {0, 1}
+        assert sets[0] == sets[1] == sets[2], f"iterations/layers/events disagree: {sets}"
+    finally:
+        monkeypatch.undo()
+        profiler.close()
+
+
+def _failing_writes(monkeypatch, fails, code: int = errno.ENOSPC) -> None:
+    """Makes ``atomic_write_bytes(path, ...)`` raise ``OSError(code)`` whenever ``fails(path)`` is true."""
+    original = memprof.writer.atomic_write_bytes
+
+    def write(path, data, *args, **kwargs):
+        if fails(Path(path)):
+            raise OSError(code, os.strerror(code), str(path))
+        return original(path, data, *args, **kwargs)
+
+    monkeypatch.setattr(memprof.writer, "atomic_write_bytes", write)
+
+
+def _train(profiler: MemoryProfiler, model: nn.Module, optimizer, steps: int) -> list[float]:
+    losses = []
+    for _ in range(steps):
+        losses.append(zoo.train_step(model, optimizer, (torch.randn(4, 8), torch.randint(0, 4, (4,)))))
+        profiler.record_stats()
+    return losses
+
+
+def _memprof_warnings(caught) -> list[str]:
+    return [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning) and "memprof" in str(w.message)]
+
+
+def test_disk_full_is_reported_once_and_training_continues(tmp_path, monkeypatch):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        profiler = MemoryProfiler(model, optimizer, out_dir=tmp_path, run_id="run", print_period=0)
+        _train(profiler, model, optimizer, 2)  # iterations 0 and 1 reach the disk
+        disk_full = [True]
+        _failing_writes(monkeypatch, lambda path: disk_full[0])
+        losses = _train(profiler, model, optimizer, 3)  # iterations 2-4 cannot be written
+        disk_full[0] = False  # space was freed
+        losses += _train(profiler, model, optimizer, 2)
+        profiler.close()
+    assert len(losses) == 5 and all(np.isfinite(losses))  # training went on
+    reported = _memprof_warnings(caught)
+    assert len(reported) == 1, reported
+    assert "No space left on device" in reported[0] and str(profiler.run_dir) in reported[0]
+    trace = load_trace(tmp_path / "run")
+    assert trace.meta["status"] == "closed" and trace.meta["iterations"] == 7
+    # What reached the disk before the failure is intact; iterations after the recovery are written again.
+    assert {0, 1, 5, 6} <= set(trace.iterations.iteration) <= set(range(7))
+    _check_sums(trace)
+
+
+@pytest.mark.xfail(strict=True, reason="a write that fails after the iterations part leaves an iteration row "
+                   "without its layers and events (the parts are written iterations-first)")
+def test_failed_flush_leaves_tables_consistent(tmp_path, monkeypatch):
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        profiler = MemoryProfiler(model, optimizer, out_dir=tmp_path, run_id="run", print_period=0)
+        _train(profiler, model, optimizer, 1)
+        # Iteration 1: the layers part cannot be written (e.g. the disk fills up right then).
+        _failing_writes(monkeypatch, lambda path: profiler.iteration == 1 and "layers" in path.parent.name)
+        _train(profiler, model, optimizer, 2)
+        profiler.close()
+    trace = load_trace(tmp_path / "run")
+    sets = [set(getattr(trace, t).iteration) for t in ("iterations", "layers", "events")]
+    assert sets[0] == sets[1] == sets[2] == {0, 2}, sets
+
+
+def test_vanished_run_directory_is_reported_once_and_training_continues(tmp_path):
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        profiler = MemoryProfiler(model, optimizer, out_dir=tmp_path, run_id="run", print_period=0)
+        _train(profiler, model, optimizer, 1)
+        shutil.rmtree(profiler.run_dir)  # e.g. a cleanup job removed the folder, or the mount went away
+        losses = _train(profiler, model, optimizer, 3)
+        profiler.close()
+    assert len(losses) == 3 and profiler.iteration == 4
+    reported = _memprof_warnings(caught)
+    # One report while training; close() may add one more for meta.json, never one per iteration.
+    assert 1 <= len(reported) <= 2, reported
+    assert all(str(profiler.run_dir) in message for message in reported)

@@ -1,0 +1,64 @@
+"""Random chains for the planner's property tests (hypothesis strategies and a seeded generator)."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+from hypothesis import strategies as st
+
+from planner.chain import Chain, Stage
+from planner.discretize import DiscreteChain, discretize
+from planner.solvers.store_all import store_all_peak_bytes
+
+TOY_CHAIN = Path(__file__).with_name("toy_chain.json")
+MIB = 2**20
+
+
+@st.composite
+def small_chains(draw: st.DrawFn, max_length: int = 5, max_size: int = 6) -> Chain:
+    """Chains of 1..max_length stages with small integer sizes and times (solved exactly: 1-byte slots)."""
+    length = draw(st.integers(1, max_length))
+    stages = []
+    for index in range(length + 1):
+        output = draw(st.integers(0, max_size))
+        stages.append(Stage(
+            forward_ms=float(draw(st.integers(0, 5))),
+            backward_ms=float(draw(st.integers(0, 5))),
+            output_bytes=output,
+            saved_bytes=output + draw(st.integers(0, 3)),
+            grad_bytes=draw(st.sampled_from([output, draw(st.integers(0, max_size))])),
+            forward_overhead_bytes=draw(st.integers(0, 3)),
+            backward_overhead_bytes=draw(st.integers(0, 4)),
+            name=f"s{index + 1}",
+        ))
+    return Chain("random", draw(st.integers(0, max_size)), tuple(stages))
+
+
+def random_chain(seed: int, length: int, unit_bytes: int = MIB) -> Chain:
+    """A reproducible chain of ``length`` stages with sizes in whole ``unit_bytes`` and times in ms."""
+    rng = random.Random(seed)
+    stages = []
+    for _ in range(length + 1):
+        output = rng.randint(1, 50) * unit_bytes
+        stages.append(Stage(
+            forward_ms=rng.uniform(1, 10),
+            backward_ms=rng.uniform(2, 20),
+            output_bytes=output,
+            saved_bytes=output + rng.randint(0, 30) * unit_bytes,
+            grad_bytes=output,
+            forward_overhead_bytes=rng.randint(0, 20) * unit_bytes,
+            backward_overhead_bytes=rng.randint(0, 60) * unit_bytes,
+        ))
+    return Chain(f"random{seed}", rng.randint(1, 50) * unit_bytes, tuple(stages))
+
+
+def exact_grid(chain: Chain) -> DiscreteChain:
+    """1-byte slots up to store-all's peak: the DPs are exact on it."""
+    peak = store_all_peak_bytes(chain)
+    return discretize(chain, max(peak, 1), reference_bytes=max(peak, 1))
+
+
+def toy_chain() -> Chain:
+    """The ROTOR paper's toy example (Table 2), sizes in MiB."""
+    return Chain.from_json(TOY_CHAIN)

@@ -1,0 +1,104 @@
+"""The Pareto front from one DP solve, schedules read from it, and every algorithm's points."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from planner import (
+    Chain,
+    InfeasibleBudgetError,
+    Stage,
+    UnknownAlgorithmError,
+    algorithm_points,
+    pareto_front,
+    simulate,
+    solve,
+)
+from planner.pareto import POINT_COLUMNS
+from planner.solve import min_feasible_budget, store_all_budget
+from planner.solvers import rotor_fill
+from tests.planner.chain_strategies import MIB, random_chain, toy_chain
+
+
+def test_toy_front() -> None:
+    chain = toy_chain()
+    front = pareto_front(chain)
+    assert front.min_feasible_bytes == front.budgets_bytes[0] == min_feasible_budget(chain, "rotor")
+    assert front.max_budget_bytes == store_all_budget(chain) == front.budgets_bytes[-1]
+    assert (np.diff(front.budgets_bytes) > 0).all() and (np.diff(front.makespans_ms) < 0).all()
+    assert front.makespans_ms[-1] == pytest.approx(37.38)
+    assert front.makespan_at(90 * MIB) == pytest.approx(47.42, abs=1e-4)
+    assert front.to_frame().shape == (len(front.budgets_bytes), 2)
+
+
+def test_schedules_read_from_the_front_are_the_solved_ones() -> None:
+    chain = random_chain(seed=6, length=25)
+    front = pareto_front(chain)
+    for budget, makespan in zip(front.budgets_bytes, front.makespans_ms):
+        schedule = front.schedule_at(int(budget))
+        assert schedule.predicted_peak_bytes <= budget
+        assert schedule.predicted_makespan_ms == pytest.approx(makespan, rel=1e-5)
+    for budget in np.linspace(front.min_feasible_bytes, front.max_budget_bytes * 1.1, 7).astype(int):
+        assert front.schedule_at(int(budget)).ops == solve(chain, int(budget)).ops
+
+
+def test_schedule_at_reads_the_table_without_solving(monkeypatch: pytest.MonkeyPatch) -> None:
+    chain = random_chain(seed=7, length=30)
+    front = pareto_front(chain)
+
+    def no_new_dp(*args: object, **kwargs: object) -> None:
+        raise AssertionError("schedule_at must not run the DP again")
+
+    monkeypatch.setattr(rotor_fill, "fill", no_new_dp)
+    middle = (front.min_feasible_bytes + front.max_budget_bytes) // 2
+    assert front.schedule_at(middle).predicted_peak_bytes <= middle
+    with pytest.raises(InfeasibleBudgetError) as excinfo:
+        front.schedule_at(front.min_feasible_bytes - 1)
+    assert excinfo.value.min_feasible_bytes == front.min_feasible_bytes
+
+
+@pytest.mark.parametrize("algorithm", ["revolve", "rotor_optimal"])
+def test_other_dp_fronts(algorithm: str) -> None:
+    chain = toy_chain()
+    front = pareto_front(chain, algorithm)
+    best = pareto_front(chain, "rotor")
+    for budget in front.budgets_bytes:
+        if budget < best.min_feasible_bytes:
+            continue
+        if algorithm == "revolve":
+            assert front.makespan_at(int(budget)) >= best.makespan_at(int(budget)) - 1e-4
+        else:
+            assert front.makespan_at(int(budget)) <= best.makespan_at(int(budget)) + 1e-4
+
+
+def test_only_dp_algorithms_have_a_front() -> None:
+    with pytest.raises(UnknownAlgorithmError, match="expected one of rotor, revolve, rotor_optimal, found 'sqrt'"):
+        pareto_front(toy_chain(), "sqrt")
+
+
+def test_algorithm_points() -> None:
+    chain = toy_chain()
+    points = algorithm_points(chain, sweep=6)
+    assert tuple(points.columns) == POINT_COLUMNS
+    counts = points["algorithm"].value_counts().to_dict()
+    assert counts["store_all"] == counts["sqrt"] == 1
+    assert counts["periodic"] == chain.length - 1 and counts["rotor"] <= 6 and counts["revolve"] <= 6
+    assert (points["peak_bytes"] <= points["budget_bytes"]).all()
+    store_all_row = points[points["algorithm"] == "store_all"].iloc[0]
+    assert store_all_row["peak_bytes"] == store_all_budget(chain) and store_all_row["makespan_ms"] == pytest.approx(37.38)
+    assert sorted(json.loads(p)["segments"] for p in points[points["algorithm"] == "periodic"]["params"]) == [2, 3, 4, 5, 6]
+    rotor_rows = points[points["algorithm"] == "rotor"]
+    for _, row in rotor_rows.iterrows():
+        assert row["makespan_ms"] == pytest.approx(simulate(chain, solve(chain, row["budget_bytes"]).ops).makespan_ms)
+
+
+def test_revolve_front_may_start_at_store_alls_peak() -> None:
+    # one stage: revolve's only schedule, F_ck(1) F_all(2) B(2) F_all(1) B(1), peaks exactly where store-all does
+    chain = Chain("one", 8, (Stage(1.0, 2.0, 4, 6, 4, 1, 3), Stage(0.0, 0.0, 0, 0, 0)))
+    front = pareto_front(chain, "revolve")
+    assert front.budgets_bytes.tolist() == [store_all_budget(chain)] == [29]
+    assert front.makespans_ms.tolist() == [4.0]
+    assert front.schedule_at(29).predicted_makespan_ms == 4.0
