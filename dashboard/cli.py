@@ -20,13 +20,21 @@ from memprof.units import SizeParseError
 EXIT_BAD_INPUT = 2
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """Reports usage errors as one line (``memprof plan: error: ...``) and exit code 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        print(f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)", file=sys.stderr)
+        sys.exit(EXIT_BAD_INPUT)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Builds the argument parser with every sub-command registered."""
-    parser = argparse.ArgumentParser(
+    parser = _OneLineParser(
         prog="memprof",
         description="PyTorch memory profiler, rematerialization planner and dashboard.",
     )
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_OneLineParser)
     subparsers.required = True
     for register in _registrars():
         register(subparsers)
@@ -54,7 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except (MemprofError, SizeParseError) as exc:
-        print(f"memprof {args.command}: error: {exc}", file=sys.stderr)
+        print(f"memprof {args.command}: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print(f"memprof {args.command}: interrupted", file=sys.stderr)

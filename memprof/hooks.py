@@ -149,6 +149,7 @@ class HookRecorder:
         self._free_sink.clear()  # in place: the finalizers hold this list
         self._finalizers = [f for f in self._finalizers if f.alive]
         out = (self.marks, self.observations, self.param_grads, frees)
+        self._backward_active = False  # a backward that raised never ran its end callback
         self.marks, self.observations, self.param_grads = [], [], {}
         return out
 

@@ -117,6 +117,10 @@ class MemoryProfiler:
         self.run_id = run_id or self._shared_run_id(model)
         base = Path(out_dir) / self.run_id
         self.run_dir = base / f"rank={self.rank}" if self.world_size > 1 else base
+        if torch.autograd._profiler_enabled():
+            raise ProfilerError(
+                "another torch.profiler session is active; memprof reads the allocator through the same "
+                "mechanism and cannot run beside it. Stop the other profiler first")
         if (self.run_dir / "meta.json").exists():
             raise ProfilerError(f"{self.run_dir} already holds a trace; choose another run_id or out_dir")
         if budget_bytes is not None and (isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int)
@@ -254,7 +258,9 @@ class MemoryProfiler:
         layers = layer_rows(sw, s, self._infos, self.iteration, self._order, self._weight_bytes,
                             subtree_bytes(self._infos, grads))
         table = event_table(sw, s, self.iteration, self._iteration_start_ns, end_ns, self._names, reserved)
-        self._write(((ITERATIONS, [row]), (LAYERS, layers), (EVENTS, table)))
+        # iterations last: a reader keeps only iterations that have their row, so a kill between
+        # parts never leaves an iteration half-written
+        self._write(((LAYERS, layers), (EVENTS, table), (ITERATIONS, [row])))
         if self._failure is not None:
             self._failure.update(failure_details(table, layers, self.iteration))
         if self.print_period and (self.iteration % self.print_period == 0):

@@ -44,7 +44,7 @@ def read_meta(run_dir: Path) -> dict[str, Any]:
         raise TraceNotFoundError(f"{run_dir} has no {META_FILE}: expected a memprof run directory{hint}")
     try:
         meta = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise CorruptTraceError(f"{path} is not valid JSON ({exc}); expected memprof trace metadata") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
         found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
@@ -74,13 +74,17 @@ def table_parts(run_dir: Path, table: str) -> list[Path]:
 def _check_part(path: Path, table: str) -> None:
     try:
         schema = pq.read_schema(path)
-    except (OSError, pa.ArrowException) as exc:
+    except (OSError, pa.ArrowException, UnicodeDecodeError) as exc:
         raise CorruptTraceError(
             f"{path} is not a readable Parquet file ({exc.__class__.__name__}: {exc}); it may be truncated"
         ) from None
     missing = [name for name in SCHEMAS[table].names if name not in schema.names]
     if missing:
         raise CorruptTraceError(f"{path} is not a memprof {table} table: missing columns {missing}")
+    wrong = [f"{f.name} ({schema.field(f.name).type}, expected {f.type})" for f in SCHEMAS[table]
+             if not schema.field(f.name).type.equals(f.type)]
+    if wrong:
+        raise CorruptTraceError(f"{path} has columns of the wrong type: {', '.join(wrong)}")
 
 
 @dataclass(frozen=True)
@@ -110,10 +114,16 @@ class Trace:
         frames = []
         for part in parts:
             try:
-                frames.append(pq.read_table(part, columns=list(columns) if columns else None).to_pandas())
-            except (OSError, pa.ArrowException, KeyError) as exc:
+                frames.append(pq.read_table(part, columns=list(columns) if columns else None,
+                                            page_checksum_verification=True).to_pandas())
+            except (OSError, pa.ArrowException, KeyError, UnicodeDecodeError) as exc:
                 raise CorruptTraceError(f"cannot read {part}: {exc}") from None
-        return pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+        frame = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+        if table != "iterations" and "iteration" in frame.columns and self._parts["iterations"]:
+            # a run killed between an iteration's parts wrote layers/events but not its row: drop them
+            done = set(self.read("iterations", columns=["iteration"]).iteration)
+            frame = frame[frame.iteration.isin(done)].reset_index(drop=True)
+        return frame
 
     @cached_property
     def iterations(self) -> pd.DataFrame:

@@ -99,7 +99,7 @@ class TraceWriter:
         directory.mkdir(exist_ok=True)
         path = directory / f"part-{self._next_part[table]:06d}.parquet"
         sink = pa.BufferOutputStream()
-        pq.write_table(data, sink, compression="snappy")
+        pq.write_table(data, sink, compression="snappy", write_page_checksum=True)
         atomic_write_bytes(path, sink.getvalue().to_pybytes())
         self._next_part[table] += 1
         return path

@@ -194,7 +194,7 @@ def _load_json(source: str | Path | Mapping[str, Any]) -> Any:
         text = path.read_text(encoding="utf-8")
     try:
         return json.loads(text)
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, RecursionError) as exc:
         raise ChainError(f"chain is not valid JSON: {exc}") from None
 
 

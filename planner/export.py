@@ -110,13 +110,15 @@ def export_python(schedule: Schedule, mode: str = "auto") -> str:
 
 
 def export_json(schedule: Schedule) -> str:
-    """The schedule as JSON (``Schedule.to_json``), with the simulator's prediction filled in when missing."""
-    if schedule.predicted_peak_bytes is None or schedule.predicted_makespan_ms is None:
-        from planner.simulator import simulate
+    """The schedule as JSON (``Schedule.to_json``) with the simulator's prediction.
 
-        prediction = simulate(schedule.chain, schedule)
-        schedule = schedule.with_prediction(prediction.peak_bytes, prediction.makespan_ms)
-    return schedule.to_json()
+    The schedule is always simulated, so a file that breaks a dependency is refused
+    (:class:`InvalidScheduleError`) even when it carries a stale prediction.
+    """
+    from planner.simulator import simulate
+
+    prediction = simulate(schedule.chain, schedule)
+    return schedule.with_prediction(prediction.peak_bytes, prediction.makespan_ms).to_json()
 
 
 def _header(schedule: Schedule, nested: bool) -> str:

@@ -51,9 +51,8 @@ from planner import Chain, ChainError, InvalidScheduleError, Op, OpKind, Schedul
 CASES: Counter[str] = Counter()
 #: Outcomes of fuzzed cases that are not failures (e.g. a bit flip that Parquet cannot detect).
 NOTED: Counter[str] = Counter()
-#: Exceptions that fuzzing may still meet, each pinned by a strict xfail test until it is fixed:
-#: UnicodeDecodeError from pyarrow on a damaged footer (test_invalid_utf8_in_a_footer_is_a_corrupt_trace).
-KNOWN_GAPS: tuple[type[Exception], ...] = (UnicodeDecodeError,)
+#: Exceptions that fuzzing may still meet (none left: each was fixed and is pinned by its own test).
+KNOWN_GAPS: tuple[type[Exception], ...] = ()
 EXPECTED = (MemprofError, SizeParseError)
 FUZZ = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -107,7 +106,7 @@ def cli_fails(kind: str, argv: list[str], *protected: Path) -> str:
     assert "Traceback" not in out + err
     lines = err.strip().splitlines()
     assert code == 2, f"memprof {argv}: exit {code}, stdout {out!r}, stderr {err!r}"
-    assert len(lines) == 1 and lines[0].startswith("memprof "), f"expected one line on stderr, found {err!r}"
+    assert len(lines) == 1 and lines[0].startswith("memprof"), f"expected one line on stderr, found {err!r}"
     assert snapshot(*protected) == before, f"memprof {argv} changed files although it failed"
     return lines[0]
 
@@ -206,11 +205,9 @@ def test_bit_flipped_parts_are_read_or_refused(run_dir, data):
         except KNOWN_GAPS:
             NOTED["bit flip known gap"] += 1
             return
-        cli_ok_or_fails("bit flip", ["report", str(work)], work, one_line=False)
+        cli_ok_or_fails("bit flip", ["report", str(work)], work)
 
 
-@pytest.mark.xfail(strict=True, reason="pyarrow raises UnicodeDecodeError for a column name that is not UTF-8; "
-                   "memprof.reader catches only OSError and ArrowException")
 def test_invalid_utf8_in_a_footer_is_a_corrupt_trace(work):
     part = parts(work, "layers")[0]
     raw = part.read_bytes()
@@ -220,8 +217,6 @@ def test_invalid_utf8_in_a_footer_is_a_corrupt_trace(work):
     cli_fails("bit flip", ["report", str(work)], work)
 
 
-@pytest.mark.xfail(strict=True, reason="pyarrow's error text spans lines and dashboard.cli.main prints it "
-                   "as it is, so a damaged page header gives two lines on stderr")
 def test_parquet_errors_are_one_line(work):
     part = parts(work, "iterations")[0]
     raw = bytearray(part.read_bytes())
@@ -277,8 +272,6 @@ def test_extra_columns_are_kept(work, table):
     assert run_cli(["report", str(work)])[0] == 0
 
 
-@pytest.mark.xfail(strict=True, reason="the reader checks that required columns exist, not their types; a "
-                   "string column where int64 is expected reaches memprof report, which crashes with ValueError")
 @pytest.mark.parametrize("table,column", [
     ("iterations", "peak_allocated_bytes"), ("iterations", "iteration"), ("layers", "output_bytes"),
     ("layers", "module"), ("events", "allocated_bytes"), ("events", "time_ns"),
@@ -498,8 +491,6 @@ def test_chain_files_that_are_not_json(tmp_path, text):
 DEEP_JSON = "[" * 100_000 + "]" * 100_000  # json.loads recurses once per level
 
 
-@pytest.mark.xfail(strict=True, reason="json.loads raises RecursionError on deeply nested input; read_meta, "
-                   "Chain.from_json and Schedule.from_json catch only JSONDecodeError")
 @pytest.mark.parametrize("target", ["meta", "chain", "schedule"])
 def test_deeply_nested_json(work, tmp_path, target):
     path = work / "meta.json" if target == "meta" else tmp_path / f"{target}.json"
@@ -552,8 +543,6 @@ def test_bad_budgets(tmp_path, budget):
     assert not out.exists()
 
 
-@pytest.mark.xfail(strict=True, reason="argparse's own errors print the usage (several lines) before the error "
-                   "line; dashboard.cli.build_parser uses the stock ArgumentParser.error")
 @pytest.mark.parametrize("argv", [
     ["plan", "chain.json", "--budget", "-64MiB", "--out", "s.json"],  # "-64MiB" looks like an option
     ["plan", "chain.json", "--out", "s.json"],  # --budget missing
@@ -642,8 +631,6 @@ def test_schedules_that_break_dependencies(tmp_path, chain, name):
     cli_fails("broken schedule", ["export", str(path), "--out", str(tmp_path / "apply.py")], tmp_path)
 
 
-@pytest.mark.xfail(strict=True, reason="memprof export --out x.json re-serialises a schedule that carries a "
-                   "prediction without simulating it, so a schedule breaking dependencies is exported (exit 0)")
 @pytest.mark.parametrize("name", ["backward-first", "input-dropped"])
 def test_json_export_of_a_broken_schedule_fails(tmp_path, chain, name):
     data = schedule_dict(chain, BROKEN[name])

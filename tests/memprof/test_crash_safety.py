@@ -199,8 +199,6 @@ class _Killed(BaseException):
     """Stands for the process dying between two file writes (nothing after it runs)."""
 
 
-@pytest.mark.xfail(strict=True, reason="an iteration is written as three parts (iterations, layers, events); "
-                   "a death between them leaves the iteration in some tables only and the reader shows it")
 def test_death_between_table_parts_leaves_consistent_tables(tmp_path, monkeypatch):
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -279,8 +277,6 @@ def test_disk_full_is_reported_once_and_training_continues(tmp_path, monkeypatch
     _check_sums(trace)
 
 
-@pytest.mark.xfail(strict=True, reason="a write that fails after the iterations part leaves an iteration row "
-                   "without its layers and events (the parts are written iterations-first)")
 def test_failed_flush_leaves_tables_consistent(tmp_path, monkeypatch):
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
