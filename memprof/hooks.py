@@ -42,6 +42,8 @@ def storages(obj: Any, out: list[Storage] | None = None, depth: int = 0) -> list
     if out is None:
         out = []
     if isinstance(obj, torch.Tensor):
+        if hasattr(obj, "to_local") and hasattr(obj, "device_mesh"):
+            obj = obj.to_local()  # a DTensor (FSDP2, tensor parallel): this rank's shard holds the memory
         try:
             storage = obj.untyped_storage()
             out.append((storage.data_ptr(), storage.nbytes()))
@@ -131,11 +133,14 @@ class HookRecorder:
 
     def watch_free(self, tensor: torch.Tensor) -> None:
         """Notes when a pre-existing storage dies (the CPU allocator does not report it)."""
+        found = storages(tensor)
+        if not found:
+            return
         try:
-            storage = tensor.untyped_storage()
+            storage = (tensor.to_local() if hasattr(tensor, "device_mesh") else tensor).untyped_storage()
         except (RuntimeError, NotImplementedError):
             return
-        ptr = storage.data_ptr()
+        ptr = found[0][0]
         self._finalizers.append(weakref.finalize(storage, _note_free, self._free_sink, ptr))
 
     def drain(self) -> tuple[list, list, dict, list]:
@@ -155,7 +160,7 @@ class HookRecorder:
 
     # ----------------------------------------------------------------- forward
     def _forward_pre(self, index: int, module: nn.Module, args: Any) -> None:
-        if not self.enabled:
+        if not self.enabled or _compiling():
             return
         now = time_ns()
         found = storages(args)
@@ -174,7 +179,7 @@ class HookRecorder:
                 tensor.register_hook(partial(self._backward_exit, index, token))
 
     def _forward_post(self, index: int, module: nn.Module, args: Any, output: Any) -> None:
-        if not self.enabled:
+        if not self.enabled or _compiling():
             return
         now = time_ns()
         found = storages(output)
@@ -245,6 +250,13 @@ def optimizer_state(optimizer: torch.optim.Optimizer | None) -> list[Storage]:
     for state in optimizer.state.values():
         storages(list(state.values()), found)
     return found
+
+
+def _compiling() -> bool:
+    # Inside a torch.compile trace the hooks must do nothing Dynamo cannot trace (time.time_ns);
+    # the compiled graph then runs without them, which the profiler reports as a warning.
+    compiler = getattr(torch, "compiler", None)
+    return bool(compiler is not None and compiler.is_compiling())
 
 
 def _note_free(sink: list[tuple[int, int]], ptr: int) -> None:

@@ -132,7 +132,7 @@ class MemoryProfiler:
         self._params = list(dict.fromkeys(p for m in self._modules for p in m.parameters(recurse=False)))
         self._infos = describe_modules(self._names, self._modules, self._params)
         self._parents = [info.parent for info in self._infos]
-        self._weight_bytes = subtree_bytes(self._infos, {i: storages(p)[0] for i, p in enumerate(self._params)})
+        self._weight_bytes = subtree_bytes(self._infos, {i: s[0] for i, p in enumerate(self._params) if (s := storages(p))})
         self._order: dict[int, int] = {}
         self.iteration, self.epoch = 0, 0
         self._closed = False
@@ -229,7 +229,8 @@ class MemoryProfiler:
         self._next_block_id = sw.next_block_id
         self._allocated_at_start = sum(b.size_bytes for b in self._carried)
         self._polled_bytes = 0
-        if self.iteration == 0 and not marks and len(events) and self._failure is None:
+        root_ran = any(m[1] == Mark.FWD_ENTER and m[2] == 0 for m in marks)
+        if self.iteration == 0 and not root_ran and len(events) and self._failure is None:
             warnings.warn(
                 "memprof saw memory allocated but no module hook fired: the model's forward did not run "
                 "through its nn.Module hooks (torch.compile'd or scripted?). Totals and categories are "

@@ -164,8 +164,6 @@ def test_fsdp_writes_one_trace_per_rank(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="FSDP2 parameters are DTensors, which have no storage of their own: "
-                   "MemoryProfiler.__init__ fails with IndexError on storages(p)[0]")
 def test_fsdp2_writes_one_trace_per_rank(tmp_path):
     reason = _fsdp_reason("fully_shard")
     if reason:

@@ -391,8 +391,6 @@ def test_inductor_compiled_model_is_profiled_or_said_to_be_eager(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="the profiler's hooks call time.time_ns, which Dynamo cannot trace: "
-                   "torch.compile(fullgraph=True) raises torch._dynamo.exc.Unsupported because of the profiler")
 def test_fullgraph_compile_is_not_broken_by_the_profiler(tmp_path):
     trace, said = _profile_compiled(tmp_path, "aot_eager", compile_first=False, fullgraph=True)
     _assert_profiled_or_said_so(trace, said)

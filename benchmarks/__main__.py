@@ -1,0 +1,75 @@
+"""``python -m benchmarks``: runs every benchmark, one process each, and writes docs/benchmarks.md.
+
+Each section is the benchmark's own printed output (a Markdown table). Options: ``--only NAME ...``
+to run some sections, ``--quick`` for fewer repeats (a smoke run, not for publishing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
+
+SECTIONS = {
+    "profiler": ("1. Profiler overhead (vs no profiler, MemTracker, torch.profiler)", ["benchmarks.bench_profiler"],
+                 ["--repeats", "2", "--steps", "5"]),
+    "attribution": ("2. Attribution: categories at the peak vs allocator truth", ["benchmarks.bench_attribution"], []),
+    "solver": ("3. Planner solve time (rotor DP, 500 slots)", ["benchmarks.bench_solver"], []),
+    "quality": ("4-5. Predicted vs measured; memory saved vs time paid; rotor vs periodic",
+                ["benchmarks.bench_quality"], ["--steps", "3"]),
+    "dashboard": ("Dashboard responsiveness", ["benchmarks.bench_dashboard"], []),
+}
+
+
+def run_section(module: list[str], quick_args: list[str], quick: bool) -> tuple[str, float]:
+    """Runs one benchmark module in its own process; returns its output and wall time."""
+    started = time.perf_counter()
+    command = [sys.executable, "-m", *module, *(quick_args if quick else [])]
+    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    text = done.stdout.strip() or done.stderr.strip()[-2000:]
+    if done.returncode != 0:
+        text += f"\n\n(exit code {done.returncode}: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else ''})"
+    return text, time.perf_counter() - started
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs the selected sections and writes the report."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    parser.add_argument("--only", nargs="*", choices=list(SECTIONS), default=list(SECTIONS))
+    parser.add_argument("--quick", action="store_true", help="fewer repeats (smoke run)")
+    parser.add_argument("--out", type=Path, default=DOCS)
+    args = parser.parse_args(argv)
+    load = os.getloadavg() if hasattr(os, "getloadavg") else (0.0, 0.0, 0.0)
+    parts = [
+        "# Benchmarks",
+        "",
+        f"- Date: {_dt.datetime.now(_dt.timezone.utc):%Y-%m-%d %H:%M} UTC",
+        f"- Machine: {os.cpu_count()} CPU cores ({platform.processor() or platform.machine()}), "
+        f"torch {torch.__version__}, Python {platform.python_version()}, CUDA: "
+        f"{torch.cuda.get_device_name() if torch.cuda.is_available() else 'none'}",
+        f"- Load average at start: {load[0]:.2f}, {load[1]:.2f}, {load[2]:.2f}",
+        f"- Command: `python -m benchmarks{' --quick' if args.quick else ''}"
+        f"{' --only ' + ' '.join(args.only) if args.only != list(SECTIONS) else ''}`",
+        "",
+    ]
+    for name in args.only:
+        title, module, quick_args = SECTIONS[name]
+        print(f"running {name} ...", file=sys.stderr, flush=True)
+        text, seconds = run_section(module, quick_args, args.quick)
+        parts += [f"## {title}", "", f"_({seconds:.0f} s; `python -m {module[0]}`)_", "", text, ""]
+    args.out.write_text("\n".join(parts) + "\n", encoding="utf-8")
+    print(f"wrote {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
