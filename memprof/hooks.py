@@ -69,16 +69,8 @@ def _tensors(obj: Any, depth: int = 0) -> Iterable[torch.Tensor]:
             yield from _tensors(item, depth + 1)
 
 
-def _grad_tensors(obj: Any, depth: int = 0) -> Iterable[torch.Tensor]:
-    if isinstance(obj, torch.Tensor):
-        if obj.requires_grad:
-            yield obj
-    elif depth < 4 and isinstance(obj, (tuple, list)):
-        for item in obj:
-            yield from _grad_tensors(item, depth + 1)
-    elif depth < 4 and isinstance(obj, dict):
-        for item in obj.values():
-            yield from _grad_tensors(item, depth + 1)
+def _grad_tensors(obj: Any) -> Iterable[torch.Tensor]:
+    return (t for t in _tensors(obj) if t.requires_grad)
 
 
 class HookRecorder:

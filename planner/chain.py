@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.errors import ChainError
+from planner.jsonio import load_json
 
 _STAGE_INT_FIELDS = (
     "output_bytes",
@@ -184,18 +185,7 @@ class Chain:
 
 
 def _load_json(source: str | Path | Mapping[str, Any]) -> Any:
-    if isinstance(source, Mapping):
-        return source
-    text = str(source)
-    if isinstance(source, Path) or not text.lstrip().startswith("{"):
-        path = Path(text)
-        if not path.is_file():
-            raise ChainError(f"no chain file at {path}: expected a JSON file with 'input_bytes' and 'stages'")
-        text = path.read_text(encoding="utf-8")
-    try:
-        return json.loads(text)
-    except (json.JSONDecodeError, RecursionError) as exc:
-        raise ChainError(f"chain is not valid JSON: {exc}") from None
+    return load_json(source, ChainError, "chain", "a JSON file with 'input_bytes' and 'stages'")
 
 
 def _as_int(key: str, value: Any, where: str) -> int:

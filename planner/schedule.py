@@ -12,6 +12,7 @@ from typing import Any
 
 from planner.chain import Chain
 from planner.errors import InvalidScheduleError
+from planner.jsonio import load_json
 
 SCHEDULE_FORMAT = "memprof-schedule"
 SCHEDULE_VERSION = 1
@@ -149,18 +150,7 @@ class Schedule:
 
 
 def _load(source: str | Path | Mapping[str, Any]) -> Any:
-    if isinstance(source, Mapping):
-        return source
-    text = str(source)
-    if isinstance(source, Path) or not text.lstrip().startswith("{"):
-        path = Path(text)
-        if not path.is_file():
-            raise InvalidScheduleError(f"no schedule file at {path}")
-        text = path.read_text(encoding="utf-8")
-    try:
-        return json.loads(text)
-    except (json.JSONDecodeError, RecursionError) as exc:
-        raise InvalidScheduleError(f"schedule is not valid JSON: {exc}") from None
+    return load_json(source, InvalidScheduleError, "schedule", "a schedule JSON written by memprof plan")
 
 
 def _parse_ops(raw: Any) -> tuple[Op, ...]:
