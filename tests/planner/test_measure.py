@@ -1,0 +1,56 @@
+"""Predicted against measured on profiled zoo models: every algorithm, several budgets.
+
+The prediction covers the chain; activation memory outside it (the input, a stem or head, the loss)
+is measured once with store-all and added, so the check compares like with like.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from memprof import zoo
+from planner import ALGORITHMS, Chain, InfeasibleBudgetError, min_feasible_budget, solve, store_all_budget
+from planner.measure import measure_schedule
+from tests.memprof.helpers import profile_steps
+
+MIB = 1024 * 1024
+MODELS = {
+    "mlp": (lambda: zoo.mlp(blocks=6, width=256), 64, None),
+    "cnn": (lambda: zoo.cnn(channels=16, blocks=4, image=16), 8, "features"),
+    "transformer": (lambda: zoo.transformer(layers=4, dim=64, seq=32), 4, "h"),
+}
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_measured_peak_follows_the_prediction_for_every_algorithm(tmp_path, name):
+    build, batch_size, container = MODELS[name]
+    torch.manual_seed(0)
+    model, make_batch = build()
+    trace = profile_steps(model, make_batch, tmp_path / "profile", steps=3, batch_size=batch_size)
+    chain = Chain.from_trace(trace, container)
+    low, high = min_feasible_budget(chain), store_all_budget(chain)
+
+    def measured(schedule):
+        torch.manual_seed(0)
+        fresh, batches = build()
+        _, cmp = measure_schedule(fresh, batches, schedule, tmp_path / "runs", container=container, steps=3,
+                                  batch_size=batch_size, source_run=trace.run_id)
+        return cmp
+
+    base = measured(solve(chain, high, "store_all"))
+    outside = base.measured_peak_bytes - base.predicted_peak_bytes
+    assert 0 <= outside < 8 * MIB
+    checked = 0
+    for budget in (low, (low + high) // 2):
+        for algorithm in ALGORITHMS:
+            try:
+                schedule = solve(chain, budget, algorithm)
+            except InfeasibleBudgetError:
+                continue
+            cmp = measured(schedule)
+            expected = cmp.predicted_peak_bytes + outside
+            assert abs(cmp.measured_peak_bytes - expected) <= 0.05 * expected + MIB, (algorithm, budget, cmp)
+            assert cmp.measured_peak_bytes <= budget + outside + 0.05 * budget + MIB
+            checked += 1
+    assert checked >= 4
