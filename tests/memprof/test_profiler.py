@@ -299,3 +299,22 @@ def test_cuda_categories_sum_to_the_caching_allocator(tmp_path):
     assert last.peak_allocated_bytes == peak
     assert (trace.events[CATEGORIES].sum(axis=1) == trace.events.allocated_bytes).all()
     assert last.peak_reserved_bytes >= last.peak_allocated_bytes
+
+
+def test_gru_with_hidden_state_input(tmp_path):
+    class GRUNet(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gru = nn.GRU(6, 12, batch_first=True)
+            self.head = nn.Linear(12, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h0 = torch.zeros(1, x.shape[0], 12)
+            out, h = self.gru(x, h0)  # a tuple in (input, hidden) and out (output, hidden)
+            return self.head(out[:, -1] + h[0])
+
+    trace = profile_steps(GRUNet(), lambda n: (torch.randn(n, 5, 6), torch.randint(0, 3, (n,))), tmp_path)
+    gru = _layer(trace, 1, "gru")
+    assert gru.input_bytes == 8 * 5 * 6 * 4 + 8 * 12 * 4  # the sequence and the initial hidden state
+    assert gru.output_bytes >= 8 * 5 * 12 * 4 and gru.backward_ms > 0
+    assert (trace.events[CATEGORIES].sum(axis=1) == trace.events.allocated_bytes).all()
