@@ -98,6 +98,7 @@ EVENTS_SCHEMA = pa.schema(
         pa.field("event", pa.string()),
         pa.field("allocated_bytes", pa.int64()),
         pa.field("peak_bytes", pa.int64()),
+        pa.field("peak_activation_bytes", pa.int64()),
         pa.field("reserved_bytes", pa.int64()),
         *_category_fields(),
     ]

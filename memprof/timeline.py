@@ -96,6 +96,7 @@ def event_table(sw: Sweep, s: Series, iteration: int, start_ns: int, end_ns: int
         "event": [e for _, e in names],
         "allocated_bytes": s.total[idx],
         "peak_bytes": peaks,
+        "peak_activation_bytes": _peaks_between(s.activations, idx),
         "reserved_bytes": np.full(len(idx), reserved_bytes, dtype=np.int64),
     }
     for code, name in enumerate(CATEGORY_COLUMNS):

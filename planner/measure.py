@@ -15,7 +15,6 @@ import torch
 from torch import nn
 
 from memprof import MemoryProfiler, Trace, load_trace
-from memprof.categories import MODEL_STATE
 from memprof.zoo import Batch, train_step
 from planner.schedule import Schedule
 
@@ -44,14 +43,10 @@ class Comparison:
 
 def activation_peak_bytes(trace: Trace, skip_first: bool = True) -> int:
     """Highest activation memory (allocated minus model state) over the recorded iterations."""
-    events = trace.read("events", columns=["iteration", "peak_bytes", "allocated_bytes", *[c.value for c in MODEL_STATE]])
+    events = trace.read("events", columns=["iteration", "peak_activation_bytes"])
     if skip_first and events.iteration.nunique() > 1:
         events = events[events.iteration != events.iteration.min()]
-    state = events[[c.value for c in MODEL_STATE]].sum(axis=1)
-    # peak_bytes is the highest total since the previous event; model state changes only at
-    # optimizer steps and gradient accumulation, so subtracting the state at the event is exact
-    # inside forward and backward, where activation peaks happen.
-    return int((events.peak_bytes - state).max())
+    return int(events.peak_activation_bytes.max())
 
 
 def compute_ms(trace: Trace, skip_first: bool = True) -> float:

@@ -95,7 +95,8 @@ def event_rows(iteration: int, profile: list[tuple[str, str, str, int]], start_n
         allocated = sum(cats.values())
         rows.append({"iteration": iteration, "seq": seq, "time_ns": start_ns + seq * STEP_NS, "phase": phase,
                      "module": module, "event": event, "allocated_bytes": allocated,
-                     "peak_bytes": allocated + TRANSIENT_BYTES, "reserved_bytes": (allocated // 65536 + 1) * 65536,
+                     "peak_bytes": allocated + TRANSIENT_BYTES, "peak_activation_bytes": activation + TRANSIENT_BYTES,
+                     "reserved_bytes": (allocated // 65536 + 1) * 65536,
                      **cats})
     return rows
 
@@ -204,7 +205,7 @@ def write_big_events(run_dir: Path, num_events: int, seed: int = 0) -> None:
     data = {"iteration": np.zeros(n, dtype=np.int64), "seq": np.arange(n, dtype=np.int64),
             "time_ns": np.arange(n, dtype=np.int64) * 1000, "phase": phase, "module": module,
             "event": np.full(n, "alloc"), "allocated_bytes": allocated, "peak_bytes": allocated + TRANSIENT_BYTES,
-            "reserved_bytes": allocated + 1024, **columns}
+            "peak_activation_bytes": activation + TRANSIENT_BYTES, "reserved_bytes": allocated + 1024, **columns}
     writer = TraceWriter(run_dir)
     writer.append(EVENTS, pa.Table.from_pydict({f.name: data[f.name] for f in EVENTS_SCHEMA}, schema=EVENTS_SCHEMA))
     peak_at = int(np.argmax(allocated))
