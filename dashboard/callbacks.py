@@ -20,6 +20,8 @@ from dashboard.figures import breakdown_figure, empty_figure, headline, layer_tr
 from dashboard.figures_timeline import DEFAULT_MAX_POINTS, relayout_range, timeline_figure
 from dashboard.layout import LAYER_TABLE_COLUMNS, TREE_SIZES, first_trace_help
 from memprof.errors import MemprofError
+from memprof.reader import Trace
+from memprof.report import format_failure
 
 #: Exceptions a view turns into a message instead of a server error (bad names, corrupt runs ...).
 VIEW_ERRORS = (MemprofError, OSError, KeyError, ValueError)
@@ -71,6 +73,15 @@ def selected_names(selected_rows: list[int] | None, rows: list[dict] | None) -> 
     return names, f"Showing {names[0]}, compared with {names[1]}{extra}."
 
 
+def post_mortem(trace: Trace, failure: dict) -> str:
+    """The failed step's post-mortem and the planner's answer, as one paragraph of text."""
+    from dashboard.report import planner_advice
+
+    lines = [line.strip() for line in format_failure(failure).splitlines() if line.strip()]
+    lines += [line.strip() for line in planner_advice(trace, failure)]
+    return " | ".join(lines) + " |"
+
+
 def overview_view(store: TraceStore, names: list[str] | None) -> tuple[str, go.Figure, go.Figure]:
     """The headline, the per-iteration peaks and the breakdown at the peak of the first chosen run."""
     if not names:
@@ -82,6 +93,9 @@ def overview_view(store: TraceStore, names: list[str] | None) -> tuple[str, go.F
         message = f"Cannot read {names[0] if len(names) < 2 else ' / '.join(names)}: {exc}"
         return message, empty_figure(message), empty_figure(message)
     text = headline(iterations)
+    failure = store.meta(names[0]).get("failure")
+    if failure:
+        text = f"{post_mortem(store.trace(names[0]), failure)} {text}"
     if compare is not None and not compare.empty and not iterations.empty:
         a, b = int(iterations["peak_allocated_bytes"].max()), int(compare["peak_allocated_bytes"].max())
         text += f" {names[1]} peaks at {b / a:.2f}x of it." if a else ""

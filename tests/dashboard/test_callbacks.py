@@ -164,3 +164,27 @@ def test_server_refuses_traversal_sent_to_a_callback(traces):
         assert "climbs out" in headline or "absolute" in headline
     reply = _post(client, outputs, [(ids.SELECTED_RUNS, "data", ["mlp"])], f"{ids.SELECTED_RUNS}.data")
     assert reply[ids.OVERVIEW_HEADLINE]["children"].startswith("Peak ")
+
+
+def test_overview_shows_the_post_mortem_of_a_failed_run(tmp_path):
+    import torch
+
+    from dashboard.cache import BoundedCache
+    from dashboard.callbacks import overview_view
+    from dashboard.data import TraceStore
+    from memprof import MemoryBudgetExceeded, MemoryProfiler, zoo
+
+    torch.manual_seed(0)
+    model, make_batch = zoo.mlp(blocks=2, width=64)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    budget = 2 * sum(p.numel() * 4 for p in model.parameters()) + 64 * 1024
+    try:
+        with MemoryProfiler(model, optimizer, out_dir=tmp_path, run_id="oom", print_period=0,
+                            budget_bytes=budget) as prof:
+            for batch_size in (8, 8, 4096):
+                zoo.train_step(model, optimizer, make_batch(batch_size))
+                prof.record_stats()
+    except MemoryBudgetExceeded:
+        pass
+    text, _, _ = overview_view(TraceStore(tmp_path, BoundedCache()), ["oom"])
+    assert "FAILED in iteration 2" in text and "crossed the budget" in text and "planner:" in text
