@@ -52,3 +52,18 @@ def infeasible(algorithm: str, budget_bytes: int, min_bytes: int | None, detail:
         budget_bytes=budget_bytes,
         min_feasible_bytes=min_bytes,
     )
+
+
+def segmented_ops(length: int, bounds: list[tuple[int, int]]) -> tuple[Op, ...]:
+    """A checkpointed-segments schedule: each ``(first, last)`` segment runs without recording and keeps
+    its input, the rest of the chain and the loss run recorded, then each segment is recomputed
+    recorded just before its backward (how ``checkpoint_sequential`` runs)."""
+    rest_first = bounds[-1][1] + 1 if bounds else 1
+    top = length + 1
+    ops: list[Op] = []
+    for first, last in bounds:
+        ops += checkpointed_forward(first, last)
+    ops += forward_all(rest_first, top) + backward_all(top, rest_first)
+    for first, last in reversed(bounds):
+        ops += forward_all(first, last) + backward_all(last, first)
+    return tuple(ops)

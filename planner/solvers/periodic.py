@@ -14,7 +14,7 @@ from __future__ import annotations
 from planner.chain import Chain
 from planner.schedule import Op
 from planner.simulator import predict
-from planner.solvers.common import Plan, backward_all, checkpointed_forward, forward_all, infeasible
+from planner.solvers.common import Plan, infeasible, segmented_ops
 
 
 def periodic_ops(chain: Chain, segments: int) -> tuple[Op, ...]:
@@ -28,15 +28,7 @@ def periodic_ops(chain: Chain, segments: int) -> tuple[Op, ...]:
         raise ValueError(f"segments must be a whole number in 1..{length} (the chain's stages), found {segments!r}")
     size = length // segments
     bounds = [(start + 1, start + size) for start in range(0, size * (segments - 1), size)]
-    rest_first = bounds[-1][1] + 1 if bounds else 1
-    top = length + 1
-    ops: list[Op] = []
-    for first, last in bounds:
-        ops += checkpointed_forward(first, last)
-    ops += forward_all(rest_first, top) + backward_all(top, rest_first)
-    for first, last in reversed(bounds):
-        ops += forward_all(first, last) + backward_all(last, first)
-    return tuple(ops)
+    return segmented_ops(length, bounds)
 
 
 def candidates(chain: Chain) -> list[tuple[int, int, float]]:

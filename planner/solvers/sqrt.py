@@ -14,7 +14,7 @@ import math
 from planner.chain import Chain
 from planner.schedule import Op
 from planner.simulator import predict
-from planner.solvers.common import Plan, backward_all, checkpointed_forward, forward_all, infeasible
+from planner.solvers.common import Plan, infeasible, segmented_ops
 
 
 def segment_length(chain: Chain) -> int:
@@ -27,15 +27,7 @@ def sqrt_ops(chain: Chain) -> tuple[Op, ...]:
     length, size = chain.length, segment_length(chain)
     starts = list(range(1, length + 1, size))
     bounds = [(first, min(first + size - 1, length)) for first in starts[:-1]]
-    rest_first = starts[-1]
-    top = length + 1
-    ops: list[Op] = []
-    for first, last in bounds:
-        ops += checkpointed_forward(first, last)
-    ops += forward_all(rest_first, top) + backward_all(top, rest_first)
-    for first, last in reversed(bounds):
-        ops += forward_all(first, last) + backward_all(last, first)
-    return tuple(ops)
+    return segmented_ops(length, bounds)
 
 
 def min_budget_bytes(chain: Chain, slots: int = 0) -> int:
