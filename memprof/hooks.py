@@ -244,11 +244,10 @@ def optimizer_state(optimizer: torch.optim.Optimizer | None) -> list[Storage]:
     return found
 
 
-def _compiling() -> bool:
-    # Inside a torch.compile trace the hooks must do nothing Dynamo cannot trace (time.time_ns);
-    # the compiled graph then runs without them, which the profiler reports as a warning.
-    compiler = getattr(torch, "compiler", None)
-    return bool(compiler is not None and compiler.is_compiling())
+# Inside a torch.compile trace the hooks must do nothing Dynamo cannot trace (time.time_ns); the
+# compiled graph then runs without them, which the profiler reports as a warning. Looked up once,
+# not on every module call.
+_compiling: Callable[[], bool] = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
 
 
 def _note_free(sink: list[tuple[int, int]], ptr: int) -> None:

@@ -244,7 +244,7 @@ class MemoryProfiler:
         reserved, peak_reserved = self._reserved(events)
         for call in sorted(sw.forward_calls, key=lambda c: c.start_ns):
             self._order.setdefault(call.module, len(self._order))
-        grads = {i: storages(p.grad)[0] for i, p in enumerate(self._params) if p.grad is not None and storages(p.grad)}
+        grads = {i: found[0] for i, p in enumerate(self._params) if p.grad is not None and (found := storages(p.grad))}
         grads.update(param_grads)
         row = {
             "iteration": self.iteration,
