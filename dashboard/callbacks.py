@@ -16,12 +16,21 @@ from dash import Input, Output, State
 
 from dashboard import ids
 from dashboard.data import TraceStore
-from dashboard.figures import breakdown_figure, empty_figure, headline, layer_tree_figure, peaks_figure
+from dashboard.figures import (
+    breakdown_figure,
+    empty_figure,
+    headline,
+    layer_tree_figure,
+    peaks_figure,
+    rank_peaks_figure,
+)
 from dashboard.figures_timeline import DEFAULT_MAX_POINTS, relayout_range, timeline_figure
 from dashboard.layout import LAYER_TABLE_COLUMNS, TREE_SIZES, first_trace_help
 from memprof.errors import MemprofError
+from memprof.ranks import peak_imbalance
 from memprof.reader import Trace
 from memprof.report import format_failure
+from memprof.units import format_bytes
 
 #: Exceptions a view turns into a message instead of a server error (bad names, corrupt runs ...).
 VIEW_ERRORS = (MemprofError, OSError, KeyError, ValueError)
@@ -100,6 +109,32 @@ def overview_view(store: TraceStore, names: list[str] | None) -> tuple[str, go.F
         a, b = int(iterations["peak_allocated_bytes"].max()), int(compare["peak_allocated_bytes"].max())
         text += f" {names[1]} peaks at {b / a:.2f}x of it." if a else ""
     return text, peaks_figure(iterations, compare, names), breakdown_figure(iterations)
+
+
+_HIDDEN, _SHOWN = {"display": "none"}, {"display": "block"}
+
+
+def ranks_view(store: TraceStore, names: list[str] | None) -> tuple[dict, str, go.Figure]:
+    """For one rank of a distributed run: every rank's peaks and their imbalance; hidden otherwise."""
+    if not names:
+        return _HIDDEN, "", empty_figure(_NO_RUN)
+    try:
+        peaks = store.rank_peaks(names[0])
+    except VIEW_ERRORS as exc:
+        message = f"Cannot compare the ranks of {names[0]}: {exc}"
+        return _SHOWN, message, empty_figure(message)
+    if peaks is None:
+        return _HIDDEN, "", empty_figure("not a distributed run")
+    imbalance = peak_imbalance(peaks)
+    if imbalance is None:
+        return _SHOWN, "No rank has a complete iteration yet.", empty_figure("no iterations")
+    ranks = len(imbalance.peak_by_rank_bytes)
+    high, low = imbalance.highest_rank, imbalance.lowest_rank
+    text = (f"{ranks} ranks. Rank {high} peaks highest at {format_bytes(imbalance.peak_by_rank_bytes[high])}, "
+            f"rank {low} lowest at {format_bytes(imbalance.peak_by_rank_bytes[low])}: imbalance "
+            f"{imbalance.ratio:.2f}x ({format_bytes(imbalance.spread_bytes)} apart). Every rank needs the "
+            "memory of the highest.")
+    return _SHOWN, text, rank_peaks_figure(peaks, high)
 
 
 def iteration_options(store: TraceStore, names: list[str] | None) -> tuple[list[dict], int | None]:
@@ -210,6 +245,11 @@ def register(app: dash.Dash, store: TraceStore) -> None:
                   Output(ids.OVERVIEW_BREAKDOWN, "figure"), Input(ids.SELECTED_RUNS, "data"))
     def _overview(names):
         return overview_view(store, names)
+
+    @app.callback(Output(ids.OVERVIEW_RANKS_BOX, "style"), Output(ids.OVERVIEW_RANKS_TEXT, "children"),
+                  Output(ids.OVERVIEW_RANKS, "figure"), Input(ids.SELECTED_RUNS, "data"))
+    def _ranks(names):
+        return ranks_view(store, names)
 
     @app.callback(Output(ids.LAYERS_ITERATION, "options"), Output(ids.LAYERS_ITERATION, "value"),
                   Output(ids.TIMELINE_ITERATION, "options"), Output(ids.TIMELINE_ITERATION, "value"),

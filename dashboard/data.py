@@ -19,6 +19,7 @@ from dashboard.cache import BoundedCache
 from memprof import RunEntry, Trace, list_runs, load_trace
 from memprof.categories import CATEGORY_COLUMNS
 from memprof.errors import MemprofError, TraceError, TraceNotFoundError
+from memprof.ranks import rank_dirs, rank_peaks
 from memprof.schema import EVENTS, ITERATIONS, LAYERS, META_FILE, TABLES, table_dir_name
 from memprof.units import format_bytes
 
@@ -144,6 +145,18 @@ class TraceStore:
         frame = frame.assign(time_ms=(times - origin) / 1e6)
         frame["phase"] = frame["phase"].astype("category")
         return frame
+
+    def rank_peaks(self, name: str) -> pd.DataFrame | None:
+        """Every rank's per-iteration peaks when ``name`` is one rank of a distributed run, else ``None``.
+
+        Cached on the modification stamps of every rank, so a rank still being written is read again.
+        """
+        run_dir = self.path(name)
+        if not run_dir.name.startswith("rank=") or int(self.meta(name).get("world_size", 1) or 1) <= 1:
+            return None
+        root = run_dir.parent
+        stamps = tuple(run_stamp(directory) for _, directory in rank_dirs(root))
+        return self.cache.get_or_build((str(root), stamps, "rank_peaks"), lambda: rank_peaks(root))
 
     def summary(self, entry: RunEntry) -> dict[str, Any]:
         """One row of the Runs table: what a user needs to tell runs apart, or why one is unreadable."""

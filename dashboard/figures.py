@@ -61,6 +61,13 @@ def byte_ticks(top_bytes: float, ticks: int = 6) -> dict[str, Any]:
             "ticktext": ["0" if v == 0 else f"{v / unit:g} {_UNITS[power]}" for v in values]}
 
 
+def iteration_axis(iterations: Sequence[int] | np.ndarray) -> dict[str, Any]:
+    """An x axis of whole iterations: ticks on integers only, about ten of them at most."""
+    values = np.asarray(iterations)
+    span = int(values.max() - values.min()) if values.size else 0
+    return {"title": "iteration", "tickformat": "d", "tick0": 0, "dtick": max(1, math.ceil(span / 10))}
+
+
 def plot_text(name: object) -> str:
     """Escapes a name for plotly text so that markup in it is shown, never interpreted."""
     return str(name).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
@@ -106,9 +113,30 @@ def peaks_figure(iterations: pd.DataFrame, compare: pd.DataFrame | None = None,
                 customdata=[format_bytes(v) for v in frame[column]],
                 hovertemplate="iteration %{x}: %{customdata}<extra>" + label + suffix + "</extra>",
             ))
-    fig.update_layout(title="Peak memory per iteration", xaxis={"title": "iteration", "tickformat": "d"},
+    fig.update_layout(title="Peak memory per iteration", xaxis=iteration_axis(iterations["iteration"]),
                       yaxis={"title": "bytes", "rangemode": "tozero", **byte_ticks(top)}, margin=_MARGIN,
                       height=360, legend={"orientation": "h", "y": -0.2}, template=TEMPLATE)
+    return fig
+
+
+def rank_peaks_figure(peaks: pd.DataFrame, highlight_rank: int | None = None) -> go.Figure:
+    """Peak allocated bytes per iteration, one line per rank of a distributed run.
+
+    Args:
+        peaks: ``rank``, ``iteration``, ``peak_allocated_bytes`` (see :func:`memprof.ranks.rank_peaks`).
+        highlight_rank: drawn thicker (the rank that peaks highest).
+    """
+    fig = go.Figure()
+    top = float(peaks["peak_allocated_bytes"].max()) if len(peaks) else 0.0
+    for rank, frame in peaks.groupby("rank", sort=True):
+        values = frame["peak_allocated_bytes"].to_numpy()
+        fig.add_trace(go.Scatter(
+            x=frame["iteration"].to_numpy(), y=values, name=f"rank {int(rank)}", mode="lines+markers",
+            line={"width": 4 if rank == highlight_rank else 1.5}, customdata=[format_bytes(v) for v in values],
+            hovertemplate=f"rank {int(rank)}, " + "iteration %{x}: %{customdata}<extra></extra>"))
+    fig.update_layout(title="Peak allocated per iteration, by rank", xaxis=iteration_axis(peaks["iteration"]),
+                      yaxis={"title": "bytes", "rangemode": "tozero", **byte_ticks(top)}, margin=_MARGIN,
+                      height=340, legend={"orientation": "h", "y": -0.2}, template=TEMPLATE)
     return fig
 
 
@@ -129,7 +157,7 @@ def breakdown_figure(iterations: pd.DataFrame) -> go.Figure:
                              hovertemplate="iteration %{x}: %{customdata}<extra>cache</extra>"))
     top = float(np.max(iterations[list(CATEGORY_COLUMNS)].to_numpy().sum(axis=1) + cache)) if len(x) else 0.0
     fig.update_layout(barmode="stack", title="What the memory held at each iteration's peak",
-                      xaxis={"title": "iteration", "tickformat": "d"}, yaxis={"title": "bytes", **byte_ticks(top)},
+                      xaxis=iteration_axis(x), yaxis={"title": "bytes", **byte_ticks(top)},
                       margin=_MARGIN, height=380, template=TEMPLATE)
     return fig
 

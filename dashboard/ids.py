@@ -27,6 +27,9 @@ RUNS_SELECTION = "runs-selection"
 OVERVIEW_HEADLINE = "overview-headline"
 OVERVIEW_PEAKS = "overview-peaks"
 OVERVIEW_BREAKDOWN = "overview-breakdown"
+OVERVIEW_RANKS_BOX = "overview-ranks-box"  # shown only for the ranks of a distributed run
+OVERVIEW_RANKS_TEXT = "overview-ranks-text"
+OVERVIEW_RANKS = "overview-ranks"
 
 # Layers
 LAYERS_ITERATION = "layers-iteration"

@@ -81,6 +81,11 @@ def _overview_tab() -> dcc.Tab:
         html.H3(id=ids.OVERVIEW_HEADLINE, className="headline"),
         dcc.Graph(id=ids.OVERVIEW_PEAKS, config={"displaylogo": False}),
         dcc.Graph(id=ids.OVERVIEW_BREAKDOWN, config={"displaylogo": False}),
+        html.Div(id=ids.OVERVIEW_RANKS_BOX, style={"display": "none"}, children=[
+            html.H3("Ranks"),
+            html.P(id=ids.OVERVIEW_RANKS_TEXT, className="note"),
+            dcc.Graph(id=ids.OVERVIEW_RANKS, config={"displaylogo": False}),
+        ]),
     ])
 
 

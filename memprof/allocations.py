@@ -1,10 +1,17 @@
 """The allocator's own record of every allocation and free: the profiler's measured truth.
 
-PyTorch reports each allocation and free of its CPU and CUDA allocators to its profiler when
-``profile_memory`` is on, with the block's address, its size and the allocator's running totals. We
-enable only that (no operator events: ``RecordScope.USER_SCOPE`` keeps the per-op cost near zero),
-and collect the stream at every ``record_stats()`` by stopping and immediately restarting the
-session. See docs/profiler.md for why this source was chosen over weak-reference bookkeeping.
+PyTorch reports each allocation and free of its CPU and CUDA allocators to whatever sits in its
+profiler slot, with the block's address, its size and the allocator's running totals. Two sources read
+that report; both give the same events (the tests compare them):
+
+* :class:`memprof.native_stream.NativeAllocationStream`, the default: a small C++ reporter in the
+  slot that only buffers the events (see ``memprof/native_build.py``);
+* :class:`KinetoAllocationStream` here, the fallback where the reporter cannot be built: PyTorch's own
+  profiler with ``profile_memory`` and no operator events (``RecordScope.USER_SCOPE``), collected at
+  every ``record_stats()`` by stopping and immediately restarting the session, which costs a few
+  milliseconds per step.
+
+See docs/profiler.md for why the allocator's report was chosen over weak-reference bookkeeping.
 """
 
 from __future__ import annotations
@@ -76,12 +83,17 @@ def _native_stderr_silenced() -> Iterator[None]:
         os.close(saved)
 
 
-class AllocationStream:
-    """Collects allocator events for one device between calls to :meth:`collect`.
+class KinetoAllocationStream:
+    """Collects allocator events for one device between calls to :meth:`collect`, through torch.profiler.
 
     Args:
         device: the device whose allocator is watched.
     """
+
+    #: Names the source in the trace's metadata.
+    source = "torch.profiler"
+    #: Whether :meth:`net_bytes` may be called inside autograd's backward (it may not: it restarts the session).
+    polls_in_backward = False
 
     def __init__(self, device: torch.device) -> None:
         self.device = torch.device(device)
@@ -126,18 +138,17 @@ class AllocationStream:
         self.active = False
         return result
 
-    def poll(self) -> int:
-        """Collects what was recorded so far (kept for :meth:`collect`); returns its net bytes.
+    def net_bytes(self) -> int:
+        """Net bytes allocated since the last :meth:`collect` (the recorded events are kept for it).
 
         Used by the budget guard on CPU, where no allocator counter can be read directly. Each call
         stops and restarts the session (about 0.5 ms).
         """
-        if not self.active:
-            return 0
-        events = self._extract(self._stop())
-        self.start()
-        self._pending.append(events)
-        return int(events.size_bytes.sum())
+        if self.active:
+            events = self._extract(self._stop())
+            self.start()
+            self._pending.append(events)
+        return int(sum(int(batch.size_bytes.sum()) for batch in self._pending))
 
     def collect(self, restart: bool = True) -> AllocationEvents:
         """Returns the events recorded since the last call, restarting the session unless told not to."""

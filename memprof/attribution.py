@@ -13,7 +13,7 @@ always sum to the allocator's total. The work is split in two passes:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -40,9 +40,8 @@ PHASE_OTHER, PHASE_FORWARD, PHASE_BACKWARD, PHASE_OPTIMIZER = 0, 1, 2, 3
 PHASE_NAMES = ("other", "forward", "backward", "optimizer")
 
 
-@dataclass
-class LiveBlock:
-    """A block alive across iterations."""
+class LiveBlock(NamedTuple):
+    """A block alive across iterations (a tuple: thousands are carried from one iteration to the next)."""
 
     block_id: int
     ptr: int
@@ -97,7 +96,9 @@ def _merge(events: AllocationEvents, baseline_frees: list, observations: list, m
     items.extend((t, 0, -1, "f", p, 0, -1) for t, p in baseline_frees)
     items.extend((t, 1, i, "o", p, c, n) for i, (t, p, c, n) in enumerate(observations))
     items.extend((m[0], 2, i, "m", int(m[1]), m[2], m[3]) for i, m in enumerate(marks))
-    items.sort(key=lambda x: (x[0], x[1], x[2]))
+    # (time, tiebreak, index) is unique except between baseline frees (index -1), which then order by
+    # kind and address, so the tuples' own order is the intended one and no key function is needed.
+    items.sort()
     return items
 
 
@@ -108,8 +109,15 @@ class _Walker:
         self.s = Sweep()
         self.parents = parents
         self.next_block_id = next_block_id
-        for block in carried:
-            self._new_block(block.block_id, block.ptr, block.size_bytes, block.category, -1)
+        s = self.s
+        if carried:
+            ids, ptrs, sizes, categories = zip(*carried)
+            s.block_ids.extend(ids)
+            s.sizes.extend(sizes)
+            s.categories.extend(categories)
+            s.alloc_change.extend([-1] * len(carried))
+            s.free_change.extend([-1] * len(carried))
+            s.live.update(zip(ptrs, range(len(carried))))
         self.phase = PHASE_OTHER
         self.fwd_stack: list[Call] = []
         self.bwd_stack: list[Call] = []
@@ -288,19 +296,49 @@ def sweep(events: AllocationEvents, marks: list, observations: list, baseline_fr
         use_truth: keep the allocator's running totals (CUDA, where they are absolute).
     """
     walker = _Walker(carried, parents, next_block_id)
+    s = walker.s
+    # Allocations and frees are nearly all the items; the phase and module they belong to change only
+    # at marks, so those are read once per mark and the two hot paths below are inlined.
+    live, sizes, block_ids, categories = s.live, s.sizes, s.block_ids, s.categories
+    alloc_change, free_change = s.alloc_change, s.free_change
+    c_block, c_sign, c_phase, c_module, c_truth = (s.change_block, s.change_sign, s.change_phase,
+                                                   s.change_module, s.change_truth)
+    phase, module, in_forward = walker.phase, walker._module(), walker.phase == PHASE_FORWARD
     for t, _, _, kind, a, b, c in _merge(events, baseline_frees, observations, marks):
         if kind == "c":
             truth = c if use_truth else -1
             if b > 0:
-                walker.alloc(a, b, truth)
+                if a in live:  # the free was lost (e.g. during a restart gap): close the old block
+                    walker.free(a, -1)
+                block = len(sizes)
+                block_ids.append(walker.next_block_id)
+                walker.next_block_id += 1
+                sizes.append(b)
+                categories.append(-1)
+                alloc_change.append(len(c_block))
+                free_change.append(-1)
+                live[a] = block
+                sign = 1
+                if in_forward:
+                    walker.fwd_blocks.append(block)
             else:
-                walker.free(a, truth)
+                block = live.pop(a, None)
+                if block is None:
+                    continue
+                free_change[block] = len(c_block)
+                sign = -1
+            c_block.append(block)
+            c_sign.append(sign)
+            c_phase.append(phase)
+            c_module.append(module)
+            c_truth.append(truth)
         elif kind == "f":
             walker.free(a, -1)
         elif kind == "o":
             walker.observe(a, b, c)
         else:
             walker.mark(t, a, b, c)
+            phase, module, in_forward = walker.phase, walker._module(), walker.phase == PHASE_FORWARD
     result = walker.s
     result.categories = [OTHER if c < 0 else c for c in result.categories]
     result.next_block_id = walker.next_block_id

@@ -97,6 +97,12 @@ class HookRecorder:
         self._handles: list[Any] = []
         self._finalizers: list[weakref.finalize] = []
         self._backward_active = False
+        # Module owning each parameter: the guard names it when a weight gradient crosses the budget.
+        position = {id(p): i for i, p in enumerate(params)}
+        self._owner = {}
+        for index, module in enumerate(modules):
+            for param in module.parameters(recurse=False):
+                self._owner.setdefault(position.get(id(param), -1), index)
         self.enabled = True
         # Called at every forward and backward mark when a memory budget is guarded.
         self.guard: Callable[[int, int], None] | None = None
@@ -211,6 +217,8 @@ class HookRecorder:
         self._backward_active = False
         if self.enabled:
             self.marks.append((time_ns(), Mark.BWD_END, -1, ()))
+            if self.guard is not None:
+                self.guard(-1, Mark.BWD_END)
 
     def _grad_ready(self, index: int, param: torch.Tensor) -> None:
         if not self.enabled or param.grad is None:
@@ -219,6 +227,8 @@ class HookRecorder:
         if found:
             self.param_grads[index] = found[0]
             self.observations.append((time_ns(), found[0][0], CAT[Category.WEIGHT_GRADS], 0))
+        if self.guard is not None:
+            self.guard(self._owner.get(index, -1), Mark.BWD_EXIT)
 
     # ----------------------------------------------------------------- optimizer
     def _optimizer_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:

@@ -15,13 +15,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from memprof.allocations import AllocationStream
 from memprof.attribution import CAT, LiveBlock, Sweep, sweep
 from memprof.categories import Category
 from memprof.errors import MemoryBudgetExceeded, ProfilerError
 from memprof.failure import failure_details
 from memprof.hooks import HookRecorder, Mark, module_tree, optimizer_state, storages
 from memprof.layers import describe_modules, layer_rows, subtree_bytes
+from memprof.native_stream import open_stream
 from memprof.report import format_report
 from memprof.schema import EVENTS, FORMAT_NAME, ITERATIONS, LAYERS, SCHEMA_VERSION
 from memprof.timeline import event_table, peak_summary, series
@@ -88,9 +88,9 @@ class MemoryProfiler:
         extra_meta: more keys for ``meta.json`` (e.g. the schedule a measured run executed).
         budget_bytes: a memory guard: when allocated memory crosses it during forward or backward,
             :class:`MemoryBudgetExceeded` is raised from the module that crossed it and the trace
-            records a post-mortem (on CPU the guard polls the allocator at every module's forward
-            enter and exit, about 0.5 ms each, and cannot look inside backward: use it to investigate,
-            not for long runs; on CUDA it reads the caching allocator at every forward and backward mark).
+            records a post-mortem. The guard reads the allocator at every module's forward and backward
+            mark (on CPU through memprof's native reporter; where that cannot be built, torch.profiler
+            is polled instead, about 0.5 ms a read, in forward only).
 
     Raises:
         ProfilerError: the model already has a live profiler, or another torch.profiler is running.
@@ -128,6 +128,7 @@ class MemoryProfiler:
             raise ProfilerError(f"budget_bytes must be a positive whole number of bytes, found {budget_bytes!r}")
         self.budget_bytes = budget_bytes
         _warn_if_compiled(model)
+        self._stream = open_stream(self.device)
         self._names, self._modules = module_tree(model)
         self._params = list(dict.fromkeys(p for m in self._modules for p in m.parameters(recurse=False)))
         self._infos = describe_modules(self._names, self._modules, self._params)
@@ -148,8 +149,6 @@ class MemoryProfiler:
         self._carried = self._baseline()
         self._next_block_id = 1
         self._allocated_at_start = sum(b.size_bytes for b in self._carried)
-        self._polled_bytes = 0
-        self._stream = AllocationStream(self.device)
         self._stream.start()
         self._recorder.attach()
         _ATTACHED.add(model)
@@ -177,6 +176,7 @@ class MemoryProfiler:
             "rank": self.rank,
             "world_size": self.world_size,
             "truth": "cuda-caching-allocator" if self._cuda else "cpu-allocator-events",
+            "allocator_source": self._stream.source,
             "status": "running",
             "iterations": 0,
             "python": sys.version.split()[0],
@@ -225,10 +225,10 @@ class MemoryProfiler:
         sw = sweep(events, marks, observations, [] if self._cuda else frees, self._carried, self._parents,
                    self._next_block_id, use_truth=self._cuda)
         self._write_iteration(sw, events, param_grads, end_ns)
-        self._carried = [LiveBlock(sw.block_ids[i], ptr, sw.sizes[i], sw.categories[i]) for ptr, i in sw.live.items()]
+        ids, sizes, categories = sw.block_ids, sw.sizes, sw.categories
+        self._carried = [LiveBlock(ids[i], ptr, sizes[i], categories[i]) for ptr, i in sw.live.items()]
         self._next_block_id = sw.next_block_id
         self._allocated_at_start = sum(b.size_bytes for b in self._carried)
-        self._polled_bytes = 0
         root_ran = any(m[1] == Mark.FWD_ENTER and m[2] == 0 for m in marks)
         if self.iteration == 0 and not root_ran and len(events) and self._failure is None:
             warnings.warn(
@@ -340,14 +340,14 @@ class MemoryProfiler:
             return
         if self._cuda:
             allocated = int(torch.cuda.memory_allocated(self.device))
-        elif mark not in (Mark.FWD_ENTER, Mark.FWD_EXIT):
-            return  # restarting the profiler inside autograd's backward leaks its callbacks
+        elif mark not in (Mark.FWD_ENTER, Mark.FWD_EXIT) and not self._stream.polls_in_backward:
+            return  # restarting torch.profiler inside autograd's backward would leak its callbacks
         else:
-            self._polled_bytes += self._stream.poll()
-            allocated = self._allocated_at_start + self._polled_bytes
+            allocated = self._allocated_at_start + self._stream.net_bytes()
         if allocated > (self.budget_bytes or 0):
-            name = self._names[module] or type(self.model).__name__
-            self._failure = {"kind": "budget", "module": self._names[module], "budget_bytes": self.budget_bytes,
+            module_name = self._names[module] if module >= 0 else ""  # -1: at the end of backward
+            name = module_name or type(self.model).__name__
+            self._failure = {"kind": "budget", "module": module_name, "budget_bytes": self.budget_bytes,
                              "allocated_bytes": allocated,
                              "message": f"allocated {format_bytes(allocated)} crossed the budget "
                                         f"{format_bytes(self.budget_bytes or 0)} in '{name}'"}

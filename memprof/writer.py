@@ -20,12 +20,12 @@ import pyarrow.parquet as pq
 from memprof.schema import META_FILE, SCHEMAS, table_dir_name
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
+def atomic_write_bytes(path: Path, data: bytes | memoryview) -> None:
     """Writes ``data`` to ``path`` atomically (see :func:`_replace_with`), without fsync."""
     _replace_with(path, data, durable=False)
 
 
-def _replace_with(path: Path, data: bytes, durable: bool) -> None:
+def _replace_with(path: Path, data: bytes | memoryview, durable: bool) -> None:
     """Writes ``data`` to ``path`` so that ``path`` is either the old or the complete new file.
 
     The rename makes the write atomic against a killed process. ``durable=True`` also fsyncs, which
@@ -40,9 +40,9 @@ def _replace_with(path: Path, data: bytes, durable: bool) -> None:
                 handle.flush()
                 os.fsync(handle.fileno())
         os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def write_meta(run_dir: Path, meta: Mapping[str, Any]) -> None:
@@ -99,7 +99,10 @@ class TraceWriter:
         directory.mkdir(exist_ok=True)
         path = directory / f"part-{self._next_part[table]:06d}.parquet"
         sink = pa.BufferOutputStream()
-        pq.write_table(data, sink, compression="snappy", write_page_checksum=True)
-        atomic_write_bytes(path, sink.getvalue().to_pybytes())
+        # Parts are small (one iteration): dictionaries and per-column statistics cost more time than
+        # they save space; the iteration column keeps its statistics so readers can skip parts.
+        pq.write_table(data, sink, compression="snappy", write_page_checksum=True, use_dictionary=False,
+                       write_statistics=["iteration"])
+        atomic_write_bytes(path, memoryview(sink.getvalue()))
         self._next_part[table] += 1
         return path

@@ -169,7 +169,7 @@ def make_traces(root: Path, with_measured: bool = True) -> Traces:
     if with_measured:
         write_measured_run(root / traces.measured, "mlp-measured", source_run="mlp")
     for rank, name in enumerate(traces.ranks):
-        write_profiled_run(root / name, "ddp", iterations=2, rank=rank, world_size=2)
+        write_profiled_run(root / name, "ddp", iterations=2, scale=1 + rank, rank=rank, world_size=2)
     (root / traces.corrupt).mkdir()
     (root / traces.corrupt / "meta.json").write_text("{not json", encoding="utf-8")
     (root / traces.foreign).mkdir()

@@ -264,6 +264,24 @@ def test_million_event_timeline_renders_and_zooms(driver, server):
     print(f"1M-event timeline: first render in the browser {seconds:.2f} s")
 
 
+def test_ranks_of_a_distributed_run_are_compared(driver, server):
+    load(driver, server.url + "?run=ddp/rank=0")
+    open_tab(driver, "Overview")
+    box = driver.find_element(By.ID, ids.OVERVIEW_RANKS_BOX)
+    wait_for(driver, lambda: box.is_displayed() and "Rank 1 peaks highest" in text_of(driver, ids.OVERVIEW_RANKS_TEXT)
+             and driver.find_elements(By.CSS_SELECTOR, f"#{ids.OVERVIEW_RANKS} .main-svg .scatterlayer .trace")
+             and settled(driver), "the ranks comparison")
+    assert len(driver.find_elements(By.CSS_SELECTOR, f"#{ids.OVERVIEW_RANKS} .scatterlayer .trace")) == 2
+    driver.execute_script("arguments[0].scrollIntoView();", box)
+    screenshot(driver, "overview-ranks")
+    assert severe(driver) == []
+    load(driver, server.url + "?run=mlp")  # a single-process run has no ranks section
+    open_tab(driver, "Overview")
+    wait_for(driver, lambda: text_of(driver, ids.OVERVIEW_HEADLINE).startswith("Peak ") and settled(driver),
+             "the overview of mlp")
+    assert not driver.find_element(By.ID, ids.OVERVIEW_RANKS_BOX).is_displayed()
+
+
 def test_traversal_in_the_address_is_refused(driver, server):
     load(driver, server.url + "?run=../../etc")
     wait_for(driver, lambda: "Refused run '../../etc'" in text_of(driver, ids.STATUS), "the refusal")

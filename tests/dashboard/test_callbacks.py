@@ -188,3 +188,18 @@ def test_overview_shows_the_post_mortem_of_a_failed_run(tmp_path):
         pass
     text, _, _ = overview_view(TraceStore(tmp_path, BoundedCache()), ["oom"])
     assert "FAILED in iteration 2" in text and "crossed the budget" in text and "planner:" in text
+
+
+def test_ranks_view_shows_every_rank_and_the_imbalance(store):
+    style, text, fig = cb.ranks_view(store, ["ddp/rank=0"])
+    assert style == {"display": "block"}
+    peaks = {r: store.iterations(f"ddp/rank={r}")["peak_allocated_bytes"].max() for r in (0, 1)}
+    assert peaks[1] > peaks[0]
+    assert text.startswith("2 ranks. Rank 1 peaks highest") and f"{peaks[1] / peaks[0]:.2f}x" in text
+    assert [t.name for t in fig.data] == ["rank 0", "rank 1"]
+    assert fig.data[1].line.width > fig.data[0].line.width  # the highest rank stands out
+
+
+def test_ranks_view_is_hidden_for_a_single_process_run(store):
+    assert cb.ranks_view(store, ["mlp"])[0] == {"display": "none"}
+    assert cb.ranks_view(store, None)[0] == {"display": "none"}

@@ -122,3 +122,11 @@ def test_nothing_reserved_is_not_drawn():
     frame = _iterations([1000, 3000], [0, 0], weights=[1000, 3000])
     assert [t.name for t in peaks_figure(frame).data] == ["peak allocated"]
     assert "cache (reserved, unallocated)" not in [t.name for t in breakdown_figure(frame).data]
+
+
+def test_iteration_axis_ticks_whole_iterations_only():
+    from dashboard.figures import iteration_axis
+
+    assert iteration_axis([0, 1])["dtick"] == 1
+    assert iteration_axis(list(range(1000)))["dtick"] == 100
+    assert iteration_axis([])["dtick"] == 1

@@ -120,6 +120,17 @@ def check_reads_as_one_table(run: Path) -> None:
     assert (sums == frame.peak_allocated_bytes).all()
     peaks = frame.groupby("rank").peak_allocated_bytes.max()
     assert peaks[1] > peaks[0]  # rank 1's batch is four times as large: the imbalance is visible
+    check_duckdb_reads_the_ranks(run, frame)
+
+
+def check_duckdb_reads_the_ranks(run: Path, frame) -> None:
+    """DuckDB reads the same Hive-partitioned files as one table, with the same rows per rank and peaks."""
+    duckdb = pytest.importorskip("duckdb")
+    query = (f"SELECT rank, count(*), max(peak_allocated_bytes) FROM read_parquet('{run}/rank=*/iterations.parquet/"
+             "*.parquet', hive_partitioning = true) GROUP BY rank ORDER BY rank")
+    expected = [(int(r), int((frame["rank"] == r).sum()), int(frame[frame["rank"] == r].peak_allocated_bytes.max()))
+                for r in (0, 1)]
+    assert [tuple(int(v) for v in row) for row in duckdb.sql(query).fetchall()] == expected
 
 
 def check_layers(run: Path, linear: str) -> None:

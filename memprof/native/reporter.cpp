@@ -1,0 +1,161 @@
+// memprof's allocator reporter: receives every allocation and free that PyTorch's CPU and CUDA
+// allocators report to the profiler slot (c10::reportMemoryUsageToProfiler) and keeps them in a
+// buffer that Python drains at each record_stats(). It registers no RecordFunction callback, so
+// operators cost nothing extra, and draining needs no profiler restart.
+//
+// C ABI only (loaded with ctypes); no C++ exception crosses it: every entry point catches and
+// returns an error code.
+#include <torch/csrc/profiler/orchestration/observer.h>
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+namespace {
+
+using torch::profiler::impl::ActiveProfilerType;
+using torch::profiler::impl::ProfilerConfig;
+using torch::profiler::impl::ProfilerState;
+using torch::profiler::impl::ProfilerStateBase;
+
+constexpr int kColumns = 7;  // time_ns, ptr, size, total_allocated, total_reserved, device_type, device_index
+using Row = std::array<int64_t, kColumns>;
+
+int64_t now_ns() {
+  // The clock of Python's time.time_ns(), which the hooks use.
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+class Reporter final : public ProfilerStateBase {
+ public:
+  // The state is not Disabled so that torch.profiler sees the slot taken ("already enabled")
+  // instead of silently stealing it; memory profiling is forced on below.
+  Reporter() : ProfilerStateBase(ProfilerConfig(ProfilerState::CPU, false, true)) {}
+
+  void reportMemoryUsage(void* ptr, int64_t alloc_size, size_t total_allocated, size_t total_reserved,
+                         c10::Device device) override {
+    const int64_t t = now_ns();
+    std::lock_guard<std::mutex> guard(mutex_);
+    rows_.push_back(Row{t, static_cast<int64_t>(reinterpret_cast<uintptr_t>(ptr)), alloc_size,
+                        static_cast<int64_t>(total_allocated), static_cast<int64_t>(total_reserved),
+                        static_cast<int64_t>(device.type()), static_cast<int64_t>(device.index())});
+    net_bytes_[device.is_cpu() ? 0 : 1] += alloc_size;
+  }
+
+  void reportOutOfMemory(int64_t alloc_size, size_t total_allocated, size_t total_reserved,
+                         c10::Device device) override {
+    std::lock_guard<std::mutex> guard(mutex_);
+    oom_ = Row{now_ns(), 0, alloc_size, static_cast<int64_t>(total_allocated),
+               static_cast<int64_t>(total_reserved), static_cast<int64_t>(device.type()),
+               static_cast<int64_t>(device.index())};
+  }
+
+  bool memoryProfilingEnabled() const override { return true; }
+  ActiveProfilerType profilerType() override { return ActiveProfilerType::NONE; }
+
+  int64_t pending() {
+    std::lock_guard<std::mutex> guard(mutex_);
+    return static_cast<int64_t>(rows_.size());
+  }
+
+  int64_t drain(int64_t* out, int64_t max_rows) {
+    std::lock_guard<std::mutex> guard(mutex_);
+    const int64_t n = std::min<int64_t>(max_rows, static_cast<int64_t>(rows_.size()));
+    if (n > 0) {
+      std::memcpy(out, rows_.data(), sizeof(Row) * static_cast<size_t>(n));
+      rows_.erase(rows_.begin(), rows_.begin() + n);
+    }
+    return n;
+  }
+
+  int64_t net_bytes(int cuda) {
+    std::lock_guard<std::mutex> guard(mutex_);
+    return net_bytes_[cuda ? 1 : 0];
+  }
+
+  int64_t last_oom(int64_t* out) {
+    std::lock_guard<std::mutex> guard(mutex_);
+    std::memcpy(out, oom_.data(), sizeof(Row));
+    return oom_[0] != 0;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<Row> rows_;
+  int64_t net_bytes_[2] = {0, 0};
+  Row oom_{};
+};
+
+struct Handle {
+  std::shared_ptr<Reporter> reporter = std::make_shared<Reporter>();
+};
+
+}  // namespace
+
+extern "C" {
+
+int memprof_abi_version() { return 1; }
+
+void* memprof_create() {
+  try {
+    return new Handle();
+  } catch (...) {
+    return nullptr;
+  }
+}
+
+void memprof_destroy(void* h) { delete static_cast<Handle*>(h); }
+
+// 0: installed on this thread; 1: another profiler holds the slot; 2: error.
+int memprof_push(void* h) {
+  try {
+    if (ProfilerStateBase::get() != nullptr) {
+      return 1;
+    }
+    std::shared_ptr<ProfilerStateBase> state = static_cast<Handle*>(h)->reporter;
+    ProfilerStateBase::push(std::move(state));
+    return 0;
+  } catch (...) {
+    return 2;
+  }
+}
+
+// 0: removed; 1: this thread's slot holds something else (left alone); 2: error.
+int memprof_pop(void* h) {
+  try {
+    if (ProfilerStateBase::get(/*global=*/false) != static_cast<Handle*>(h)->reporter.get()) {
+      return 1;
+    }
+    ProfilerStateBase::pop(/*global=*/false);
+    return 0;
+  } catch (...) {
+    return 2;
+  }
+}
+
+// 1 when this thread's profiler slot holds this reporter.
+int memprof_active(void* h) {
+  try {
+    return ProfilerStateBase::get(/*global=*/false) == static_cast<Handle*>(h)->reporter.get();
+  } catch (...) {
+    return 0;
+  }
+}
+
+int64_t memprof_pending(void* h) { return static_cast<Handle*>(h)->reporter->pending(); }
+
+int64_t memprof_drain(void* h, int64_t* out, int64_t max_rows) {
+  return static_cast<Handle*>(h)->reporter->drain(out, max_rows);
+}
+
+int64_t memprof_net_bytes(void* h, int cuda) { return static_cast<Handle*>(h)->reporter->net_bytes(cuda); }
+
+int64_t memprof_last_oom(void* h, int64_t* out) { return static_cast<Handle*>(h)->reporter->last_oom(out); }
+
+}  // extern "C"

@@ -1,0 +1,155 @@
+"""Builds and loads memprof's native allocator reporter (``memprof/native/reporter.cpp``).
+
+The reporter is a few dozen lines of C++ that sit in PyTorch's profiler slot and receive every
+allocation and free the CPU and CUDA allocators report there, into a buffer. It is compiled on first
+use against the installed torch's own headers (about 3 s with g++; cached per torch version and
+source, so later runs load it at once) and called through ``ctypes``, so it needs no build step at
+install time and no Python headers. Where it cannot be built (no C++ compiler, no torch headers),
+memprof falls back to PyTorch's profiler as its source of allocator events, which gives the same
+events at a higher cost per step.
+
+Run ``python -c "from memprof.native_build import main; main()"`` to build it ahead of time (``make
+setup`` does).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from functools import cache
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).parent / "native" / "reporter.cpp"
+ABI_VERSION = 1
+#: Set to ``0`` to never use the native reporter (memprof then reads torch.profiler's events).
+ENV_SWITCH = "MEMPROF_NATIVE"
+_BUILD_TIMEOUT_S = 300
+
+
+class NativeBuildError(RuntimeError):
+    """The native reporter could not be built or loaded; the message says why."""
+
+
+def cache_dir() -> Path:
+    """Where built reporters are kept: ``$MEMPROF_CACHE_DIR``, else ``$XDG_CACHE_HOME/memprof``, else ``~/.cache``."""
+    root = os.environ.get("MEMPROF_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "memprof")
+    return Path(root) / "native"
+
+
+def _torch_dir() -> Path:
+    return Path(torch.__file__).parent
+
+
+def _compiler() -> str:
+    found = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+    if not found:
+        raise NativeBuildError("no C++ compiler found (set CXX, or install g++)")
+    return found
+
+
+def _command(compiler: str, output: Path) -> list[str]:
+    include = _torch_dir() / "include"
+    lib = _torch_dir() / "lib"
+    abi = int(bool(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True)))
+    return [compiler, "-O2", "-std=c++20", "-shared", "-fPIC", "-w", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+            f"-I{include}", f"-I{include / 'torch' / 'csrc' / 'api' / 'include'}", str(SOURCE),
+            f"-L{lib}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{lib}", "-o", str(output)]
+
+
+def library_path() -> Path:
+    """The cached library's path for this torch and this source (it may not be built yet)."""
+    key = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode() + str(_torch_dir()).encode()
+                         + sys.platform.encode()).hexdigest()[:16]
+    return cache_dir() / f"{torch.__version__.replace('+', '_')}-{key}" / "libmemprof_reporter.so"
+
+
+def build(force: bool = False) -> Path:
+    """Compiles the reporter into the cache unless it is there already; returns its path.
+
+    Raises:
+        NativeBuildError: not Linux/macOS, no compiler, no torch headers, or the compiler failed.
+    """
+    target = library_path()
+    if target.exists() and not force:
+        return target
+    if os.name != "posix":
+        raise NativeBuildError(f"the native reporter is built on Linux and macOS only, found {sys.platform}")
+    if not (_torch_dir() / "include" / "torch" / "csrc" / "profiler").is_dir():
+        raise NativeBuildError(f"torch's C++ headers are missing from {_torch_dir() / 'include'}")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Build beside the target and rename: concurrent builds (one per rank) never load a half-written file.
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        partial = Path(tmp) / target.name
+        try:
+            done = subprocess.run(_command(_compiler(), partial), capture_output=True, text=True,
+                                  timeout=_BUILD_TIMEOUT_S, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise NativeBuildError(f"the compiler could not run: {exc}") from exc
+        if done.returncode != 0:
+            tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+            raise NativeBuildError(f"the compiler failed (exit {done.returncode}): {' | '.join(tail)}")
+        os.replace(partial, target)
+    return target
+
+
+def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
+    handle, i64 = ctypes.c_void_p, ctypes.c_int64
+    signatures = {
+        "memprof_abi_version": ([], ctypes.c_int),
+        "memprof_create": ([], handle),
+        "memprof_destroy": ([handle], None),
+        "memprof_push": ([handle], ctypes.c_int),
+        "memprof_pop": ([handle], ctypes.c_int),
+        "memprof_active": ([handle], ctypes.c_int),
+        "memprof_pending": ([handle], i64),
+        "memprof_drain": ([handle, ctypes.c_void_p, i64], i64),
+        "memprof_net_bytes": ([handle, ctypes.c_int], i64),
+        "memprof_last_oom": ([handle, ctypes.c_void_p], i64),
+    }
+    for name, (args, result) in signatures.items():
+        function = getattr(lib, name)
+        function.argtypes, function.restype = args, result
+    return lib
+
+
+@cache
+def load() -> ctypes.CDLL:
+    """Builds (if needed) and loads the reporter library, once per process.
+
+    Raises:
+        NativeBuildError: it cannot be built or loaded, or it was switched off with ``MEMPROF_NATIVE=0``.
+    """
+    if os.environ.get(ENV_SWITCH, "1").strip().lower() in ("0", "false", "no", "off"):
+        raise NativeBuildError(f"switched off by {ENV_SWITCH}=0")
+    path = build()
+    try:
+        lib = _declare(ctypes.CDLL(str(path)))
+    except (OSError, AttributeError) as exc:
+        raise NativeBuildError(f"{path} could not be loaded: {exc}") from exc
+    if lib.memprof_abi_version() != ABI_VERSION:
+        raise NativeBuildError(f"{path} has ABI {lib.memprof_abi_version()}, expected {ABI_VERSION}")
+    return lib
+
+
+def main() -> int:
+    """``python -m memprof.native_build``: builds the reporter now and says where it is."""
+    try:
+        path = build(force="--force" in sys.argv[1:])
+    except NativeBuildError as exc:
+        print(f"memprof: native reporter not built: {exc}; memprof will use torch.profiler's events",
+              file=sys.stderr)
+        return 1
+    print(f"memprof: native allocator reporter ready at {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

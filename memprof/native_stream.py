@@ -1,0 +1,128 @@
+"""Allocator events from memprof's native reporter, and the choice between the two sources.
+
+The reporter (``memprof/native/reporter.cpp``) sits in PyTorch's profiler slot of the thread that
+started it, as torch.profiler would, and appends one row per allocation or free to a buffer: no
+operator is recorded and nothing is restarted, so an iteration's events cost a copy to collect. The
+slot is per thread, like torch.profiler's: the autograd engine carries it into backward, including
+CUDA's device threads.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import warnings
+
+import numpy as np
+import torch
+
+from memprof.allocations import AllocationEvents, KinetoAllocationStream
+from memprof.errors import ProfilerError
+from memprof.native_build import NativeBuildError, load
+
+_COLUMNS = 7  # time_ns, ptr, size, total_allocated, total_reserved, device_type, device_index
+_CUDA_TYPE = 1  # c10::DeviceType::CUDA
+_warned = False
+
+
+class NativeAllocationStream:
+    """Collects allocator events for one device between calls to :meth:`collect`, from the native reporter.
+
+    Args:
+        device: the device whose allocator is watched.
+
+    Raises:
+        NativeBuildError: the reporter library cannot be built or loaded.
+    """
+
+    source = "native"
+    polls_in_backward = True  # reading the counter touches nothing of the autograd engine's
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = torch.device(device)
+        self.active = False
+        self._lib = load()
+        self._handle = ctypes.c_void_p(self._lib.memprof_create())
+        if not self._handle.value:
+            raise NativeBuildError("the native reporter could not allocate its state")
+        self._cuda = self.device.type == "cuda"
+        self._net_at_collect = 0
+
+    def start(self) -> None:
+        """Installs the reporter in this thread's profiler slot.
+
+        Raises:
+            ProfilerError: the slot is taken (a torch.profiler session or another memprof is running).
+        """
+        code = self._lib.memprof_push(self._handle)
+        if code == 1:
+            raise ProfilerError(
+                "another torch.profiler session is active; memprof reads the allocator through the same "
+                "mechanism and cannot run beside it. Stop the other profiler, or attach MemoryProfiler "
+                "outside its context")
+        if code != 0:
+            raise ProfilerError("memprof's native reporter could not be installed in the profiler slot")
+        self.active = True
+
+    def net_bytes(self) -> int:
+        """Net bytes this device allocated since the last :meth:`collect` (no copy, safe inside backward)."""
+        return int(self._lib.memprof_net_bytes(self._handle, int(self._cuda))) - self._net_at_collect
+
+    def collect(self, restart: bool = True) -> AllocationEvents:
+        """Returns the events recorded since the last call; with ``restart=False`` also uninstalls the reporter."""
+        if self.active and not restart:
+            self._stop()
+        count = int(self._lib.memprof_pending(self._handle))
+        rows = np.empty((count, _COLUMNS), dtype=np.int64)
+        if count:
+            count = int(self._lib.memprof_drain(self._handle, rows.ctypes.data, count))
+            rows = rows[:count]
+        self._net_at_collect = int(self._lib.memprof_net_bytes(self._handle, int(self._cuda)))
+        return self._select(rows)
+
+    def close(self) -> AllocationEvents:
+        """Stops recording and returns the last events."""
+        return self.collect(restart=False)
+
+    def _stop(self) -> None:
+        code = self._lib.memprof_pop(self._handle)
+        self.active = False
+        if code == 1:
+            warnings.warn("memprof's reporter was not on top of this thread's profiler slot at close (was "
+                          "close() called from another thread?); it stays installed there until that thread "
+                          "ends", RuntimeWarning, stacklevel=4)
+
+    def _select(self, rows: np.ndarray) -> AllocationEvents:
+        is_cuda = rows[:, 5] == _CUDA_TYPE
+        own_index = np.maximum(rows[:, 6], 0) == (self.device.index or 0)  # -1 is "the current device"
+        rows = rows[is_cuda & own_index] if self._cuda else rows[~is_cuda]
+        if len(rows) > 1:
+            rows = rows[np.argsort(rows[:, 0], kind="stable")]  # threads may append a little out of order
+        reserved = rows[:, 4] if self._cuda else np.zeros(len(rows), dtype=np.int64)
+        return AllocationEvents(*(np.ascontiguousarray(c) for c in (rows[:, 0], rows[:, 1], rows[:, 2], rows[:, 3],
+                                                                      reserved)))
+
+    def __del__(self) -> None:
+        lib, handle = getattr(self, "_lib", None), getattr(self, "_handle", None)
+        if lib is None or handle is None or not handle.value:
+            return
+        if self.active:  # dropped without close(): take the reporter out of the slot if it is ours here
+            lib.memprof_pop(handle)
+        lib.memprof_destroy(handle)
+        handle.value = None
+
+
+AllocationStream = NativeAllocationStream | KinetoAllocationStream
+
+
+def open_stream(device: torch.device) -> AllocationStream:
+    """The native stream where the reporter builds, else torch.profiler's (warned once per process)."""
+    global _warned
+    try:
+        return NativeAllocationStream(device)
+    except NativeBuildError as exc:
+        if not _warned and "switched off" not in str(exc):
+            _warned = True
+            warnings.warn(f"memprof's native allocator reporter is unavailable ({exc}); reading allocator "
+                          "events through torch.profiler instead, which costs a few ms more per step",
+                          RuntimeWarning, stacklevel=3)
+        return KinetoAllocationStream(device)

@@ -1,0 +1,148 @@
+"""The native allocator reporter against its reference (torch.profiler's events), its fallback, its guard."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from memprof import MemoryBudgetExceeded, MemoryProfiler, ProfilerError, load_trace, native_build, zoo
+from memprof.allocations import KinetoAllocationStream
+from memprof.native_stream import NativeAllocationStream, open_stream
+
+try:
+    native_build.load()
+    HAVE_NATIVE = True
+except native_build.NativeBuildError:
+    HAVE_NATIVE = False
+needs_native = pytest.mark.skipif(not HAVE_NATIVE, reason="the native reporter cannot be built here")
+
+
+def _in_session(events) -> tuple[np.ndarray, np.ndarray]:
+    """Sizes of the allocations, and of the allocations and frees of blocks allocated in the session.
+
+    Frees of older blocks depend on what earlier sessions saw (the CPU allocator reports the free of a
+    block it saw allocated in any session), so they are left out of the comparison.
+    """
+    seen: set[int] = set()
+    keep = []
+    for ptr, size in zip(events.ptr.tolist(), events.size_bytes.tolist()):
+        if size > 0:
+            seen.add(ptr)
+        keep.append(ptr in seen)
+        if size < 0:
+            seen.discard(ptr)
+    sizes = events.size_bytes
+    return sizes[sizes > 0], sizes[np.array(keep, dtype=bool)]
+
+
+def _step_events(stream_type, model, optimizer, batch):
+    zoo.train_step(model, optimizer, batch)  # warm: Adam's state and .grad exist before the measured step
+    stream = stream_type(torch.device("cpu"))
+    stream.start()
+    try:
+        zoo.train_step(model, optimizer, batch)
+    finally:
+        events = stream.close()
+    return events
+
+
+@needs_native
+@pytest.mark.parametrize("name", ["mlp", "cnn", "transformer", "lstm"])
+def test_native_events_equal_torch_profilers(name):
+    """Same step, both sources: the same allocations and frees, in the same order, with the same sizes."""
+    torch.manual_seed(0)
+    model, make_batch = getattr(zoo, name)()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    batch = make_batch(4)
+    reference = _step_events(KinetoAllocationStream, model, optimizer, batch)
+    native = _step_events(NativeAllocationStream, model, optimizer, batch)
+    assert len(native) > 10
+    for mine, theirs in zip(_in_session(native), _in_session(reference)):
+        np.testing.assert_array_equal(mine, theirs)
+    assert np.all(np.diff(native.time_ns) >= 0)
+    # the allocator's running total moves by exactly each event's size
+    np.testing.assert_array_equal(np.diff(native.total_allocated_bytes), native.size_bytes[1:])
+
+
+@needs_native
+def test_profiles_agree_between_sources(tmp_path, monkeypatch):
+    """A whole profile: peaks and categories identical whichever source read the allocator."""
+    traces = {}
+    for source, switch in (("native", "1"), ("torch.profiler", "0")):
+        monkeypatch.setenv(native_build.ENV_SWITCH, switch)
+        native_build.load.cache_clear()
+        torch.manual_seed(0)
+        model, make_batch = zoo.mlp(blocks=3, width=64)
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+        batch = make_batch(16)
+        with MemoryProfiler(model, optimizer, out_dir=tmp_path, run_id=source, print_period=0) as profiler:
+            for _ in range(3):
+                zoo.train_step(model, optimizer, batch)
+                profiler.record_stats()
+        traces[source] = load_trace(profiler.run_dir)
+        assert traces[source].meta["allocator_source"] == source
+    native_build.load.cache_clear()
+    columns = ["peak_allocated_bytes", "allocated_bytes", "feature_maps", "weights", "optimizer_state",
+               "weight_grads", "grads", "inputs"]
+    native, reference = (traces[s].iterations[columns].reset_index(drop=True) for s in ("native", "torch.profiler"))
+    assert native.equals(reference)
+
+
+@needs_native
+def test_native_stream_takes_the_profiler_slot_and_gives_it_back():
+    stream = NativeAllocationStream(torch.device("cpu"))
+    stream.start()
+    try:
+        assert torch.autograd._profiler_enabled()
+        with pytest.raises(RuntimeError, match="already enabled"), torch.profiler.profile(profile_memory=True):
+            pass
+        second = NativeAllocationStream(torch.device("cpu"))
+        with pytest.raises(ProfilerError, match="another torch.profiler"):
+            second.start()
+        before = stream.net_bytes()
+        kept = torch.empty(1000, dtype=torch.uint8)
+        assert stream.net_bytes() - before >= 1000
+        del kept
+    finally:
+        stream.close()
+    assert not torch.autograd._profiler_enabled()
+    with torch.profiler.profile(profile_memory=True):  # the slot is free again
+        torch.ones(3)
+
+
+def test_build_failure_falls_back_to_torch_profiler(tmp_path, monkeypatch):
+    monkeypatch.setenv("MEMPROF_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("CXX", "/bin/false")
+    monkeypatch.setattr("memprof.native_stream._warned", False)
+    native_build.load.cache_clear()
+    try:
+        with pytest.raises(native_build.NativeBuildError, match="compiler failed"):
+            native_build.build()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            stream = open_stream(torch.device("cpu"))
+        assert isinstance(stream, KinetoAllocationStream)
+        assert any("torch.profiler instead" in str(w.message) for w in caught)
+        assert not (tmp_path / "cache").exists() or not list((tmp_path / "cache").rglob("*.so"))
+    finally:
+        native_build.load.cache_clear()
+
+
+@needs_native
+def test_guard_fires_inside_backward_on_cpu(tmp_path):
+    """A wide layer on a tiny batch: forward fits the budget, the weight gradients of backward do not."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 10))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    weights = sum(p.numel() * 4 for p in model.parameters())
+    budget = weights + 1024 * 1024  # the first layer's gradient alone is 4 MiB
+    with pytest.raises(MemoryBudgetExceeded), \
+            MemoryProfiler(model, optimizer, out_dir=tmp_path, print_period=0, budget_bytes=budget) as profiler:
+        zoo.train_step(model, optimizer, (torch.randn(2, 1024), torch.tensor([1, 2])))
+        profiler.record_stats()
+    failure = load_trace(profiler.run_dir).meta["failure"]
+    assert failure["phase"] == "backward"
+    assert failure["allocated_bytes"] > budget
