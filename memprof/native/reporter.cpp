@@ -8,6 +8,7 @@
 #include <torch/csrc/profiler/orchestration/observer.h>
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -40,6 +41,9 @@ class Reporter final : public ProfilerStateBase {
 
   void reportMemoryUsage(void* ptr, int64_t alloc_size, size_t total_allocated, size_t total_reserved,
                          c10::Device device) override {
+    if (!enabled_.load(std::memory_order_relaxed)) {
+      return;
+    }
     const int64_t t = now_ns();
     std::lock_guard<std::mutex> guard(mutex_);
     rows_.push_back(Row{t, static_cast<int64_t>(reinterpret_cast<uintptr_t>(ptr)), alloc_size,
@@ -56,7 +60,16 @@ class Reporter final : public ProfilerStateBase {
                static_cast<int64_t>(device.index())};
   }
 
-  bool memoryProfilingEnabled() const override { return true; }
+  bool memoryProfilingEnabled() const override { return enabled_.load(std::memory_order_relaxed); }
+
+  // A reporter whose Python owner is gone may still sit in another thread's slot (the owner could
+  // only take it out of its own): it stops recording so that its buffer cannot grow.
+  void disable() {
+    enabled_.store(false);
+    std::lock_guard<std::mutex> guard(mutex_);
+    rows_.clear();
+    rows_.shrink_to_fit();
+  }
   ActiveProfilerType profilerType() override { return ActiveProfilerType::NONE; }
 
   int64_t pending() {
@@ -86,6 +99,7 @@ class Reporter final : public ProfilerStateBase {
   }
 
  private:
+  std::atomic<bool> enabled_{true};
   std::mutex mutex_;
   std::vector<Row> rows_;
   int64_t net_bytes_[2] = {0, 0};
@@ -110,7 +124,11 @@ void* memprof_create() {
   }
 }
 
-void memprof_destroy(void* h) { delete static_cast<Handle*>(h); }
+void memprof_destroy(void* h) {
+  auto* handle = static_cast<Handle*>(h);
+  handle->reporter->disable();
+  delete handle;
+}
 
 // 0: installed on this thread; 1: another profiler holds the slot; 2: error.
 int memprof_push(void* h) {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import warnings
 
 import numpy as np
@@ -146,3 +147,14 @@ def test_guard_fires_inside_backward_on_cpu(tmp_path):
     failure = load_trace(profiler.run_dir).meta["failure"]
     assert failure["phase"] == "backward"
     assert failure["allocated_bytes"] > budget
+
+
+@needs_native
+def test_a_dropped_stream_leaves_the_slot_free():
+    """A stream garbage-collected without close() takes its reporter out of this thread's slot."""
+    stream = NativeAllocationStream(torch.device("cpu"))
+    stream.start()
+    assert torch.autograd._profiler_enabled()
+    del stream
+    gc.collect()
+    assert not torch.autograd._profiler_enabled()
