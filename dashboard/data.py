@@ -19,7 +19,7 @@ from dashboard.cache import BoundedCache
 from memprof import RunEntry, Trace, list_runs, load_trace
 from memprof.categories import CATEGORY_COLUMNS
 from memprof.errors import MemprofError, TraceError, TraceNotFoundError
-from memprof.ranks import rank_dirs, rank_peaks
+from memprof.ranks import rank_dirs, rank_of, rank_peaks
 from memprof.schema import EVENTS, ITERATIONS, LAYERS, META_FILE, TABLES, table_dir_name
 from memprof.units import format_bytes
 
@@ -152,7 +152,7 @@ class TraceStore:
         Cached on the modification stamps of every rank, so a rank still being written is read again.
         """
         run_dir = self.path(name)
-        if not run_dir.name.startswith("rank=") or int(self.meta(name).get("world_size", 1) or 1) <= 1:
+        if rank_of(run_dir) is None or int(self.meta(name).get("world_size", 1) or 1) <= 1:
             return None
         root = run_dir.parent
         stamps = tuple(run_stamp(directory) for _, directory in rank_dirs(root))

@@ -26,6 +26,10 @@ import torch
 
 from memprof.errors import ProfilerError
 
+#: Why memprof cannot start: torch.profiler (or another memprof) holds this thread's profiler slot.
+SLOT_TAKEN = ("another torch.profiler session is active; memprof reads the allocator through the same mechanism "
+              "and cannot run beside it. Stop the other profiler, or attach MemoryProfiler outside its context")
+
 
 @dataclass(frozen=True)
 class AllocationEvents:
@@ -119,11 +123,7 @@ class KinetoAllocationStream:
         from torch.autograd import _enable_profiler, _prepare_profiler, _profiler_enabled
 
         if _profiler_enabled():
-            raise ProfilerError(
-                "another torch.profiler session is active; memprof reads the allocator through the same "
-                "mechanism and cannot run beside it. Stop the other profiler, or attach MemoryProfiler "
-                "outside its context"
-            )
+            raise ProfilerError(SLOT_TAKEN)
         config, activities, scopes = self._config()
         with _native_stderr_silenced():
             _prepare_profiler(config, activities)

@@ -156,15 +156,6 @@ class _Walker:
         if block is not None:
             self.s.free_change[block] = self._change(block, -1, truth)
 
-    def alloc(self, ptr: int, size: int, truth: int) -> None:
-        if ptr in self.s.live:  # the free was lost (e.g. during a restart gap): close the old block
-            self.free(ptr, -1)
-        block = self._new_block(self.next_block_id, ptr, size, -1, len(self.s.change_block))
-        self.next_block_id += 1
-        self._change(block, 1, truth)
-        if self.phase == PHASE_FORWARD:
-            self.fwd_blocks.append(block)
-
     def observe(self, ptr: int, code: int, nbytes: int) -> None:
         block = self.s.live.get(ptr)
         if block is None:

@@ -15,7 +15,7 @@ import warnings
 import numpy as np
 import torch
 
-from memprof.allocations import AllocationEvents, KinetoAllocationStream
+from memprof.allocations import SLOT_TAKEN, AllocationEvents, KinetoAllocationStream
 from memprof.errors import ProfilerError
 from memprof.native_build import NativeBuildError, load
 
@@ -55,10 +55,7 @@ class NativeAllocationStream:
         """
         code = self._lib.memprof_push(self._handle)
         if code == 1:
-            raise ProfilerError(
-                "another torch.profiler session is active; memprof reads the allocator through the same "
-                "mechanism and cannot run beside it. Stop the other profiler, or attach MemoryProfiler "
-                "outside its context")
+            raise ProfilerError(SLOT_TAKEN)
         if code != 0:
             raise ProfilerError("memprof's native reporter could not be installed in the profiler slot")
         self.active = True

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from memprof.allocations import SLOT_TAKEN
 from memprof.attribution import CAT, LiveBlock, Sweep, sweep
 from memprof.categories import Category
 from memprof.errors import MemoryBudgetExceeded, ProfilerError
@@ -118,9 +119,7 @@ class MemoryProfiler:
         base = Path(out_dir) / self.run_id
         self.run_dir = base / f"rank={self.rank}" if self.world_size > 1 else base
         if torch.autograd._profiler_enabled():
-            raise ProfilerError(
-                "another torch.profiler session is active; memprof reads the allocator through the same "
-                "mechanism and cannot run beside it. Stop the other profiler first")
+            raise ProfilerError(SLOT_TAKEN)
         if (self.run_dir / "meta.json").exists():
             raise ProfilerError(f"{self.run_dir} already holds a trace; choose another run_id or out_dir")
         if budget_bytes is not None and (isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int)

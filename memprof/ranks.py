@@ -21,12 +21,18 @@ _RANK_DIR = re.compile(r"^rank=(\d+)$")
 PEAK_COLUMNS = ("iteration", "peak_allocated_bytes", "peak_reserved_bytes")
 
 
+def rank_of(directory: str | Path) -> int | None:
+    """The rank a ``rank=<r>`` folder holds, or ``None`` for any other folder name."""
+    found = _RANK_DIR.match(Path(directory).name)
+    return int(found.group(1)) if found else None
+
+
 def rank_dirs(run_root: str | Path) -> list[tuple[int, Path]]:
     """``(rank, directory)`` of every ``rank=<r>`` folder under a distributed run, by rank."""
     root = Path(run_root)
-    found = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := _RANK_DIR.match(p.name))] \
-        if root.is_dir() else []
-    return sorted(found)
+    if not root.is_dir():
+        return []
+    return sorted((rank, p) for p in root.iterdir() if p.is_dir() and (rank := rank_of(p)) is not None)
 
 
 def rank_peaks(run_root: str | Path) -> pd.DataFrame:

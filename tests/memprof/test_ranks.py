@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from memprof import TraceNotFoundError, load_trace
-from memprof.ranks import peak_imbalance, rank_dirs, rank_peaks
+from memprof.ranks import peak_imbalance, rank_dirs, rank_of, rank_peaks
 from tests.dashboard.fixtures import write_profiled_run
 
 
@@ -23,6 +23,7 @@ def _two_ranks(root):
 def test_rank_peaks_reads_every_rank(tmp_path):
     run = _two_ranks(tmp_path)
     assert [r for r, _ in rank_dirs(run)] == [0, 1]
+    assert (rank_of(run / "rank=12"), rank_of(run / "notes"), rank_of(run / "rank=x")) == (12, None, None)
     peaks = rank_peaks(run)
     assert list(peaks.columns) == ["rank", "iteration", "peak_allocated_bytes", "peak_reserved_bytes"]
     for rank in (0, 1):
