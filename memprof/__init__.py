@@ -1,5 +1,7 @@
 """memprof: an exact, per-layer PyTorch memory profiler that writes Parquet traces."""
 
+from typing import TYPE_CHECKING, Any
+
 from memprof.categories import CATEGORY_COLUMNS, Category
 from memprof.errors import (
     CorruptTraceError,
@@ -10,9 +12,25 @@ from memprof.errors import (
     TraceError,
     TraceNotFoundError,
 )
-from memprof.profiler import MemoryProfiler
-from memprof.reader import RunEntry, Trace, list_runs, load_trace
 from memprof.units import format_bytes, parse_bytes
+
+if TYPE_CHECKING:
+    from memprof.profiler import MemoryProfiler
+    from memprof.reader import RunEntry, Trace, list_runs, load_trace
+
+# Imported on first use: the profiler imports torch and the reader pandas, and the background worker
+# (``python -m memprof.worker``, which runs this file first) needs neither.
+_LAZY = {"MemoryProfiler": "memprof.profiler", "RunEntry": "memprof.reader", "Trace": "memprof.reader",
+         "list_runs": "memprof.reader", "load_trace": "memprof.reader"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'memprof' has no attribute {name!r}")
+
 
 __all__ = [
     "CATEGORY_COLUMNS",

@@ -19,44 +19,18 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from memprof.errors import ProfilerError
+from memprof.records import AllocationEvents
+
+__all__ = ["SLOT_TAKEN", "AllocationEvents", "KinetoAllocationStream"]
 
 #: Why memprof cannot start: torch.profiler (or another memprof) holds this thread's profiler slot.
 SLOT_TAKEN = ("another torch.profiler session is active; memprof reads the allocator through the same mechanism "
               "and cannot run beside it. Stop the other profiler, or attach MemoryProfiler outside its context")
-
-
-@dataclass(frozen=True)
-class AllocationEvents:
-    """A batch of allocator events, in time order.
-
-    Attributes:
-        time_ns: event time (Unix epoch ns, the clock of ``time.time_ns()``).
-        ptr: block address.
-        size_bytes: bytes allocated (> 0) or freed (< 0).
-        total_allocated_bytes: the allocator's running total after the event (process-relative on CPU).
-        total_reserved_bytes: the allocator's reserved bytes after the event (0 on CPU).
-    """
-
-    time_ns: np.ndarray
-    ptr: np.ndarray
-    size_bytes: np.ndarray
-    total_allocated_bytes: np.ndarray
-    total_reserved_bytes: np.ndarray
-
-    @staticmethod
-    def empty() -> AllocationEvents:
-        """An empty batch."""
-        z = np.zeros(0, dtype=np.int64)
-        return AllocationEvents(z, z, z, z, z)
-
-    def __len__(self) -> int:
-        return int(self.time_ns.shape[0])
 
 
 def _concat(batches: list[AllocationEvents]) -> AllocationEvents:

@@ -17,9 +17,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from memprof.allocations import AllocationEvents
 from memprof.categories import CATEGORIES, MODEL_STATE, Category
-from memprof.hooks import CAT, Mark
+from memprof.records import CAT, AllocationEvents, Mark
 
 N_CAT = len(CATEGORIES)
 OTHER = CAT[Category.OTHER]

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Iterable
-from enum import IntEnum
 from functools import partial
 from time import time_ns
 from typing import Any
@@ -16,32 +15,23 @@ from typing import Any
 import torch
 from torch import nn
 
-from memprof.categories import CATEGORIES, Category
+from memprof.categories import Category
+from memprof.records import CAT, Mark, Storage
 
-# Category codes used in observations (index into CATEGORIES).
-CAT = {c: i for i, c in enumerate(CATEGORIES)}
-
-
-class Mark(IntEnum):
-    """Kinds of timeline marks recorded by the hooks."""
-
-    FWD_ENTER = 0
-    FWD_EXIT = 1
-    BWD_ENTER = 2
-    BWD_EXIT = 3
-    BWD_END = 4
-    OPT_ENTER = 5
-    OPT_EXIT = 6
-
-
-Storage = tuple[int, int]  # (data_ptr, nbytes)
-
+__all__ = ["CAT", "HookRecorder", "Mark", "Storage", "module_tree", "optimizer_state", "storages"]
 
 def storages(obj: Any, out: list[Storage] | None = None, depth: int = 0) -> list[Storage]:
     """Collects (address, bytes) of the storages of every tensor in a nested output structure."""
     if out is None:
         out = []
-    if isinstance(obj, torch.Tensor):
+    cls = type(obj)
+    if cls is torch.Tensor or cls is nn.Parameter:  # the common case, without the checks below (hot path)
+        try:
+            storage = obj.untyped_storage()
+            out.append((storage.data_ptr(), storage.nbytes()))
+        except (RuntimeError, NotImplementedError):  # sparse or nested tensors
+            pass
+    elif isinstance(obj, torch.Tensor):
         if hasattr(obj, "to_local") and hasattr(obj, "device_mesh"):
             obj = obj.to_local()  # a DTensor (FSDP2, tensor parallel): this rank's shard holds the memory
         try:
@@ -49,7 +39,7 @@ def storages(obj: Any, out: list[Storage] | None = None, depth: int = 0) -> list
             out.append((storage.data_ptr(), storage.nbytes()))
         except (RuntimeError, NotImplementedError):  # sparse, nested or subclass tensors
             pass
-    elif depth < 4 and isinstance(obj, (tuple, list)):
+    elif depth < 4 and (cls is tuple or cls is list or isinstance(obj, (tuple, list))):
         for item in obj:
             storages(item, out, depth + 1)
     elif depth < 4 and isinstance(obj, dict):

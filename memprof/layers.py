@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-from torch import nn
 
 from memprof.attribution import FEATURE, MODEL_STATE_CODES, Call, Sweep
 from memprof.timeline import Series
+
+if TYPE_CHECKING:  # the background worker imports this module without torch
+    from torch import nn
 
 
 @dataclass(frozen=True)

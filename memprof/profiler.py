@@ -16,16 +16,16 @@ import torch
 from torch import nn
 
 from memprof.allocations import SLOT_TAKEN
-from memprof.attribution import CAT, LiveBlock, Sweep, sweep
+from memprof.attribution import CAT, LiveBlock
+from memprof.background import BackgroundSink, InlineSink, Outcome
 from memprof.categories import Category
 from memprof.errors import MemoryBudgetExceeded, ProfilerError
-from memprof.failure import failure_details
 from memprof.hooks import HookRecorder, Mark, module_tree, optimizer_state, storages
-from memprof.layers import describe_modules, layer_rows, subtree_bytes
+from memprof.layers import describe_modules, subtree_bytes
 from memprof.native_stream import open_stream
-from memprof.report import format_report
-from memprof.schema import EVENTS, FORMAT_NAME, ITERATIONS, LAYERS, SCHEMA_VERSION
-from memprof.timeline import event_table, peak_summary, series
+from memprof.processing import CarriedState, IterationProcessor, RunSpec, root_forward_ran
+from memprof.records import IterationRecord
+from memprof.schema import FORMAT_NAME, SCHEMA_VERSION
 from memprof.units import format_bytes
 from memprof.writer import TraceWriter, write_meta
 
@@ -91,7 +91,12 @@ class MemoryProfiler:
             :class:`MemoryBudgetExceeded` is raised from the module that crossed it and the trace
             records a post-mortem. The guard reads the allocator at every module's forward and backward
             mark (on CPU through memprof's native reporter; where that cannot be built, torch.profiler
-            is polled instead, about 0.5 ms a read, in forward only).
+            is polled instead, about 0.5 ms a read, in forward only). A guarded run processes its
+            iterations inline, since the guard needs the live bytes at each iteration's start.
+        background: analyse and write each iteration in a background worker process, so that
+            ``record_stats()`` only journals what it saw (about 1 ms); the console report then
+            prints when the worker has it, usually during the next iteration. ``False``: do it all
+            inside ``record_stats()`` (a few ms per step).
 
     Raises:
         ProfilerError: the model already has a live profiler, or another torch.profiler is running.
@@ -100,7 +105,7 @@ class MemoryProfiler:
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
                  out_dir: str | Path = "traces", run_id: str | None = None, print_period: int = 1,
                  stream: IO[str] | None = None, extra_meta: dict[str, Any] | None = None,
-                 budget_bytes: int | None = None) -> None:
+                 budget_bytes: int | None = None, background: bool = True) -> None:
         if not isinstance(model, nn.Module):
             raise ProfilerError(f"expected a torch.nn.Module to profile, found {type(model).__name__}")
         if isinstance(print_period, bool) or not isinstance(print_period, int) or print_period < 0:
@@ -132,11 +137,10 @@ class MemoryProfiler:
         self._params = list(dict.fromkeys(p for m in self._modules for p in m.parameters(recurse=False)))
         self._infos = describe_modules(self._names, self._modules, self._params)
         self._parents = [info.parent for info in self._infos]
-        self._weight_bytes = subtree_bytes(self._infos, {i: s[0] for i, p in enumerate(self._params) if (s := storages(p))})
-        self._order: dict[int, int] = {}
+        weight_bytes = subtree_bytes(self._infos, {i: s[0] for i, p in enumerate(self._params) if (s := storages(p))})
         self.iteration, self.epoch = 0, 0
         self._closed = False
-        self._writer = TraceWriter(self.run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
         self._meta = {**self._initial_meta(), **(extra_meta or {})}
         write_meta(self.run_dir, self._meta)
         self._recorder = HookRecorder(self._modules, self._params, optimizer)
@@ -145,9 +149,10 @@ class MemoryProfiler:
             self._recorder.guard = self._guard
         self._failure: dict[str, Any] | None = None
         self._write_error: str | None = None
-        self._carried = self._baseline()
-        self._next_block_id = 1
-        self._allocated_at_start = sum(b.size_bytes for b in self._carried)
+        self._worker_warned = False
+        spec = RunSpec(tuple(self._names), tuple(self._infos), tuple(weight_bytes), use_truth=self._cuda,
+                       device=str(self.device), print_period=print_period)
+        self._sink = self._open_sink(spec, CarriedState(-1, self._baseline(), 1), background and budget_bytes is None)
         self._stream.start()
         self._recorder.attach()
         _ATTACHED.add(model)
@@ -161,6 +166,15 @@ class MemoryProfiler:
             torch.distributed.broadcast_object_list(box, src=0)
             run_id = box[0]
         return run_id
+
+    def _open_sink(self, spec: RunSpec, state: CarriedState, background: bool) -> InlineSink | BackgroundSink:
+        if background and sys.executable:
+            try:
+                return BackgroundSink(self.run_dir, spec, state)
+            except OSError as exc:
+                warnings.warn(f"memprof could not start its background worker ({exc}); iterations are processed "
+                              "inside record_stats() instead (a few ms per step)", RuntimeWarning, stacklevel=4)
+        return InlineSink(IterationProcessor(spec, state), TraceWriter(self.run_dir))
 
     def _initial_meta(self) -> dict[str, Any]:
         return {
@@ -217,19 +231,16 @@ class MemoryProfiler:
         self._check_open()
         self._finish_iteration()
 
-    def _finish_iteration(self, restart: bool = True) -> None:
+    def _finish_iteration(self, restart: bool = True, failed: bool = False) -> None:
         end_ns = time_ns()
         events = self._stream.collect(restart=restart)
         marks, observations, param_grads, frees = self._recorder.drain()
-        sw = sweep(events, marks, observations, [] if self._cuda else frees, self._carried, self._parents,
-                   self._next_block_id, use_truth=self._cuda)
-        self._write_iteration(sw, events, param_grads, end_ns)
-        ids, sizes, categories = sw.block_ids, sw.sizes, sw.categories
-        self._carried = [LiveBlock(ids[i], ptr, sizes[i], categories[i]) for ptr, i in sw.live.items()]
-        self._next_block_id = sw.next_block_id
-        self._allocated_at_start = sum(b.size_bytes for b in self._carried)
-        root_ran = any(m[1] == Mark.FWD_ENTER and m[2] == 0 for m in marks)
-        if self.iteration == 0 and not root_ran and len(events) and self._failure is None:
+        reserved, peak_reserved = self._reserved(events)
+        grads = {i: found[0] for i, p in enumerate(self._params) if p.grad is not None and (found := storages(p.grad))}
+        record = IterationRecord(self.iteration, self.epoch, self._iteration_start_ns, end_ns, events, marks,
+                                 observations, frees, param_grads, grads, reserved, peak_reserved, failed)
+        self._handle(self._sink.submit(record))
+        if self.iteration == 0 and not root_forward_ran(record) and len(events) and self._failure is None:
             warnings.warn(
                 "memprof saw memory allocated but no module hook fired: the model's forward did not run "
                 "through its nn.Module hooks (torch.compile'd or scripted?). Totals and categories are "
@@ -238,44 +249,26 @@ class MemoryProfiler:
         self.iteration += 1
         self._iteration_start_ns = time_ns()
 
-    def _write_iteration(self, sw: Sweep, events: Any, param_grads: dict, end_ns: int) -> None:
-        s = series(sw, use_truth=self._cuda)
-        reserved, peak_reserved = self._reserved(events)
-        for call in sorted(sw.forward_calls, key=lambda c: c.start_ns):
-            self._order.setdefault(call.module, len(self._order))
-        grads = {i: found[0] for i, p in enumerate(self._params) if p.grad is not None and (found := storages(p.grad))}
-        grads.update(param_grads)
-        row = {
-            "iteration": self.iteration,
-            "epoch": self.epoch,
-            "step_ms": (end_ns - self._iteration_start_ns) / 1e6,
-            "peak_reserved_bytes": peak_reserved,
-            "reserved_bytes": reserved,
-            "num_events": len(sw.marks) + 2,
-            "num_allocations": int(sum(1 for a in sw.alloc_change if a >= 0)),
-            **peak_summary(sw, s, self._names),
-        }
-        layers = layer_rows(sw, s, self._infos, self.iteration, self._order, self._weight_bytes,
-                            subtree_bytes(self._infos, grads))
-        table = event_table(sw, s, self.iteration, self._iteration_start_ns, end_ns, self._names, reserved)
-        # iterations last: a reader keeps only iterations that have their row, so a kill between
-        # parts never leaves an iteration half-written
-        self._write(((LAYERS, layers), (EVENTS, table), (ITERATIONS, [row])))
-        if self._failure is not None:
-            self._failure.update(failure_details(table, layers, self.iteration))
-        if self.print_period and (self.iteration % self.print_period == 0):
-            print(format_report(row, layers, str(self.device)), file=self.stream or sys.stdout, flush=True)
-
-    def _write(self, parts: tuple) -> None:
-        # A full disk or a revoked permission must not stop the user's training: say it once.
-        try:
-            for table, data in parts:
-                self._writer.append(table, data)
-        except OSError as exc:
-            if self._write_error is None:
-                warnings.warn(f"memprof could not write the trace to {self.run_dir} ({exc}); training "
-                              "continues, later iterations are attempted again", RuntimeWarning, stacklevel=4)
-            self._write_error = str(exc)
+    def _handle(self, outcomes: list[Outcome]) -> None:
+        """Prints the reports, keeps the post-mortem, and says once what went wrong writing."""
+        for outcome in outcomes:
+            if outcome.report is not None:
+                print(outcome.report, file=self.stream or sys.stdout, flush=True)
+            if outcome.failure is not None and self._failure is not None:
+                self._failure.update(outcome.failure)
+            if outcome.write_error is not None:
+                # A full disk or a revoked permission must not stop the user's training: say it once.
+                if self._write_error is None:
+                    warnings.warn(f"memprof could not write the trace to {self.run_dir} ({outcome.write_error}); "
+                                  "training continues, later iterations are attempted again", RuntimeWarning,
+                                  stacklevel=4)
+                self._write_error = outcome.write_error
+        stopped = getattr(self._sink, "stopped", None)
+        if stopped and not self._worker_warned:
+            self._worker_warned = True
+            warnings.warn(f"memprof's background worker for {self.run_dir} stopped ({stopped}); the remaining "
+                          "iterations are processed inside record_stats() (a few ms per step)", RuntimeWarning,
+                          stacklevel=4)
 
     def _reserved(self, events: Any) -> tuple[int, int]:
         if not self._cuda:
@@ -299,9 +292,13 @@ class MemoryProfiler:
         finally:
             self._recorder.detach()
             _ATTACHED.discard(self.model)
-            self._carried = []
+            try:
+                self._handle(self._sink.finish())
+            except OSError as exc:
+                self._write_error = self._write_error or str(exc)
             status = "failed" if self._failure else "closed"
-            self._meta.update(status=status, iterations=self.iteration, epochs=self.epoch)
+            self._meta.update(status=status, iterations=self.iteration, epochs=self.epoch,
+                              processing=self._sink.mode)
             if self._failure:
                 self._meta["failure"] = self._failure
             if self._write_error:
@@ -330,7 +327,7 @@ class MemoryProfiler:
             }
         self._recorder.enabled = False  # the failed step's autograd graph may still run hooks
         try:
-            self._finish_iteration(restart=False)
+            self._finish_iteration(restart=False, failed=True)
         finally:
             self.close()
 
@@ -342,7 +339,7 @@ class MemoryProfiler:
         elif mark not in (Mark.FWD_ENTER, Mark.FWD_EXIT) and not self._stream.polls_in_backward:
             return  # restarting torch.profiler inside autograd's backward would leak its callbacks
         else:
-            allocated = self._allocated_at_start + self._stream.net_bytes()
+            allocated = self._sink.allocated_bytes() + self._stream.net_bytes()
         if allocated > (self.budget_bytes or 0):
             module_name = self._names[module] if module >= 0 else ""  # -1: at the end of backward
             name = module_name or type(self.model).__name__

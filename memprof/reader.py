@@ -14,6 +14,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from memprof.errors import CorruptTraceError, SchemaVersionError, TraceError, TraceNotFoundError
+from memprof.processing import ProcessedIteration
+from memprof.recovery import recover, recovered_frame
 from memprof.schema import (
     FORMAT_NAME,
     META_FILE,
@@ -99,6 +101,7 @@ class Trace:
     path: Path
     meta: dict[str, Any]
     _parts: dict[str, tuple[Path, ...]] = field(repr=False)
+    _recovered: list[ProcessedIteration] = field(default_factory=list, repr=False)
 
     def read(self, table: str, columns: Sequence[str] | None = None) -> pd.DataFrame:
         """Reads one table (all parts), optionally only some columns.
@@ -108,6 +111,25 @@ class Trace:
         """
         if table not in SCHEMAS:
             raise KeyError(f"unknown table {table!r}; expected one of {TABLES}")
+        frame = self._read_parts(table, columns)
+        if table != "iterations" and "iteration" in frame.columns and self._parts["iterations"]:
+            # a run killed between an iteration's parts wrote layers/events but not its row: drop them
+            frame = frame[frame.iteration.isin(self._written_iterations)].reset_index(drop=True)
+        recovered = recovered_frame(self._recovered, table)
+        if recovered is not None:  # iterations still in the journal of a killed or running run
+            recovered = recovered[~recovered.iteration.isin(self._written_iterations)]
+            if columns:
+                recovered = recovered[[c for c in columns if c in recovered.columns]]
+            frame = pd.concat([frame, recovered], ignore_index=True) if len(frame) else recovered.reset_index(drop=True)
+        return frame
+
+    @cached_property
+    def _written_iterations(self) -> set[int]:
+        if not self._parts["iterations"]:
+            return set()
+        return set(self._read_parts("iterations", ["iteration"]).iteration.tolist())
+
+    def _read_parts(self, table: str, columns: Sequence[str] | None) -> pd.DataFrame:
         parts = self._parts[table]
         if not parts:
             return _empty_frame(table, columns)
@@ -118,12 +140,9 @@ class Trace:
                                             page_checksum_verification=True).to_pandas())
             except (OSError, pa.ArrowException, KeyError, UnicodeDecodeError) as exc:
                 raise CorruptTraceError(f"cannot read {part}: {exc}") from None
-        frame = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
-        if table != "iterations" and "iteration" in frame.columns and self._parts["iterations"]:
-            # a run killed between an iteration's parts wrote layers/events but not its row: drop them
-            done = set(self.read("iterations", columns=["iteration"]).iteration)
-            frame = frame[frame.iteration.isin(done)].reset_index(drop=True)
-        return frame
+        if len(frames) == 1:
+            return frames[0]
+        return pd.concat(_latest_parts_only(frames), ignore_index=True)
 
     @cached_property
     def iterations(self) -> pd.DataFrame:
@@ -146,6 +165,25 @@ class Trace:
         return str(self.meta["run_id"])
 
 
+def _latest_parts_only(frames: list[pd.DataFrame]) -> list[pd.DataFrame]:
+    """Where an iteration appears in several parts, keeps only its rows of the last one.
+
+    That happens when a background worker died after writing some parts of a batch: the profiler
+    then writes those iterations again, whole.
+    """
+    if not all("iteration" in f.columns for f in frames):
+        return frames
+    owner: dict[int, int] = {}
+    repeated = False
+    for index, frame in enumerate(frames):
+        for iteration in pd.unique(frame.iteration).tolist():
+            repeated |= iteration in owner
+            owner[iteration] = index
+    if not repeated:
+        return frames
+    return [f[f.iteration.map(owner) == i] for i, f in enumerate(frames)]
+
+
 def _empty_frame(table: str, columns: Iterable[str] | None) -> pd.DataFrame:
     schema = SCHEMAS[table]
     names = list(columns) if columns else schema.names
@@ -164,13 +202,15 @@ def load_trace(run_dir: str | Path) -> Trace:
     """
     run_dir = Path(run_dir)
     meta = read_meta(run_dir)
+    # the journal first, the parts second: what a live worker writes meanwhile is then in the parts
+    recovered = recover(run_dir)
     parts: dict[str, tuple[Path, ...]] = {}
     for table in TABLES:
         found = table_parts(run_dir, table)
         for part in found:
             _check_part(part, table)
         parts[table] = tuple(found)
-    return Trace(path=run_dir, meta=meta, _parts=parts)
+    return Trace(path=run_dir, meta=meta, _parts=parts, _recovered=recovered)
 
 
 @dataclass(frozen=True)

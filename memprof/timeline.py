@@ -9,7 +9,7 @@ import pyarrow as pa
 
 from memprof.attribution import MODEL_STATE_CODES, N_CAT, OTHER, PHASE_NAMES, Sweep
 from memprof.categories import CATEGORY_COLUMNS
-from memprof.hooks import Mark
+from memprof.records import Mark
 from memprof.schema import EVENTS_SCHEMA
 
 _MARK_NAMES = {

@@ -130,10 +130,12 @@ def layer_rows(iteration: int) -> list[dict]:
     return rows
 
 
-def write_profiled_run(run_dir: Path, run_id: str, iterations: int = 3, scale: int = 1, **extra: object) -> None:
-    """A readable run with ``iterations`` iterations; iteration ``i`` has activations ``scale + i`` times larger."""
+def write_profiled_run(run_dir: Path, run_id: str, iterations: int = 3, scale: int = 1, first: int = 0,
+                       **extra: object) -> None:
+    """A readable run with ``iterations`` iterations from ``first``; iteration ``i`` has activations
+    ``scale + i`` times larger."""
     writer = TraceWriter(run_dir)
-    for iteration in range(iterations):
+    for iteration in range(first, first + iterations):
         events = event_rows(iteration, activation_profile(scale + iteration), start_ns=iteration * 10**9)
         writer.append(EVENTS, events)
         writer.append(ITERATIONS, [iteration_row(iteration, events)])

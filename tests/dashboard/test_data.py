@@ -84,7 +84,7 @@ def test_cache_hits_and_rewrite_invalidates(traces):
     first = store.iterations("mlp")
     assert store.iterations("mlp") is first  # served from the cache
     run_dir: Path = traces.root / "mlp"
-    write_profiled_run(run_dir, "mlp", iterations=4)  # appends 4 more parts
+    write_profiled_run(run_dir, "mlp", iterations=4, first=3)  # appends 4 more parts
     again = store.iterations("mlp")
     assert again is not first and len(again) == 7
 

@@ -202,7 +202,8 @@ class _Killed(BaseException):
 def test_death_between_table_parts_leaves_consistent_tables(tmp_path, monkeypatch):
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    profiler = MemoryProfiler(model, optimizer, out_dir=tmp_path, run_id="run", print_period=0)
+    # inline: the parts are written in this process, where the test can cut the writes short
+    profiler = MemoryProfiler(model, optimizer, out_dir=tmp_path, run_id="run", print_period=0, background=False)
     original = memprof.writer.TraceWriter.append
 
     def append(self, table, data):
@@ -258,7 +259,8 @@ def test_disk_full_is_reported_once_and_training_continues(tmp_path, monkeypatch
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        profiler = MemoryProfiler(model, optimizer, out_dir=tmp_path, run_id="run", print_period=0)
+        profiler = MemoryProfiler(model, optimizer, out_dir=tmp_path, run_id="run", print_period=0,
+                                  background=False)
         _train(profiler, model, optimizer, 2)  # iterations 0 and 1 reach the disk
         disk_full = [True]
         _failing_writes(monkeypatch, lambda path: disk_full[0])
@@ -282,7 +284,8 @@ def test_failed_flush_leaves_tables_consistent(tmp_path, monkeypatch):
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        profiler = MemoryProfiler(model, optimizer, out_dir=tmp_path, run_id="run", print_period=0)
+        profiler = MemoryProfiler(model, optimizer, out_dir=tmp_path, run_id="run", print_period=0,
+                                  background=False)
         _train(profiler, model, optimizer, 1)
         # Iteration 1: the layers part cannot be written (e.g. the disk fills up right then).
         _failing_writes(monkeypatch, lambda path: profiler.iteration == 1 and "layers" in path.parent.name)

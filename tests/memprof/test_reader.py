@@ -18,8 +18,8 @@ from tests.memprof.helpers import profile_steps
 def run_dir(tmp_path_factory):
     model = nn.Sequential(nn.Linear(6, 4), nn.ReLU(), nn.Linear(4, 2))
     trace = profile_steps(model, lambda n: (torch.randn(n, 6), torch.randint(0, 2, (n,))),
-                          tmp_path_factory.mktemp("traces"), steps=3)
-    return trace.path
+                          tmp_path_factory.mktemp("traces"), steps=3, background=False)
+    return trace.path  # inline: one part per iteration, so the tests can damage one of several
 
 
 def test_round_trip_has_every_contract_column(run_dir):

@@ -1,0 +1,266 @@
+"""Where ``record_stats()`` sends an iteration's record: processed inline, or by a background worker.
+
+:class:`InlineSink` analyses and writes on the training thread (a few ms per step). :class:`BackgroundSink`
+only journals the raw record (a fraction of a ms) and lets :mod:`memprof.worker`, a separate process
+so that it never competes for the GIL, do the rest. Should the worker stop, or a record fail to reach
+the disk, the sink takes over inline from the worker's last saved state, so no completed iteration is
+lost and attribution stays exact.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from memprof.errors import CorruptTraceError
+from memprof.journal import JOURNAL_DIR, JournalReader, JournalWriter, read_state, write_spec, write_state
+from memprof.processing import CarriedState, IterationProcessor, RunSpec, write_processed
+from memprof.records import IterationRecord
+from memprof.writer import TraceWriter
+
+#: Records the worker may fall behind by before ``record_stats()`` waits for it (bounds disk and close time).
+MAX_PENDING = 16
+_STALL_S = 120.0  # a worker silent this long while owing answers is taken for hung
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What the training process learns about one processed iteration.
+
+    Attributes:
+        iteration: its number.
+        report: its console report, when one was due.
+        failure: post-mortem details, when it failed.
+        write_error: why its parts could not be written, if they could not.
+    """
+
+    iteration: int
+    report: str | None = None
+    failure: dict[str, Any] | None = None
+    write_error: str | None = None
+
+
+class InlineSink:
+    """Processes and writes each record on the calling thread.
+
+    Args:
+        processor: analyses the records, carrying state between them.
+        writer: writes the parts.
+    """
+
+    mode = "inline"
+
+    def __init__(self, processor: IterationProcessor, writer: TraceWriter) -> None:
+        self.processor, self.writer = processor, writer
+
+    def submit(self, record: IterationRecord) -> list[Outcome]:
+        """Processes ``record`` now."""
+        processed = self.processor.process(record)
+        error = None
+        try:
+            write_processed(self.writer, [processed])
+        except OSError as exc:
+            error = str(exc)
+        return [Outcome(record.iteration, processed.report, processed.failure, error)]
+
+    def allocated_bytes(self) -> int:
+        """Bytes alive at the end of the last processed iteration."""
+        return self.processor.state.allocated_bytes
+
+    def finish(self) -> list[Outcome]:
+        """Nothing is pending inline."""
+        return []
+
+
+def _worker_env() -> dict[str, str]:
+    # The worker must import this very memprof, even when it is not installed (a checkout on sys.path).
+    root = str(Path(__file__).resolve().parent.parent)
+    path = os.environ.get("PYTHONPATH", "")
+    return {**os.environ, "PYTHONPATH": root + (os.pathsep + path if path else ""), "OMP_NUM_THREADS": "1"}
+
+
+class BackgroundSink:
+    """Journals each record and has the background worker process it.
+
+    Args:
+        run_dir: the run's directory.
+        spec: the run's static facts.
+        state: the state before the first record.
+
+    Raises:
+        OSError: the journal or the worker could not be set up (the caller then goes inline).
+    """
+
+    def __init__(self, run_dir: Path, spec: RunSpec, state: CarriedState) -> None:
+        self.run_dir = Path(run_dir)
+        self.journal_dir = self.run_dir / JOURNAL_DIR
+        self.journal_dir.mkdir(parents=True, exist_ok=True)
+        write_spec(self.journal_dir, spec)
+        write_state(self.journal_dir, state)
+        self._spec = spec
+        self._inline: InlineSink | None = None
+        self._journal = JournalWriter(self.journal_dir)
+        self._submitted = self._answered = 0
+        self._reported = -1  # the last iteration whose outcome the caller has had
+        self._buffer = b""
+        self._eof = False
+        self._error: str | None = None
+        self._proc: subprocess.Popen | None = None  # started with the first record: attach/close costs nothing
+        #: Why the worker stopped, once it did (the caller warns once).
+        self.stopped: str | None = None
+
+    def _start(self) -> subprocess.Popen:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "memprof.worker", str(self.run_dir)], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=_worker_env(), start_new_session=True)
+        os.set_blocking(proc.stdout.fileno(), False)
+        return proc
+
+    @property
+    def pid(self) -> int | None:
+        """The worker's process id (``None`` before the first record)."""
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def mode(self) -> str:
+        """``background`` while the worker runs, ``inline`` after it stopped."""
+        return "inline" if self._inline is not None else "background"
+
+    def submit(self, record: IterationRecord) -> list[Outcome]:
+        """Journals ``record`` and hands it to the worker; returns what the worker answered meanwhile."""
+        if self._inline is not None:
+            return self._inline.submit(record)
+        if self._proc is None:
+            try:
+                self._proc = self._start()
+            except OSError as exc:
+                self._inline = InlineSink(IterationProcessor(self._spec, read_state(self.journal_dir)),
+                                          TraceWriter(self.run_dir))
+                self.stopped = f"it could not be started: {exc}"
+                return self._inline.submit(record)
+        outcomes = self._read(block=False)
+        try:
+            self._journal.append(record)
+        except OSError as exc:
+            # The journal cannot take it (disk full, folder gone): go on inline from the worker's state.
+            lost = Outcome(record.iteration, write_error=str(exc))
+            return outcomes + self._take_over(None, record) + [lost]
+        try:
+            self._proc.stdin.write(f"{record.iteration}\n".encode())
+            self._proc.stdin.flush()
+        except OSError:
+            return outcomes + self._take_over(self._why_stopped())
+        self._submitted += 1
+        while self._inline is None and self._submitted - self._answered > MAX_PENDING:
+            outcomes += self._read(block=True)
+        return outcomes
+
+    def finish(self) -> list[Outcome]:
+        """Waits for the worker to process every record, stops it and removes the journal."""
+        outcomes: list[Outcome] = []
+        if self._inline is None and self._proc is not None:
+            try:
+                self._proc.stdin.write(b"end\n")
+                self._proc.stdin.close()
+            except OSError:
+                pass
+            while self._inline is None and not self._eof:
+                outcomes += self._read(block=True)
+            self._reap()
+        self._journal.close()
+        shutil.rmtree(self.journal_dir, ignore_errors=True)
+        return outcomes
+
+    # ------------------------------------------------------------------ talking to the worker
+    def _read(self, block: bool) -> list[Outcome]:
+        """Answers available now; with ``block``, waits until some come (or the worker ends)."""
+        fd = self._proc.stdout.fileno()
+        if block and not select.select([fd], [], [], _STALL_S)[0]:
+            return self._take_over(f"it sent nothing for {_STALL_S:.0f} s")
+        outcomes: list[Outcome] = []
+        while not self._eof:
+            try:
+                chunk = os.read(fd, 1 << 16)
+            except BlockingIOError:
+                break
+            if not chunk:
+                self._eof = True
+                break
+            self._buffer += chunk
+            *lines, self._buffer = self._buffer.split(b"\n")
+            for line in lines:
+                message = json.loads(line)
+                if "error" in message:
+                    self._error = str(message["error"])
+                elif "write_error" in message:
+                    outcomes.append(Outcome(self._reported, write_error=str(message["write_error"])))
+                else:
+                    self._answered += 1
+                    self._reported = int(message["done"])
+                    outcomes.append(Outcome(self._reported, message.get("report"), message.get("failure")))
+        if self._eof and self._answered < self._submitted:
+            return outcomes + self._take_over(self._why_stopped())
+        return outcomes
+
+    def _reap(self) -> None:
+        if self._proc is not None:
+            self._proc.wait()
+            self._proc.stdout.close()
+
+    def _why_stopped(self) -> str:
+        if self._error:
+            return f"it failed: {self._error}"
+        code = self._proc.poll()
+        return f"it exited with status {code}" if code is not None else "it stopped answering"
+
+    # ------------------------------------------------------------------ taking over
+    def _take_over(self, reason: str | None, record: IterationRecord | None = None) -> list[Outcome]:
+        """Stops the worker and re-processes, inline from now on, what it had not written; then ``record``.
+
+        ``reason`` is why the worker stopped (``None``: it did not fail, the journal did).
+        """
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+        self._reap()
+        self._journal.close()
+        self.stopped = reason
+        try:
+            state = read_state(self.journal_dir)
+        except (OSError, CorruptTraceError) as exc:
+            if reason is not None:
+                self.stopped = f"{reason}; its saved state is unreadable too ({exc}), so memprof stops recording"
+            self._inline = _Dead()
+            return []
+        self._inline = InlineSink(IterationProcessor(self._spec, state), TraceWriter(self.run_dir))
+        outcomes: list[Outcome] = []
+        reader = JournalReader(self.journal_dir, state.last_iteration)
+        while True:
+            try:
+                old = reader.next()
+            except CorruptTraceError:
+                break
+            if old is None:
+                break
+            for outcome in self._inline.submit(old):  # reports already shown are not shown twice
+                outcomes.append(outcome if outcome.iteration > self._reported else
+                                Outcome(outcome.iteration, write_error=outcome.write_error))
+        if record is not None:
+            outcomes += self._inline.submit(record)
+        return outcomes
+
+
+class _Dead(InlineSink):
+    """Stands in when nothing can be processed any more: records are dropped."""
+
+    def __init__(self) -> None:  # noqa: D107 - nothing to set up
+        pass
+
+    def submit(self, record: IterationRecord) -> list[Outcome]:
+        return []

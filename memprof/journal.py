@@ -1,0 +1,289 @@
+"""The journal: raw iteration records on disk, between the training process and the worker.
+
+``record_stats()`` only writes what it saw (:class:`IterationRecord`) as one file under
+``<run>/.journal/``; the background worker turns each into Parquet parts and deletes it. Should both
+processes die, the reader finishes the remaining records in memory (:mod:`memprof.recovery`).
+
+Files are flat little-endian int64 arrays after a JSON header, never pickles: a trace copied from
+someone else is data, and reading it must not run code. Every file is written atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import zlib
+from collections.abc import Iterator
+from itertools import chain
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from memprof.attribution import LiveBlock
+from memprof.errors import CorruptTraceError
+from memprof.processing import CarriedState, RunSpec
+from memprof.records import AllocationEvents, IterationRecord
+from memprof.writer import atomic_write_bytes
+
+JOURNAL_DIR = ".journal"
+SPEC_FILE = "spec.json"
+STATE_FILE = "state.bin"
+_MAGIC = b"MPRJ\x01\x00\x00\x00"
+_HEAD = struct.Struct("<8sQ")
+_SEGMENT_SUFFIX = ".log"
+#: Records per segment file; the worker deletes a segment once all its iterations are in the tables.
+SEGMENT_RECORDS = 64
+_FRAME = struct.Struct("<4sIQ")  # magic, crc32 of the payload, payload length
+_FRAME_MAGIC = b"MPRF"
+
+
+def segment_path(journal_dir: Path, iteration: int) -> Path:
+    """The segment file that holds the record of ``iteration``."""
+    first = iteration - iteration % SEGMENT_RECORDS
+    return journal_dir / f"seg-{first:09d}{_SEGMENT_SUFFIX}"
+
+
+def segment_starts(journal_dir: Path) -> list[int]:
+    """First iteration of every segment in ``journal_dir``, in order."""
+    found = []
+    for path in journal_dir.glob(f"seg-*{_SEGMENT_SUFFIX}"):
+        digits = path.name[4:-len(_SEGMENT_SUFFIX)]
+        if digits.isdigit():
+            found.append(int(digits))
+    return sorted(found)
+
+
+# ---------------------------------------------------------------------------------------------- container
+def pack(header: dict[str, Any], arrays: dict[str, np.ndarray]) -> bytes:
+    """Serialises a JSON header and named 1-D or 2-D int64 arrays into one byte string."""
+    shapes = {name: list(np.shape(a)) for name, a in arrays.items()}
+    text = json.dumps({**header, "arrays": shapes}, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # keeps the arrays 8-byte aligned
+    body = b"".join(np.ascontiguousarray(a, dtype="<i8").tobytes() for a in arrays.values())
+    return _HEAD.pack(_MAGIC, len(text)) + text + body
+
+
+def unpack(data: bytes, what: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """Inverse of :func:`pack`.
+
+    Raises:
+        CorruptTraceError: ``data`` is not a complete journal file (``what`` names it in the message).
+    """
+    if len(data) < _HEAD.size or data[:8] != _MAGIC:
+        raise CorruptTraceError(f"{what} is not a memprof journal file (expected the {_MAGIC[:4].decode()} "
+                                f"version 1 header, found {bytes(data[:8])!r})")
+    _, length = _HEAD.unpack_from(data)
+    try:
+        header = json.loads(bytes(data[_HEAD.size:_HEAD.size + length]))
+        shapes = header.pop("arrays")
+        offset, arrays = _HEAD.size + length, {}
+        for name, shape in shapes.items():
+            count = int(np.prod(shape)) if shape else 1
+            arrays[name] = np.frombuffer(data, dtype="<i8", count=count, offset=offset).reshape(shape)
+            offset += 8 * count
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise CorruptTraceError(f"{what} is damaged ({exc}); it cannot be read") from None
+    if offset != len(data):
+        raise CorruptTraceError(f"{what} holds {len(data)} bytes where its header describes {offset}")
+    return header, arrays
+
+
+def _flat(rows: list, width: int) -> np.ndarray:
+    return np.fromiter(chain.from_iterable(rows), dtype=np.int64, count=width * len(rows)).reshape(-1, width)
+
+
+def _storage_rows(storages: dict[int, tuple[int, int]]) -> np.ndarray:
+    return _flat([(i, p, n) for i, (p, n) in storages.items()], 3)
+
+
+# ---------------------------------------------------------------------------------------------- records
+def encode_record(record: IterationRecord) -> bytes:
+    """Serialises one iteration's record (see :func:`decode_record`)."""
+    marks = record.marks
+    if marks:
+        times, kinds, modules, payloads = zip(*marks)
+        head = np.array([times, kinds, modules, [len(p) for p in payloads]], dtype=np.int64).T
+        storage = _flat(list(chain.from_iterable(payloads)), 2)
+    else:
+        head, storage = np.zeros((0, 4), dtype=np.int64), np.zeros((0, 2), dtype=np.int64)
+    ev = record.events
+    header = {"kind": "record", "iteration": record.iteration, "epoch": record.epoch, "start_ns": record.start_ns,
+              "end_ns": record.end_ns, "reserved_bytes": record.reserved_bytes,
+              "peak_reserved_bytes": record.peak_reserved_bytes, "failed": record.failed}
+    return pack(header, {
+        "events": np.stack([ev.time_ns, ev.ptr, ev.size_bytes, ev.total_allocated_bytes, ev.total_reserved_bytes]),
+        "marks": head, "mark_storages": storage,
+        "observations": _flat(record.observations, 4), "frees": _flat(record.frees, 2),
+        "param_grads": _storage_rows(record.param_grads), "grads": _storage_rows(record.grads),
+    })
+
+
+def decode_record(data: bytes, what: str = "a journal record") -> IterationRecord:
+    """Rebuilds an :class:`IterationRecord` from :func:`encode_record`'s bytes.
+
+    Raises:
+        CorruptTraceError: the bytes are not such a record.
+    """
+    header, a = unpack(data, what)
+    try:
+        ev = a["events"]
+        events = AllocationEvents(*(np.ascontiguousarray(ev[i]) for i in range(5)))
+        head, flat = a["marks"].tolist(), a["mark_storages"].tolist()
+        marks, at = [], 0
+        for t, kind, module, count in head:
+            marks.append((t, kind, module, [tuple(s) for s in flat[at:at + count]]))
+            at += count
+        return IterationRecord(
+            iteration=int(header["iteration"]), epoch=int(header["epoch"]), start_ns=int(header["start_ns"]),
+            end_ns=int(header["end_ns"]), events=events, marks=marks,
+            observations=a["observations"].tolist(), frees=a["frees"].tolist(),
+            param_grads={i: (p, n) for i, p, n in a["param_grads"].tolist()},
+            grads={i: (p, n) for i, p, n in a["grads"].tolist()},
+            reserved_bytes=int(header["reserved_bytes"]), peak_reserved_bytes=int(header["peak_reserved_bytes"]),
+            failed=bool(header["failed"]))
+    except (KeyError, ValueError, TypeError, IndexError) as exc:
+        raise CorruptTraceError(f"{what} is damaged ({exc!r}); it cannot be read") from None
+
+
+def frames(data: bytes, offset: int = 0) -> Iterator[tuple[int, memoryview]]:
+    """Complete, intact frames of a segment from ``offset``: ``(offset after it, payload)``.
+
+    Stops at the first incomplete or damaged frame: the tail a killed writer left.
+    """
+    view = memoryview(data)
+    while offset + _FRAME.size <= len(data):
+        magic, crc, length = _FRAME.unpack_from(data, offset)
+        end = offset + _FRAME.size + length
+        if magic != _FRAME_MAGIC or end > len(data):
+            return
+        payload = view[offset + _FRAME.size:end]
+        if zlib.crc32(payload) != crc:
+            return
+        offset = end
+        yield offset, payload
+
+
+class JournalWriter:
+    """Appends records to the journal's segment files (one ``write`` per record, no new file per step).
+
+    Args:
+        journal_dir: the journal folder (must exist).
+    """
+
+    def __init__(self, journal_dir: Path) -> None:
+        self.journal_dir = journal_dir
+        self._fd: int | None = None
+        self._path: Path | None = None
+
+    def append(self, record: IterationRecord) -> None:
+        """Writes ``record`` at the end of its segment.
+
+        Raises:
+            OSError: it could not be written (a partial frame is ignored by every reader).
+        """
+        path = segment_path(self.journal_dir, record.iteration)
+        if path != self._path:
+            self.close()
+            self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            self._path = path
+        payload = encode_record(record)
+        data = memoryview(_FRAME.pack(_FRAME_MAGIC, zlib.crc32(payload), len(payload)) + payload)
+        while data:
+            data = data[os.write(self._fd, data):]
+
+    def close(self) -> None:
+        """Closes the open segment."""
+        if self._fd is not None:
+            os.close(self._fd)
+        self._fd, self._path = None, None
+
+
+class JournalReader:
+    """Reads the records after a given iteration, in order, as they reach the journal.
+
+    Args:
+        journal_dir: the journal folder.
+        last_iteration: the last iteration already processed (-1: none).
+    """
+
+    def __init__(self, journal_dir: Path, last_iteration: int) -> None:
+        self.journal_dir = journal_dir
+        self.expected = last_iteration + 1
+        self._path: Path | None = None
+        self._offset = 0
+
+    def next(self) -> IterationRecord | None:
+        """The next record, or ``None`` when it is not (completely) on disk yet.
+
+        Raises:
+            CorruptTraceError: a record is damaged or out of order.
+        """
+        path = segment_path(self.journal_dir, self.expected)
+        if path != self._path:
+            self._path, self._offset = path, 0
+        try:
+            with open(path, "rb") as handle:
+                handle.seek(self._offset)
+                data = handle.read()
+        except FileNotFoundError:
+            return None
+        start = self._offset
+        for end, payload in frames(data):
+            record = decode_record(payload, f"a record in {path}")
+            self._offset = start + end
+            if record.iteration < self.expected:
+                continue  # processed before a restart
+            if record.iteration > self.expected:
+                raise CorruptTraceError(f"{path} holds iteration {record.iteration} where {self.expected} was "
+                                        "expected; the journal is incomplete")
+            self.expected += 1
+            return record
+        return None
+
+
+# ---------------------------------------------------------------------------------------------- spec, state
+def write_spec(journal_dir: Path, spec: RunSpec) -> None:
+    """Writes the run's spec (atomically)."""
+    atomic_write_bytes(journal_dir / SPEC_FILE, json.dumps(spec.to_json()).encode())
+
+
+def read_spec(journal_dir: Path) -> RunSpec:
+    """Reads the run's spec.
+
+    Raises:
+        CorruptTraceError: the file is not a spec.
+    """
+    path = journal_dir / SPEC_FILE
+    try:
+        return RunSpec.from_json(json.loads(path.read_bytes()))
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise CorruptTraceError(f"{path} is not a memprof journal spec ({exc!r})") from None
+
+
+def write_state(journal_dir: Path, state: CarriedState) -> None:
+    """Writes the carried state (atomically), then deletes the segments it makes redundant."""
+    header = {"kind": "state", "last_iteration": state.last_iteration, "next_block_id": state.next_block_id,
+              "order": [[m, o] for m, o in state.order.items()]}
+    atomic_write_bytes(journal_dir / STATE_FILE, pack(header, {"blocks": _flat(state.blocks, 4)}))
+    for first in segment_starts(journal_dir):
+        if first + SEGMENT_RECORDS - 1 <= state.last_iteration:
+            (journal_dir / f"seg-{first:09d}{_SEGMENT_SUFFIX}").unlink(missing_ok=True)
+
+
+def read_state(journal_dir: Path) -> CarriedState:
+    """Reads the carried state.
+
+    Raises:
+        CorruptTraceError: the file is not a state.
+        OSError: it cannot be read.
+    """
+    path = journal_dir / STATE_FILE
+    header, arrays = unpack(path.read_bytes(), str(path))
+    try:
+        blocks = [LiveBlock(*row) for row in arrays["blocks"].tolist()]
+        return CarriedState(int(header["last_iteration"]), blocks, int(header["next_block_id"]),
+                            {int(m): int(o) for m, o in header["order"]})
+    except (KeyError, ValueError, TypeError) as exc:
+        raise CorruptTraceError(f"{path} is damaged ({exc!r}); it cannot be read") from None

@@ -1,0 +1,125 @@
+"""The background worker: same trace as inline processing, and nothing lost when it or the trainer dies."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from memprof import MemoryProfiler, load_trace, zoo
+from memprof.journal import JOURNAL_DIR, STATE_FILE
+from memprof.reader import read_meta, table_parts
+from tests.memprof.helpers import CATEGORIES
+
+
+def _model() -> tuple[nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    return model, torch.optim.Adam(model.parameters(), lr=0.01)
+
+
+def _train(profiler: MemoryProfiler, model: nn.Module, optimizer, steps: int) -> None:
+    for _ in range(steps):
+        zoo.train_step(model, optimizer, (torch.randn(4, 8), torch.randint(0, 4, (4,))))
+        profiler.record_stats()
+
+
+def _check(trace, iterations: int) -> None:
+    assert trace.iterations.iteration.tolist() == list(range(iterations))
+    ev = trace.events
+    np.testing.assert_array_equal(ev[CATEGORIES].sum(axis=1).to_numpy(), ev.allocated_bytes.to_numpy())
+    assert trace.layers.groupby("iteration").size().nunique() == 1  # every iteration once, whole
+
+
+def _memprof_warnings(caught) -> list[str]:
+    return [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning) and "memprof" in str(w.message)]
+
+
+def test_background_and_inline_write_the_same_trace(tmp_path):
+    traces = {}
+    for background in (True, False):
+        model, optimizer = _model()
+        with MemoryProfiler(model, optimizer, out_dir=tmp_path, print_period=0, background=background) as profiler:
+            _train(profiler, model, optimizer, 5)
+        traces[background] = load_trace(profiler.run_dir)
+        assert traces[background].meta["processing"] == ("background" if background else "inline")
+        assert not (profiler.run_dir / JOURNAL_DIR).exists()  # the journal is gone once all is written
+    bg, inline = traces[True], traces[False]
+    exact = ["iteration", "epoch", "peak_allocated_bytes", "allocated_bytes", "num_events", "num_allocations",
+             "peak_module", "peak_phase", *CATEGORIES]
+    assert bg.iterations[exact].equals(inline.iterations[exact])
+    columns = ["iteration", "module", "weight_bytes", "weight_grad_bytes", "feature_map_bytes", "saved_bytes",
+               "output_bytes", "forward_overhead_bytes", "backward_overhead_bytes"]
+    assert bg.layers[columns].equals(inline.layers[columns])
+    columns = ["iteration", "seq", "phase", "module", "event", "allocated_bytes", "peak_bytes", *CATEGORIES]
+    assert bg.events[columns].equals(inline.events[columns])
+
+
+def test_a_killed_worker_is_taken_over_without_losing_an_iteration(tmp_path):
+    model, optimizer = _model()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        profiler = MemoryProfiler(model, optimizer, out_dir=tmp_path, print_period=0)
+        _train(profiler, model, optimizer, 3)
+        os.kill(profiler._sink.pid, signal.SIGKILL)
+        _train(profiler, model, optimizer, 4)
+        profiler.close()
+    reported = _memprof_warnings(caught)
+    assert len(reported) == 1 and "background worker" in reported[0] and str(profiler.run_dir) in reported[0]
+    trace = load_trace(profiler.run_dir)
+    assert trace.meta["processing"] == "inline" and trace.meta["status"] == "closed"
+    _check(trace, 7)
+
+
+def test_a_run_killed_with_its_worker_is_finished_by_the_reader(tmp_path):
+    model, optimizer = _model()
+    profiler = MemoryProfiler(model, optimizer, out_dir=tmp_path, print_period=0)
+    try:
+        _train(profiler, model, optimizer, 5)
+        os.kill(profiler._sink.pid, signal.SIGKILL)  # before it wrote its first batch (16, or 0.5 s idle)
+        assert (profiler.run_dir / JOURNAL_DIR).is_dir()
+        written = len(table_parts(profiler.run_dir, "iterations"))
+        trace = load_trace(profiler.run_dir)
+        assert trace.meta["status"] == "running"
+        _check(trace, 5)  # the reader analysed the journaled iterations the worker never wrote
+        assert len(table_parts(profiler.run_dir, "iterations")) == written  # and wrote nothing itself
+        # a damaged journal: a warning, and the written tables stay readable
+        (profiler.run_dir / JOURNAL_DIR / STATE_FILE).write_bytes(b"not a state")
+        with pytest.warns(RuntimeWarning, match="could not finish the journal"):
+            damaged = load_trace(profiler.run_dir)
+        assert len(damaged.iterations) <= 5
+    finally:
+        (profiler.run_dir / JOURNAL_DIR / STATE_FILE).unlink(missing_ok=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            profiler.close()
+
+
+def test_reports_reach_the_stream_by_close(tmp_path, capsys):
+    model, optimizer = _model()
+    with MemoryProfiler(model, optimizer, out_dir=tmp_path, print_period=1) as profiler:
+        _train(profiler, model, optimizer, 4)
+    out = capsys.readouterr().out
+    assert [line.split()[3] for line in out.splitlines() if line.startswith("memprof | iteration")] == \
+        ["0", "1", "2", "3"]
+
+
+def test_a_worker_that_cannot_write_is_reported_once_and_training_goes_on(tmp_path):
+    model, optimizer = _model()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        profiler = MemoryProfiler(model, optimizer, out_dir=tmp_path, print_period=0)
+        (profiler.run_dir / "layers.parquet").write_bytes(b"")  # a file where the worker needs a folder
+        _train(profiler, model, optimizer, 3)
+        time.sleep(1.0)  # the worker writes its batch when training pauses
+        _train(profiler, model, optimizer, 3)
+        profiler.close()
+    reported = _memprof_warnings(caught)
+    assert len(reported) == 1 and "could not write the trace" in reported[0], reported
+    assert profiler.iteration == 6 and read_meta(profiler.run_dir)["status"] == "closed"
