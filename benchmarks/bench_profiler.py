@@ -9,6 +9,8 @@ PyTorch's one profiler session and cannot be on at the same time. Warm-up steps 
 not counted. A step's time is the wall clock of ``train_step`` plus the tool's per-iteration call
 (``record_stats()`` for memprof, ``prof.step()`` for ``torch.profiler``); starting and stopping the
 tool (for ``torch.profiler``, stopping plus processing its events) are reported apart, as one-off costs.
+The warm-up (10 steps by default) also covers the start of memprof's background worker (about 0.4 s
+of CPU, once per run); that start is still counted in the child-CPU column, spread over the block.
 """
 
 from __future__ import annotations
@@ -406,7 +408,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5, help="rounds (default 5)")
     parser.add_argument("--steps", type=int, default=10, help="timed steps per configuration per round")
-    parser.add_argument("--warmup", type=int, default=2, help="uncounted steps after each start")
+    parser.add_argument("--warmup", type=int, default=10,
+                        help="uncounted steps after each start (default 10: past memprof's worker start-up)")
     parser.add_argument("--models", default=",".join(m.name for m in MODELS),
                         help="comma-separated subset of: " + ", ".join(m.name for m in MODELS))
     parser.add_argument("--threads", type=int, default=1,

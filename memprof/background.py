@@ -141,10 +141,7 @@ class BackgroundSink:
             try:
                 self._proc = self._start()
             except OSError as exc:
-                self._inline = InlineSink(IterationProcessor(self._spec, read_state(self.journal_dir)),
-                                          TraceWriter(self.run_dir))
-                self.stopped = f"it could not be started: {exc}"
-                return self._inline.submit(record)
+                return self._take_over(f"it could not be started: {exc}", record)
         outcomes = self._read(block=False)
         try:
             self._journal.append(record)
@@ -173,6 +170,9 @@ class BackgroundSink:
                 pass
             while self._inline is None and not self._eof:
                 outcomes += self._read(block=True)
+            if self._inline is None and (self._proc.wait() != 0 or self._error):
+                # it answered everything but failed before its last batch was written: redo that inline
+                outcomes += self._take_over(self._why_stopped())
             self._reap()
         self._journal.close()
         shutil.rmtree(self.journal_dir, ignore_errors=True)
@@ -210,7 +210,7 @@ class BackgroundSink:
         return outcomes
 
     def _reap(self) -> None:
-        if self._proc is not None:
+        if self._proc is not None and not self._proc.stdout.closed:
             self._proc.wait()
             self._proc.stdout.close()
 

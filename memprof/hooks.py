@@ -59,8 +59,19 @@ def _tensors(obj: Any, depth: int = 0) -> Iterable[torch.Tensor]:
             yield from _tensors(item, depth + 1)
 
 
-def _grad_tensors(obj: Any) -> Iterable[torch.Tensor]:
-    return (t for t in _tensors(obj) if t.requires_grad)
+def _grad_tensors(obj: Any) -> list[torch.Tensor]:
+    # Most modules take one tensor and return one: answer those without the generic walk (hot path).
+    if type(obj) is tuple and len(obj) == 1:
+        obj = obj[0]
+    if type(obj) is torch.Tensor:
+        return [obj] if obj.requires_grad else []
+    return [t for t in _tensors(obj) if t.requires_grad]
+
+
+# Enum members looked up once: attribute access on an Enum class costs more than a global (hot paths).
+_FWD_ENTER, _FWD_EXIT, _BWD_ENTER, _BWD_EXIT = Mark.FWD_ENTER, Mark.FWD_EXIT, Mark.BWD_ENTER, Mark.BWD_EXIT
+_INPUTS, _FEATURE_MAPS, _GRADS = CAT[Category.INPUTS], CAT[Category.FEATURE_MAPS], CAT[Category.GRADS]
+_WEIGHT_GRADS = CAT[Category.WEIGHT_GRADS]
 
 
 class HookRecorder:
@@ -152,12 +163,11 @@ class HookRecorder:
             return
         now = time_ns()
         found = storages(args)
-        self.marks.append((now, Mark.FWD_ENTER, index, found))
+        self.marks.append((now, _FWD_ENTER, index, found))
         if self.guard is not None:
-            self.guard(index, Mark.FWD_ENTER)
+            self.guard(index, _FWD_ENTER)
         if index == 0:
-            code = CAT[Category.INPUTS]
-            self.observations.extend((now, ptr, code, nbytes) for ptr, nbytes in found)
+            self.observations.extend((now, ptr, _INPUTS, nbytes) for ptr, nbytes in found)
             if self.watch_inputs:
                 for tensor in _tensors(args):
                     self.watch_free(tensor)
@@ -171,11 +181,10 @@ class HookRecorder:
             return
         now = time_ns()
         found = storages(output)
-        self.marks.append((now, Mark.FWD_EXIT, index, found))
+        self.marks.append((now, _FWD_EXIT, index, found))
         if self.guard is not None:
-            self.guard(index, Mark.FWD_EXIT)
-        code = CAT[Category.FEATURE_MAPS]
-        self.observations.extend((now, ptr, code, 0) for ptr, _ in found)
+            self.guard(index, _FWD_EXIT)
+        self.observations.extend((now, ptr, _FEATURE_MAPS, 0) for ptr, _ in found)
         if torch.is_grad_enabled():
             token = [False]
             for tensor in _grad_tensors(output):
@@ -189,8 +198,7 @@ class HookRecorder:
         now = time_ns()
         found = storages(grad) if grad is not None else []
         self.marks.append((now, kind, index, found))
-        code = CAT[Category.GRADS]
-        self.observations.extend((now, ptr, code, 0) for ptr, _ in found)
+        self.observations.extend((now, ptr, _GRADS, 0) for ptr, _ in found)
         if not self._backward_active:
             self._backward_active = True
             torch.autograd.Variable._execution_engine.queue_callback(self._backward_done)
@@ -198,10 +206,10 @@ class HookRecorder:
             self.guard(index, kind)
 
     def _backward_enter(self, index: int, token: list[bool], grad: torch.Tensor) -> None:
-        self._backward_mark(Mark.BWD_ENTER, index, token, grad)
+        self._backward_mark(_BWD_ENTER, index, token, grad)
 
     def _backward_exit(self, index: int, token: list[bool], grad: torch.Tensor) -> None:
-        self._backward_mark(Mark.BWD_EXIT, index, token, grad)
+        self._backward_mark(_BWD_EXIT, index, token, grad)
 
     def _backward_done(self) -> None:
         self._backward_active = False
@@ -216,9 +224,9 @@ class HookRecorder:
         found = storages(param.grad)
         if found:
             self.param_grads[index] = found[0]
-            self.observations.append((time_ns(), found[0][0], CAT[Category.WEIGHT_GRADS], 0))
+            self.observations.append((time_ns(), found[0][0], _WEIGHT_GRADS, 0))
         if self.guard is not None:
-            self.guard(self._owner.get(index, -1), Mark.BWD_EXIT)
+            self.guard(self._owner.get(index, -1), _BWD_EXIT)
 
     # ----------------------------------------------------------------- optimizer
     def _optimizer_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:

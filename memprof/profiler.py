@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as _dt
+import os
 import sys
 import uuid
 import warnings
@@ -136,7 +137,6 @@ class MemoryProfiler:
         self._names, self._modules = module_tree(model)
         self._params = list(dict.fromkeys(p for m in self._modules for p in m.parameters(recurse=False)))
         self._infos = describe_modules(self._names, self._modules, self._params)
-        self._parents = [info.parent for info in self._infos]
         weight_bytes = subtree_bytes(self._infos, {i: s[0] for i, p in enumerate(self._params) if (s := storages(p))})
         self.iteration, self.epoch = 0, 0
         self._closed = False
@@ -168,7 +168,7 @@ class MemoryProfiler:
         return run_id
 
     def _open_sink(self, spec: RunSpec, state: CarriedState, background: bool) -> InlineSink | BackgroundSink:
-        if background and sys.executable:
+        if background and sys.executable and os.name == "posix":  # the worker's pipes need POSIX select
             try:
                 return BackgroundSink(self.run_dir, spec, state)
             except OSError as exc:
@@ -339,6 +339,7 @@ class MemoryProfiler:
         elif mark not in (Mark.FWD_ENTER, Mark.FWD_EXIT) and not self._stream.polls_in_backward:
             return  # restarting torch.profiler inside autograd's backward would leak its callbacks
         else:
+            # a guarded run is always inline (see __init__), so the carried state is here to read
             allocated = self._sink.allocated_bytes() + self._stream.net_bytes()
         if allocated > (self.budget_bytes or 0):
             module_name = self._names[module] if module >= 0 else ""  # -1: at the end of backward

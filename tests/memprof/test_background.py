@@ -123,3 +123,18 @@ def test_a_worker_that_cannot_write_is_reported_once_and_training_goes_on(tmp_pa
     reported = _memprof_warnings(caught)
     assert len(reported) == 1 and "could not write the trace" in reported[0], reported
     assert profiler.iteration == 6 and read_meta(profiler.run_dir)["status"] == "closed"
+
+
+def test_a_worker_that_fails_is_replaced_by_inline_processing(tmp_path):
+    model, optimizer = _model()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        profiler = MemoryProfiler(model, optimizer, out_dir=tmp_path, print_period=0)
+        (profiler.run_dir / JOURNAL_DIR / "spec.json").write_text("{}")  # the worker cannot start on this
+        _train(profiler, model, optimizer, 4)
+        profiler.close()
+    reported = _memprof_warnings(caught)
+    assert len(reported) == 1 and "stopped (it failed: CorruptTraceError" in reported[0], reported
+    trace = load_trace(profiler.run_dir)
+    assert trace.meta["processing"] == "inline"
+    _check(trace, 4)
