@@ -66,7 +66,8 @@ def _chain(spec: Spec, out: Path, steps: int) -> tuple[Chain, str]:
     torch.manual_seed(0)
     model, make_batch = spec.build()
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-    with MemoryProfiler(model, optimizer, out_dir=out, print_period=0) as prof:
+    # inline: a short run whose layer times feed the planner (see planner.measure.measure_schedule)
+    with MemoryProfiler(model, optimizer, out_dir=out, print_period=0, background=False) as prof:
         for _ in range(steps):
             zoo.train_step(model, optimizer, make_batch(spec.batch_size))
             prof.record_stats()

@@ -70,7 +70,9 @@ def profile_model(spec: DemoModel, out_dir: Path, tag: str, iterations: int) -> 
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     batches = [make_batch(spec.batch_size) for _ in range(iterations)]
     progress = Progress(f"profiling {spec.name}", iterations)
-    with MemoryProfiler(model, optimizer, out_dir=out_dir, run_id=f"{spec.name}-{tag}", print_period=0) as prof:
+    # inline: a few steps whose layer times feed the planner; a worker starting beside them would slow them
+    with MemoryProfiler(model, optimizer, out_dir=out_dir, run_id=f"{spec.name}-{tag}", print_period=0,
+                        background=False) as prof:
         for batch in batches:
             zoo.train_step(model, optimizer, batch)
             prof.record_stats()

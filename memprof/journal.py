@@ -35,7 +35,7 @@ _HEAD = struct.Struct("<8sQ")
 _SEGMENT_SUFFIX = ".log"
 #: Records per segment file; the worker deletes a segment once all its iterations are in the tables.
 SEGMENT_RECORDS = 64
-_FRAME = struct.Struct("<4sIQ")  # magic, crc32 of the payload, payload length
+_FRAME = struct.Struct("<4sIQ")  # magic, Adler-32 of the payload, payload length
 _FRAME_MAGIC = b"MPRF"
 
 
@@ -56,13 +56,22 @@ def segment_starts(journal_dir: Path) -> list[int]:
 
 
 # ---------------------------------------------------------------------------------------------- container
-def pack(header: dict[str, Any], arrays: dict[str, np.ndarray]) -> bytes:
-    """Serialises a JSON header and named 1-D or 2-D int64 arrays into one byte string."""
+def pack_parts(header: dict[str, Any], arrays: dict[str, np.ndarray]) -> list[bytes | memoryview]:
+    """Serialises a JSON header and named 1-D or 2-D int64 arrays, as buffers to write one after another."""
     shapes = {name: list(np.shape(a)) for name, a in arrays.items()}
     text = json.dumps({**header, "arrays": shapes}, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)  # keeps the arrays 8-byte aligned
-    body = b"".join(np.ascontiguousarray(a, dtype="<i8").tobytes() for a in arrays.values())
-    return _HEAD.pack(_MAGIC, len(text)) + text + body
+    parts: list[bytes | memoryview] = [_HEAD.pack(_MAGIC, len(text)) + text]
+    for array in arrays.values():
+        flat = np.ascontiguousarray(array, dtype="<i8").reshape(-1)
+        if flat.size:  # (a memoryview of an empty array cannot be cast to bytes)
+            parts.append(memoryview(flat).cast("B"))
+    return parts
+
+
+def pack(header: dict[str, Any], arrays: dict[str, np.ndarray]) -> bytes:
+    """:func:`pack_parts` as one byte string."""
+    return b"".join(pack_parts(header, arrays))
 
 
 def unpack(data: bytes, what: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
@@ -101,6 +110,11 @@ def _storage_rows(storages: dict[int, tuple[int, int]]) -> np.ndarray:
 # ---------------------------------------------------------------------------------------------- records
 def encode_record(record: IterationRecord) -> bytes:
     """Serialises one iteration's record (see :func:`decode_record`)."""
+    return b"".join(encode_record_parts(record))
+
+
+def encode_record_parts(record: IterationRecord) -> list[bytes | memoryview]:
+    """:func:`encode_record` as buffers to write one after another (no joined copy)."""
     marks = record.marks
     if marks:
         times, kinds, modules, payloads = zip(*marks)
@@ -112,7 +126,7 @@ def encode_record(record: IterationRecord) -> bytes:
     header = {"kind": "record", "iteration": record.iteration, "epoch": record.epoch, "start_ns": record.start_ns,
               "end_ns": record.end_ns, "reserved_bytes": record.reserved_bytes,
               "peak_reserved_bytes": record.peak_reserved_bytes, "failed": record.failed}
-    return pack(header, {
+    return pack_parts(header, {
         "events": np.stack([ev.time_ns, ev.ptr, ev.size_bytes, ev.total_allocated_bytes, ev.total_reserved_bytes]),
         "marks": head, "mark_storages": storage,
         "observations": _flat(record.observations, 4), "frees": _flat(record.frees, 2),
@@ -154,12 +168,12 @@ def frames(data: bytes, offset: int = 0) -> Iterator[tuple[int, memoryview]]:
     """
     view = memoryview(data)
     while offset + _FRAME.size <= len(data):
-        magic, crc, length = _FRAME.unpack_from(data, offset)
+        magic, checksum, length = _FRAME.unpack_from(data, offset)
         end = offset + _FRAME.size + length
         if magic != _FRAME_MAGIC or end > len(data):
             return
         payload = view[offset + _FRAME.size:end]
-        if zlib.crc32(payload) != crc:
+        if zlib.adler32(payload) != checksum:
             return
         offset = end
         yield offset, payload
@@ -188,10 +202,17 @@ class JournalWriter:
             self.close()
             self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
             self._path = path
-        payload = encode_record(record)
-        data = memoryview(_FRAME.pack(_FRAME_MAGIC, zlib.crc32(payload), len(payload)) + payload)
-        while data:
-            data = data[os.write(self._fd, data):]
+        parts = encode_record_parts(record)
+        checksum = 1  # Adler-32's start value
+        for part in parts:
+            checksum = zlib.adler32(part, checksum)
+        parts.insert(0, _FRAME.pack(_FRAME_MAGIC, checksum, sum(len(p) for p in parts)))
+        written = os.writev(self._fd, parts)
+        total = sum(len(p) for p in parts)
+        if written < total:  # a short write (rare on regular files): write the rest in one piece
+            rest = memoryview(b"".join(parts))[written:]
+            while rest:
+                rest = rest[os.write(self._fd, rest):]
 
     def close(self) -> None:
         """Closes the open segment."""

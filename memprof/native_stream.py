@@ -89,14 +89,19 @@ class NativeAllocationStream:
                           "ends", RuntimeWarning, stacklevel=4)
 
     def _select(self, rows: np.ndarray) -> AllocationEvents:
+        # Runs in record_stats() on the training thread: the common cases (CPU events only, already in
+        # time order) skip the masking and the sort, and the columns stay views of ``rows``.
         is_cuda = rows[:, 5] == _CUDA_TYPE
-        own_index = np.maximum(rows[:, 6], 0) == (self.device.index or 0)  # -1 is "the current device"
-        rows = rows[is_cuda & own_index] if self._cuda else rows[~is_cuda]
-        if len(rows) > 1:
-            rows = rows[np.argsort(rows[:, 0], kind="stable")]  # threads may append a little out of order
+        if self._cuda:
+            own_index = np.maximum(rows[:, 6], 0) == (self.device.index or 0)  # -1 is "the current device"
+            rows = rows[is_cuda & own_index]
+        elif is_cuda.any():
+            rows = rows[~is_cuda]
+        times = rows[:, 0]
+        if len(rows) > 1 and not (times[1:] >= times[:-1]).all():
+            rows = rows[np.argsort(times, kind="stable")]  # threads may append a little out of order
         reserved = rows[:, 4] if self._cuda else np.zeros(len(rows), dtype=np.int64)
-        return AllocationEvents(*(np.ascontiguousarray(c) for c in (rows[:, 0], rows[:, 1], rows[:, 2], rows[:, 3],
-                                                                      reserved)))
+        return AllocationEvents(rows[:, 0], rows[:, 1], rows[:, 2], rows[:, 3], reserved)
 
     def __del__(self) -> None:
         lib, handle = getattr(self, "_lib", None), getattr(self, "_handle", None)

@@ -81,7 +81,10 @@ def measure_schedule(model: nn.Module, make_batch: Callable[[int], Batch], sched
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     batches = [make_batch(batch_size) for _ in range(steps)]
     meta = {"schedule": schedule.to_dict(), "source_run": source_run, "container": container}
-    with MemoryProfiler(model, optimizer, out_dir=out_dir, run_id=run_id, print_period=0, extra_meta=meta) as prof:
+    # Inline processing: in a run of a few timed steps the background worker's start-up (about 0.4 s of
+    # CPU) would run beside them and, on a machine without an idle core, slow exactly what is measured.
+    with MemoryProfiler(model, optimizer, out_dir=out_dir, run_id=run_id, print_period=0, extra_meta=meta,
+                        background=False) as prof:
         for batch in batches:
             train_step(model, optimizer, batch)
             prof.record_stats()
