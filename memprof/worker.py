@@ -2,7 +2,7 @@
 
 Started by :class:`memprof.background.BackgroundSink` as ``python -m memprof.worker <run_dir>``. It
 reads one line per new record on stdin (``<iteration>``, or ``end`` when the profiler closes) and
-answers one JSON line per processed iteration on stdout. It imports neither torch nor pandas, runs
+answers one JSON line per processed iteration on stdout. It does not import torch, runs
 at a lower priority than training, ignores Ctrl-C (the training process decides when to stop) and,
 should the training process die, finishes every record already journaled before exiting.
 

@@ -106,3 +106,14 @@ def test_hidden_temporary_files_are_ignored(run_dir, tmp_path):
     copy = _copy(run_dir, tmp_path)
     (copy / "events.parquet" / ".part-000009.parquet.abc.tmp").write_bytes(b"half a file")
     assert len(load_trace(copy).events) == len(load_trace(run_dir).events)
+
+
+def test_an_iteration_written_twice_is_read_from_its_last_part():
+    from memprof.reader import _latest_parts_only
+
+    first = pd.DataFrame({"iteration": [0, 0, 1, 1], "module": ["", "a", "", "a"], "x": [1, 2, 3, 4]})
+    again = pd.DataFrame({"iteration": [1, 1, 2], "module": ["", "a", ""], "x": [30, 40, 50]})
+    kept = pd.concat(_latest_parts_only([first, again]), ignore_index=True)
+    assert kept.x.tolist() == [1, 2, 30, 40, 50]  # iteration 1 once, from the later part
+    untouched = _latest_parts_only([first, again.assign(iteration=[2, 2, 3])])
+    assert [len(f) for f in untouched] == [4, 3]  # no repeats: nothing dropped
