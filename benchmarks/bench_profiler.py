@@ -83,6 +83,7 @@ class Memprof(Tool):
     """memprof's ``MemoryProfiler``, with ``record_stats()`` after every step."""
 
     name = "memprof"
+    background = True
 
     def __init__(self) -> None:
         self._profiler: MemoryProfiler | None = None
@@ -90,8 +91,9 @@ class Memprof(Tool):
 
     def start(self, model: nn.Module, optimizer: torch.optim.Optimizer, workdir: Path) -> None:
         self._runs += 1
-        self._profiler = MemoryProfiler(model, optimizer, out_dir=workdir, run_id=f"memprof-{self._runs}",
-                                        print_period=0)
+        run_id = f"{'memprof' if self.background else 'inline'}-{self._runs}"
+        self._profiler = MemoryProfiler(model, optimizer, out_dir=workdir, run_id=run_id, print_period=0,
+                                        background=self.background)
 
     def after_step(self) -> None:
         self._profiler.record_stats()
@@ -106,11 +108,7 @@ class MemprofInline(Memprof):
     """memprof with ``background=False``: all analysis and writing inside ``record_stats()``."""
 
     name = "memprof (inline)"
-
-    def start(self, model: nn.Module, optimizer: torch.optim.Optimizer, workdir: Path) -> None:
-        self._runs += 1
-        self._profiler = MemoryProfiler(model, optimizer, out_dir=workdir, run_id=f"inline-{self._runs}",
-                                        print_period=0, background=False)
+    background = False
 
 
 class MemTrackerTool(Tool):

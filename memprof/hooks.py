@@ -20,19 +20,16 @@ from memprof.records import CAT, Mark, Storage
 
 __all__ = ["CAT", "HookRecorder", "Mark", "Storage", "module_tree", "optimizer_state", "storages"]
 
+
 def storages(obj: Any, out: list[Storage] | None = None, depth: int = 0) -> list[Storage]:
     """Collects (address, bytes) of the storages of every tensor in a nested output structure."""
     if out is None:
         out = []
     cls = type(obj)
-    if cls is torch.Tensor or cls is nn.Parameter:  # the common case, without the checks below (hot path)
-        try:
-            storage = obj.untyped_storage()
-            out.append((storage.data_ptr(), storage.nbytes()))
-        except (RuntimeError, NotImplementedError):  # sparse or nested tensors
-            pass
-    elif isinstance(obj, torch.Tensor):
-        if hasattr(obj, "to_local") and hasattr(obj, "device_mesh"):
+    # Plain tensors and parameters, nearly every call, skip the isinstance and DTensor checks (hot path).
+    plain = cls is torch.Tensor or cls is nn.Parameter
+    if plain or isinstance(obj, torch.Tensor):
+        if not plain and hasattr(obj, "to_local") and hasattr(obj, "device_mesh"):
             obj = obj.to_local()  # a DTensor (FSDP2, tensor parallel): this rank's shard holds the memory
         try:
             storage = obj.untyped_storage()

@@ -22,6 +22,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+
+from memprof.journal import JOURNAL_DIR, JournalReader, read_spec, read_state, write_state
+from memprof.processing import IterationProcessor, ProcessedIteration, write_processed
+from memprof.writer import TraceWriter
+
 #: Iterations written together as one Parquet part per table: parts cost mostly per file, not per row.
 FLUSH_ITERATIONS = 16
 _IDLE_S = 0.5  # with no new record for this long, the worker writes what it has and checks its parent
@@ -34,10 +40,6 @@ def _send(message: dict[str, Any]) -> None:
 
 class _Worker:
     def __init__(self, run_dir: Path) -> None:
-        from memprof.journal import JOURNAL_DIR, JournalReader, read_spec, read_state
-        from memprof.processing import IterationProcessor, ProcessedIteration
-        from memprof.writer import TraceWriter
-
         self.journal_dir = run_dir / JOURNAL_DIR
         state = read_state(self.journal_dir)
         self.processor = IterationProcessor(read_spec(self.journal_dir), state)
@@ -59,9 +61,6 @@ class _Worker:
 
     def flush(self) -> None:
         """Writes the processed iterations as one part per table, then the state that makes them final."""
-        from memprof.journal import write_state
-        from memprof.processing import write_processed
-
         if not self.batch:
             return
         try:
@@ -103,8 +102,6 @@ def main(argv: list[str] | None = None) -> int:
     with contextlib.suppress(OSError):
         os.nice(10)  # training comes first where the cores are busy
     try:
-        import pyarrow as pa
-
         pa.set_cpu_count(1)
         pa.set_io_thread_count(1)
         worker = _Worker(Path(args[0]))
