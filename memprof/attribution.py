@@ -168,6 +168,17 @@ class _Walker:
             self.s.categories[block] = code
 
     def mark(self, time_ns: int, kind: int, module: int, payload: Any) -> None:
+        # The role a mark's storages play is implied by the mark, so the hooks do not record it
+        # a second time as observations (that was most of what they appended on the training thread).
+        role = _MARK_ROLES.get(kind)
+        if role is not None and payload:
+            if role == INPUTS:
+                if module == 0:
+                    for ptr, nbytes in payload:
+                        self.observe(ptr, INPUTS, nbytes)
+            else:
+                for ptr, _ in payload:
+                    self.observe(ptr, role, 0)
         handler = _MARK_HANDLERS[kind]
         handler(self, time_ns, module, payload)
         self.s.marks.append((time_ns, kind, module, len(self.s.change_block), self.phase))
@@ -269,6 +280,11 @@ _MARK_HANDLERS = {
     Mark.OPT_ENTER: _Walker._opt_enter,
     Mark.OPT_EXIT: _Walker._opt_exit,
 }
+
+
+#: The category a mark's storages are observed in: a model's inputs (the root's forward enter), the
+#: feature maps modules return, and the gradients that flow through backward.
+_MARK_ROLES = {Mark.FWD_ENTER: INPUTS, Mark.FWD_EXIT: FEATURE, Mark.BWD_ENTER: GRADS, Mark.BWD_EXIT: GRADS}
 
 
 def sweep(events: AllocationEvents, marks: list, observations: list, baseline_frees: list,

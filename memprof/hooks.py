@@ -67,7 +67,6 @@ def _grad_tensors(obj: Any) -> list[torch.Tensor]:
 
 # Enum members looked up once: attribute access on an Enum class costs more than a global (hot paths).
 _FWD_ENTER, _FWD_EXIT, _BWD_ENTER, _BWD_EXIT = Mark.FWD_ENTER, Mark.FWD_EXIT, Mark.BWD_ENTER, Mark.BWD_EXIT
-_INPUTS, _FEATURE_MAPS, _GRADS = CAT[Category.INPUTS], CAT[Category.FEATURE_MAPS], CAT[Category.GRADS]
 _WEIGHT_GRADS = CAT[Category.WEIGHT_GRADS]
 
 
@@ -76,7 +75,9 @@ class HookRecorder:
 
     Attributes:
         marks: ``(time_ns, Mark, module_index, storages)`` in call order.
-        observations: ``(time_ns, data_ptr, category_code, nbytes)``: a storage seen in a role.
+        observations: ``(time_ns, data_ptr, category_code, nbytes)``: a storage seen in a role that
+            no mark implies (weight gradients, optimizer state); the storages in marks are observed
+            from the marks themselves (:mod:`memprof.attribution`).
         param_grads: parameter index -> (data_ptr, nbytes) of its gradient seen this iteration.
     """
 
@@ -95,6 +96,8 @@ class HookRecorder:
         self._handles: list[Any] = []
         self._finalizers: list[weakref.finalize] = []
         self._backward_active = False
+        # Names this recorder's entry in autograd nodes' metadata, apart from any other recorder's.
+        self._node_key = f"memprof-{id(self)}"
         # Module owning each parameter: the guard names it when a weight gradient crosses the budget.
         position = {id(p): i for i, p in enumerate(params)}
         self._owner = {}
@@ -163,15 +166,11 @@ class HookRecorder:
         self.marks.append((now, _FWD_ENTER, index, found))
         if self.guard is not None:
             self.guard(index, _FWD_ENTER)
-        if index == 0:
-            self.observations.extend((now, ptr, _INPUTS, nbytes) for ptr, nbytes in found)
-            if self.watch_inputs:
-                for tensor in _tensors(args):
-                    self.watch_free(tensor)
+        if index == 0 and self.watch_inputs:
+            for tensor in _tensors(args):
+                self.watch_free(tensor)
         if torch.is_grad_enabled():
-            token = [False]
-            for tensor in _grad_tensors(args):
-                tensor.register_hook(partial(self._backward_exit, index, token))
+            self._watch_backward(_grad_tensors(args), _BWD_EXIT, index)
 
     def _forward_post(self, index: int, module: nn.Module, args: Any, output: Any) -> None:
         if not self.enabled or _compiling():
@@ -181,32 +180,55 @@ class HookRecorder:
         self.marks.append((now, _FWD_EXIT, index, found))
         if self.guard is not None:
             self.guard(index, _FWD_EXIT)
-        self.observations.extend((now, ptr, _FEATURE_MAPS, 0) for ptr, _ in found)
         if torch.is_grad_enabled():
-            token = [False]
-            for tensor in _grad_tensors(output):
-                tensor.register_hook(partial(self._backward_enter, index, token))
+            self._watch_backward(_grad_tensors(output), _BWD_ENTER, index)
 
     # ----------------------------------------------------------------- backward
-    def _backward_mark(self, kind: Mark, index: int, token: list[bool], grad: torch.Tensor | None) -> None:
-        if token[0] or not self.enabled:
+    def _watch_backward(self, tensors: list[torch.Tensor], kind: Mark, index: int) -> None:
+        """Arranges for ``kind`` to be marked when the gradient of the first of ``tensors`` is ready.
+
+        A gradient is ready just before the autograd node that made the tensor runs, so the mark
+        waits on that node. In a chain one activation is the output of one module and the input of
+        the next, often of their parents too: all those marks share one pre-hook on the node, in
+        the order they were asked for, rather than one Python tensor hook each (the hooks were
+        most of the profiler's cost on the training thread).
+        """
+        token = [False]  # the module call's mark is made once, by whichever tensor is ready first
+        for tensor in tensors:
+            node = tensor.grad_fn
+            if node is None:  # a leaf that requires grad: only a tensor hook sees its gradient
+                tensor.register_hook(partial(self._leaf_ready, kind, index, token))
+                continue
+            metadata = node.metadata
+            pending = metadata.get(self._node_key)
+            if pending is None:
+                pending = metadata[self._node_key] = []
+                node.register_prehook(partial(self._node_ready, pending))
+            pending.append((kind, index, token, tensor.output_nr))
+
+    def _node_ready(self, pending: list[tuple[Mark, int, list[bool], int]], grads: tuple) -> None:
+        if not self.enabled:
             return
-        token[0] = True
         now = time_ns()
+        for kind, index, token, output_nr in pending:
+            if not token[0]:
+                token[0] = True
+                grad = grads[output_nr] if output_nr < len(grads) else None
+                self._backward_mark(now, kind, index, grad)
+
+    def _leaf_ready(self, kind: Mark, index: int, token: list[bool], grad: torch.Tensor | None) -> None:
+        if self.enabled and not token[0]:
+            token[0] = True
+            self._backward_mark(time_ns(), kind, index, grad)
+
+    def _backward_mark(self, now: int, kind: Mark, index: int, grad: torch.Tensor | None) -> None:
         found = storages(grad) if grad is not None else []
         self.marks.append((now, kind, index, found))
-        self.observations.extend((now, ptr, _GRADS, 0) for ptr, _ in found)
         if not self._backward_active:
             self._backward_active = True
             torch.autograd.Variable._execution_engine.queue_callback(self._backward_done)
         if self.guard is not None:
             self.guard(index, kind)
-
-    def _backward_enter(self, index: int, token: list[bool], grad: torch.Tensor) -> None:
-        self._backward_mark(_BWD_ENTER, index, token, grad)
-
-    def _backward_exit(self, index: int, token: list[bool], grad: torch.Tensor) -> None:
-        self._backward_mark(_BWD_EXIT, index, token, grad)
 
     def _backward_done(self) -> None:
         self._backward_active = False

@@ -54,36 +54,97 @@ def describe_modules(names: list[str], modules: list[nn.Module], params: list[nn
     return infos
 
 
-class _Blocks:
-    """Blocks sorted by allocation change, for fast range queries."""
+@dataclass(frozen=True)
+class CallCosts:
+    """Per-call memory figures, one entry per call in the order given.
 
-    def __init__(self, sw: Sweep) -> None:
-        alloc = np.asarray(sw.alloc_change, dtype=np.int64)
-        order = np.argsort(alloc, kind="stable")
-        self.alloc = alloc[order]
-        free = np.asarray(sw.free_change, dtype=np.int64)[order]
-        self.free = np.where(free < 0, np.iinfo(np.int64).max, free)
-        self.size = np.asarray(sw.sizes, dtype=np.int64)[order]
-        cats = np.asarray(sw.categories, dtype=np.int64)[order]
-        self.activation = ~np.isin(cats, MODEL_STATE_CODES)
-        self.feature = cats == FEATURE
+    Attributes:
+        kept: activation bytes allocated during the call and still alive at its end.
+        features: feature-map bytes allocated during the call.
+        overhead: the call's transient peak of activations above its start and what it kept.
+    """
 
-    def kept(self, call: Call) -> tuple[int, int]:
-        """(activation bytes allocated in the call and alive at its end, feature-map bytes allocated in it)."""
-        lo, hi = np.searchsorted(self.alloc, [call.start_change, call.end_change])
-        alive = (self.free[lo:hi] >= call.end_change) & self.activation[lo:hi]
-        return int(self.size[lo:hi][alive].sum()), int(self.size[lo:hi][self.feature[lo:hi]].sum())
+    kept: list[int]
+    features: list[int]
+    overhead: list[int]
 
 
-def _overhead(act: np.ndarray, call: Call, kept: int) -> int:
-    window = act[call.start_change: call.end_change + 1]
-    return max(0, int(window.max() - act[call.start_change] - kept))
+def _block_arrays(sw: Sweep) -> tuple[np.ndarray, ...]:
+    """Blocks sorted by allocation change: (alloc, free, size, activation, feature)."""
+    alloc = np.asarray(sw.alloc_change, dtype=np.int64)
+    order = np.argsort(alloc, kind="stable")
+    free = np.asarray(sw.free_change, dtype=np.int64)[order]
+    cats = np.asarray(sw.categories, dtype=np.int64)[order]
+    return (alloc[order], np.where(free < 0, np.iinfo(np.int64).max, free),
+            np.asarray(sw.sizes, dtype=np.int64)[order], ~np.isin(cats, MODEL_STATE_CODES), cats == FEATURE)
+
+
+def call_costs(sw: Sweep, activations: np.ndarray, calls: list[Call]) -> CallCosts:
+    """:class:`CallCosts` of ``calls``, all at once.
+
+    A few array operations over every (call, block allocated in it) pair and a range-maximum table
+    over the activations replace a dozen small ones per call (:func:`call_costs_reference`), which
+    were most of the background worker's time in :func:`layer_rows`.
+    """
+    if not calls:
+        return CallCosts([], [], [])
+    alloc, free, size, activation, feature = _block_arrays(sw)
+    starts = np.fromiter((c.start_change for c in calls), dtype=np.int64, count=len(calls))
+    ends = np.maximum(np.fromiter((c.end_change for c in calls), dtype=np.int64, count=len(calls)), starts)
+    lo, hi = np.searchsorted(alloc, starts), np.searchsorted(alloc, ends)
+    counts = hi - lo  # ends >= starts, so never negative
+    feature_prefix = np.concatenate(([0], np.cumsum(np.where(feature, size, 0))))
+    features = feature_prefix[hi] - feature_prefix[lo]
+    # every (call, block) pair: the block is kept if it is an activation still alive at the call's end
+    call_of_pair = np.repeat(np.arange(len(calls)), counts)
+    first_pair = np.concatenate(([0], np.cumsum(counts)))
+    block_of_pair = np.arange(first_pair[-1]) - np.repeat(first_pair[:-1] - lo, counts)
+    kept_bytes = np.where(activation[block_of_pair] & (free[block_of_pair] >= ends[call_of_pair]),
+                          size[block_of_pair], 0)
+    kept_prefix = np.concatenate(([0], np.cumsum(kept_bytes)))
+    kept = kept_prefix[first_pair[1:]] - kept_prefix[first_pair[:-1]]
+    highest = _range_max(activations, starts, ends)
+    overhead = np.maximum(0, highest - activations[starts] - kept)
+    return CallCosts(kept.tolist(), features.tolist(), overhead.tolist())
+
+
+def _range_max(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """max(values[lo[i]:hi[i] + 1]) for every i, from a sparse table (log n levels of pairwise maxima)."""
+    levels = [values]
+    width = 1
+    while 2 * width <= len(values):
+        previous = levels[-1]
+        levels.append(np.maximum(previous[:-width], previous[width:]))
+        width *= 2
+    length = hi - lo + 1
+    level = np.frexp(length)[1].astype(np.int64) - 1  # floor(log2(length)), exact for integers
+    out = np.empty(len(lo), dtype=values.dtype)
+    for k in np.unique(level).tolist():  # one gather per level in use, not per call
+        chosen = level == k
+        table = levels[k]
+        out[chosen] = np.maximum(table[lo[chosen]], table[hi[chosen] - (1 << k) + 1])
+    return out
+
+
+def call_costs_reference(sw: Sweep, activations: np.ndarray, calls: list[Call]) -> CallCosts:
+    """The slow, obvious :func:`call_costs`: slices per call."""
+    alloc, free, size, activation, feature = _block_arrays(sw)
+    kept_all, features_all, overhead_all = [], [], []
+    for call in calls:
+        end = max(call.end_change, call.start_change)
+        lo, hi = np.searchsorted(alloc, [call.start_change, end])
+        alive = (free[lo:hi] >= end) & activation[lo:hi]
+        kept = int(size[lo:hi][alive].sum())
+        window = activations[call.start_change: end + 1]
+        kept_all.append(kept)
+        features_all.append(int(size[lo:hi][feature[lo:hi]].sum()))
+        overhead_all.append(max(0, int(window.max() - activations[call.start_change] - kept)))
+    return CallCosts(kept_all, features_all, overhead_all)
 
 
 def layer_rows(sw: Sweep, s: Series, infos: list[ModuleInfo], iteration: int, order: dict[int, int],
                weight_bytes: list[int], weight_grad_bytes: list[int]) -> list[dict]:
     """One row per module that ran (or holds weights) in this iteration, as the layers table wants."""
-    blocks = _Blocks(sw)
     stats: dict[int, dict] = {}
 
     def row(module: int) -> dict:
@@ -94,9 +155,9 @@ def layer_rows(sw: Sweep, s: Series, infos: list[ModuleInfo], iteration: int, or
                              "input_ids": [], "output_ids": []}
         return stats[module]
 
-    for call in sw.forward_calls:
+    forward = call_costs(sw, s.activations, sw.forward_calls)
+    for call, kept, features, overhead in zip(sw.forward_calls, forward.kept, forward.features, forward.overhead):
         r = row(call.module)
-        kept, features = blocks.kept(call)
         if r["calls"] == 0:
             r["input_ids"], r["output_ids"] = list(call.inputs), list(call.outputs)
             r["input_bytes"] = call.input_bytes
@@ -105,13 +166,13 @@ def layer_rows(sw: Sweep, s: Series, infos: list[ModuleInfo], iteration: int, or
         r["saved_bytes"] += kept
         r["feature_map_bytes"] += features
         r["output_bytes"] += call.output_bytes
-        r["forward_overhead_bytes"] = max(r["forward_overhead_bytes"], _overhead(s.activations, call, kept))
-    for call in sw.backward_calls:
+        r["forward_overhead_bytes"] = max(r["forward_overhead_bytes"], overhead)
+    backward = call_costs(sw, s.activations, sw.backward_calls)
+    for call, kept, overhead in zip(sw.backward_calls, backward.kept, backward.overhead):
         r = row(call.module)
-        kept, _ = blocks.kept(call)
         r["backward_ms"] += (call.end_ns - call.start_ns) / 1e6
         r["grad_input_bytes"] += kept
-        r["backward_overhead_bytes"] = max(r["backward_overhead_bytes"], _overhead(s.activations, call, kept))
+        r["backward_overhead_bytes"] = max(r["backward_overhead_bytes"], overhead)
     rows = []
     for module, info in enumerate(infos):
         if module not in stats and not info.param_indices:

@@ -73,7 +73,8 @@ class IterationRecord:
         failed: the iteration was cut short by an out-of-memory error or the budget guard.
         events: the allocator's events.
         marks: ``(time_ns, Mark, module index, storages)`` from the hooks, in call order.
-        observations: ``(time_ns, data_ptr, category code, nbytes)``: a storage seen in a role.
+        observations: ``(time_ns, data_ptr, category code, nbytes)``: a storage seen in a role no mark
+            implies (a mark's own storages are observed from the mark when it is analysed).
         frees: ``(time_ns, data_ptr)`` of watched pre-existing storages that died (CPU).
         param_grads: parameter index -> storage of its gradient, seen when it was accumulated.
         grads: parameter index -> storage of its ``.grad`` at the iteration's end.

@@ -71,13 +71,20 @@ FORK_SERVER = textwrap.dedent(
     os.write(1, b"ready\\n")
     for line in sys.stdin:
         out_dir, seed = line.split()
+        # The child waits until its pid is announced, so no "done" line can come before it.
+        go_read, go_write = os.pipe()
         pid = os.fork()
         if pid == 0:
             try:
+                os.close(go_write)
+                os.read(go_read, 1)
                 train(out_dir, int(seed))
             finally:
                 os._exit(3)
+        os.close(go_read)
         os.write(1, f"pid {pid}\\n".encode())
+        os.write(go_write, b"g")
+        os.close(go_write)
         os.waitpid(pid, 0)
         os.write(1, b"reaped\\n")
     """
