@@ -266,9 +266,13 @@ class _Walker:
 
     def _ids(self, payload: Any) -> tuple[tuple[int, ...], int]:
         # Block ids identify a storage generation; storages allocated before profiling get -ptr.
-        live, ids = self.s.live, self.s.block_ids
+        # A live block's size is the allocator's; the hooks' own size (a tensor's bytes, not its
+        # storage's) only counts for storages made before profiling.
+        live, ids, sizes = self.s.live, self.s.block_ids, self.s.sizes
         unique = dict(payload)  # one storage may back several outputs (views, tuples)
-        return tuple(ids[live[p]] if p in live else -p for p in unique), sum(unique.values())
+        blocks = [live.get(p) for p in unique]
+        return (tuple(ids[b] if b is not None else -p for p, b in zip(unique, blocks)),
+                sum(sizes[b] if b is not None else n for b, n in zip(blocks, unique.values())))
 
 
 _MARK_HANDLERS = {

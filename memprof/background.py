@@ -28,6 +28,8 @@ from memprof.writer import TraceWriter
 #: Records the worker may fall behind by before ``record_stats()`` waits for it (bounds disk and close time).
 MAX_PENDING = 16
 _STALL_S = 120.0  # a worker silent this long while owing answers is taken for hung
+# Answers are short lines: a small read size keeps os.read from allocating (and faulting in) 64 KiB each step.
+_READ_BYTES = 4096
 
 
 @dataclass(frozen=True)
@@ -187,7 +189,7 @@ class BackgroundSink:
         outcomes: list[Outcome] = []
         while not self._eof:
             try:
-                chunk = os.read(fd, 1 << 16)
+                chunk = os.read(fd, _READ_BYTES)
             except BlockingIOError:
                 break
             if not chunk:

@@ -21,7 +21,7 @@ from memprof.attribution import CAT, LiveBlock
 from memprof.background import BackgroundSink, InlineSink, Outcome
 from memprof.categories import Category
 from memprof.errors import MemoryBudgetExceeded, ProfilerError
-from memprof.hooks import HookRecorder, Mark, module_tree, optimizer_state, storages
+from memprof.hooks import HookRecorder, Mark, module_tree, optimizer_state, pointers, storages
 from memprof.layers import describe_modules, subtree_bytes
 from memprof.native_stream import open_stream
 from memprof.processing import CarriedState, IterationProcessor, RunSpec, root_forward_ran
@@ -236,7 +236,7 @@ class MemoryProfiler:
         events = self._stream.collect(restart=restart)
         marks, observations, param_grads, frees = self._recorder.drain()
         reserved, peak_reserved = self._reserved(events)
-        grads = {i: found[0] for i, p in enumerate(self._params) if p.grad is not None and (found := storages(p.grad))}
+        grads = {i: found[0] for i, p in enumerate(self._params) if p.grad is not None and (found := pointers(p.grad))}
         record = IterationRecord(self.iteration, self.epoch, self._iteration_start_ns, end_ns, events, marks,
                                  observations, frees, param_grads, grads, reserved, peak_reserved, failed)
         self._handle(self._sink.submit(record))

@@ -1,0 +1,52 @@
+"""The hooks' cheap storage addresses, and one autograd-node pre-hook per activation."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from memprof.hooks import HookRecorder, Mark, module_tree, pointers, storages
+
+
+def test_pointers_give_the_storage_address_of_tensors_and_views() -> None:
+    base = torch.arange(64, dtype=torch.float32).reshape(8, 8)
+    cases = [base, base[2:], base[:, 3], base.t(), base[1:3, 2:5], nn.Parameter(torch.ones(3)),
+             torch.zeros(5, dtype=torch.bfloat16)[1:], torch.empty(0)]
+    for tensor in cases:
+        assert [p for p, _ in pointers(tensor)] == [p for p, _ in storages(tensor)]
+    # a whole tensor's bytes are its storage's
+    assert pointers(base) == storages(base)
+    # nested outputs are walked like storages() does
+    nested = (base, {"a": base[1:], "b": [torch.ones(2)]}, 3, None)
+    assert [p for p, _ in pointers(nested)] == [p for p, _ in storages(nested)]
+
+
+def test_pointers_skip_tensors_without_a_storage() -> None:
+    sparse = torch.eye(3).to_sparse()
+    assert pointers(sparse) == storages(sparse) == []
+
+
+def test_a_chain_shares_one_node_hook_per_activation_and_marks_each_module_once() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    names, modules = module_tree(model)
+    recorder = HookRecorder(modules, list(model.parameters()), None)
+    recorder.attach()
+    try:
+        hidden = model[0](torch.randn(3, 4, requires_grad=False))
+        out = model[2](model[1](hidden))
+        # one hook on the Linear's output node: its own backward enter and the ReLU's backward exit
+        pending = hidden.grad_fn.metadata[recorder._node_key]
+        assert [(kind, index) for kind, index, _, _ in pending] == [(Mark.BWD_ENTER, 1), (Mark.BWD_EXIT, 2)]
+        recorder.drain()
+        model(torch.randn(3, 4)).sum().backward()
+        marks, _, _, _ = recorder.drain()
+    finally:
+        recorder.detach()
+    for kind in (Mark.BWD_ENTER, Mark.BWD_EXIT):
+        indices = sorted(m[2] for m in marks if m[1] == kind)
+        # the root and every child once each; no gradient flows into the input the root and the
+        # first Linear share, so neither has a backward exit
+        expected = [0, 1, 2, 3] if kind == Mark.BWD_ENTER else [2, 3]
+        assert indices == expected, (kind, indices)
+    assert out.shape == (3, 2)
