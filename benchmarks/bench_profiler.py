@@ -11,12 +11,22 @@ not counted. A step's time is the wall clock of ``train_step`` plus the tool's p
 tool (for ``torch.profiler``, stopping plus processing its events) are reported apart, as one-off costs.
 The warm-up (10 steps by default) also covers the start of memprof's background worker (about 0.4 s
 of CPU, once per run); that start is still counted in the child-CPU column, spread over the block.
+
+glibc's malloc hands freed memory back to the kernel and faults it in again on the next step, more or
+less often depending on where its heap happens to end: on this machine the same configuration's step
+time moved by up to 25% from one block to the next (0 to 13,000 page faults per step) while nothing
+else changed, which swamps the few percent being measured. ``--malloc steady`` (the default) pins
+glibc's trim and mmap thresholds with ``mallopt`` at start, the same for every configuration, the
+baseline included; it narrows the round-to-round spread (two back-to-back runs on 2026-11-23 gave
+memprof's per-round ratios 1.03-1.10x with it, 1.04-1.15x without, and pooled ratios within 0.03x of
+each other). ``--malloc default`` measures with glibc's own settings.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import datetime as _dt
 import gc
 import os
@@ -382,6 +392,7 @@ def render(lanes: dict[str, list[Lane]], args: argparse.Namespace, elapsed_s: fl
         "# Profiler overhead on CPU", "",
         f"- Date: {now}", f"- Machine: {machine_line()}", f"- Command: `{command_line()}`",
         f"- Load average (1, 5, 15 min) at the start: {args.load_start}; at the end: {load_average()}",
+        f"- malloc: {args.malloc_line}",
         f"- Rounds: {args.repeats} x {args.steps} timed steps per configuration ({args.warmup} warm-up steps "
         f"after each start not counted); Adam; wall time of the benchmark {elapsed_s:.0f} s", "",
         "Each cell is the median step time with the tool divided by the median without it (pooled over "
@@ -401,6 +412,21 @@ def render(lanes: dict[str, list[Lane]], args: argparse.Namespace, elapsed_s: fl
     return "\n".join(parts)
 
 
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt parameters (malloc.h)
+
+
+def steady_malloc() -> str:
+    """Pins glibc's trim (1 GiB) and mmap (256 MiB) thresholds; says what was done, for the report."""
+    try:
+        libc = ctypes.CDLL(None)
+        ok = libc.mallopt(_M_TRIM_THRESHOLD, 1 << 30) == 1 and libc.mallopt(_M_MMAP_THRESHOLD, 256 << 20) == 1
+    except (OSError, AttributeError):  # not glibc (macOS, musl): nothing to pin
+        ok = False
+    if not ok:
+        return "not pinned (no glibc mallopt here)"
+    return "glibc trim threshold 1 GiB, mmap threshold 256 MiB (`--malloc steady`)"
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Command-line options."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -414,6 +440,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="torch intra-op threads (default 1; 0: torch's own choice). One thread keeps the "
                              "timings stable when other processes share the cores: a 2-thread pool on 2 busy "
                              "cores stalls at its barriers and single steps take 10x longer")
+    parser.add_argument("--malloc", choices=("steady", "default"), default="steady",
+                        help="steady (default): pin glibc's trim and mmap thresholds so page-fault churn does "
+                             "not drown the ratios; default: glibc's own settings")
     parser.add_argument("--out", type=Path, default=RESULTS_PATH, help="where the Markdown report is written")
     parser.add_argument("--no-write", action="store_true", help="print only")
     args = parser.parse_args(argv)
@@ -431,6 +460,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     specs = [m for m in MODELS if m.name in wanted]
     if not specs:
         raise SystemExit(f"no known model in --models {args.models!r}")
+    args.malloc_line = steady_malloc() if args.malloc == "steady" else "glibc's own thresholds"
     args.load_start = load_average()
     start_s = time.perf_counter()
     lanes = run_all(specs, args.repeats, args.warmup, args.steps)
