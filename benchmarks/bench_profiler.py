@@ -13,9 +13,9 @@ The warm-up (10 steps by default) also covers the start of memprof's background 
 of CPU, once per run); that start is still counted in the child-CPU column, spread over the block.
 
 glibc's malloc hands freed memory back to the kernel and faults it in again on the next step, more or
-less often depending on where its heap happens to end: on this machine the same configuration's step
-time moved by up to 25% from one block to the next (0 to 13,000 page faults per step) while nothing
-else changed, which swamps the few percent being measured. ``--malloc steady`` (the default) pins
+less often depending on where its heap happens to end: on this machine the cnn's baseline step took
+31.6 to 38.7 ms from one block to the next (0 to 2,300 page faults per step) while nothing else
+changed, which swamps the few percent being measured. ``--malloc steady`` (the default) pins
 glibc's trim and mmap thresholds with ``mallopt`` at start, the same for every configuration, the
 baseline included; it narrows the round-to-round spread (two back-to-back runs on 2026-11-23 gave
 memprof's per-round ratios 1.03-1.10x with it, 1.04-1.15x without, and pooled ratios within 0.03x of
