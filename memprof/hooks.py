@@ -21,14 +21,24 @@ from memprof.records import CAT, Mark, Storage
 __all__ = ["CAT", "HookRecorder", "Mark", "Storage", "module_tree", "optimizer_state", "pointers", "storages"]
 
 
-def storages(obj: Any, out: list[Storage] | None = None, depth: int = 0) -> list[Storage]:
-    """Collects (address, bytes) of the storages of every tensor in a nested output structure."""
+def storages(obj: Any, out: list[Storage] | None = None, depth: int = 0, exact: bool = True) -> list[Storage]:
+    """Collects (address, bytes) of the storages of every tensor in a nested output structure.
+
+    With ``exact=False`` (:func:`pointers`) plain tensors give the tensor's own bytes, not the
+    storage's, and cost no storage object.
+    """
     if out is None:
         out = []
     cls = type(obj)
     # Plain tensors and parameters, nearly every call, skip the isinstance and DTensor checks (hot path).
     plain = cls is torch.Tensor or cls is nn.Parameter
-    if plain or isinstance(obj, torch.Tensor):
+    if plain and not exact:
+        try:
+            ptr = obj.data_ptr()
+        except (RuntimeError, NotImplementedError):  # sparse or nested tensors have no single storage
+            return out
+        out.append((ptr - obj.storage_offset() * obj.element_size(), obj.nbytes))
+    elif plain or isinstance(obj, torch.Tensor):
         if not plain and hasattr(obj, "to_local") and hasattr(obj, "device_mesh"):
             obj = obj.to_local()  # a DTensor (FSDP2, tensor parallel): this rank's shard holds the memory
         try:
@@ -38,14 +48,14 @@ def storages(obj: Any, out: list[Storage] | None = None, depth: int = 0) -> list
             pass
     elif depth < 4 and (cls is tuple or cls is list or isinstance(obj, (tuple, list))):
         for item in obj:
-            storages(item, out, depth + 1)
+            storages(item, out, depth + 1, exact)
     elif depth < 4 and isinstance(obj, dict):
         for item in obj.values():
-            storages(item, out, depth + 1)
+            storages(item, out, depth + 1, exact)
     return out
 
 
-def pointers(obj: Any, out: list[Storage] | None = None, depth: int = 0) -> list[Storage]:
+def pointers(obj: Any, out: list[Storage] | None = None) -> list[Storage]:
     """:func:`storages` for the hooks' hot paths: (storage address, the tensor's own bytes).
 
     ``Tensor.untyped_storage()`` makes a Python storage object that lives as long as the storage,
@@ -56,24 +66,7 @@ def pointers(obj: Any, out: list[Storage] | None = None, depth: int = 0) -> list
     storage was allocated during profiling (always, but for inputs made before it began). Tensor
     subclasses (DTensor and the like) take the exact path.
     """
-    if out is None:
-        out = []
-    cls = type(obj)
-    if cls is torch.Tensor or cls is nn.Parameter:
-        try:
-            ptr = obj.data_ptr()
-        except (RuntimeError, NotImplementedError):  # sparse or nested tensors have no single storage
-            return out
-        out.append((ptr - obj.storage_offset() * obj.element_size(), obj.nbytes))
-    elif isinstance(obj, torch.Tensor):
-        storages(obj, out)
-    elif depth < 4 and (cls is tuple or cls is list or isinstance(obj, (tuple, list))):
-        for item in obj:
-            pointers(item, out, depth + 1)
-    elif depth < 4 and isinstance(obj, dict):
-        for item in obj.values():
-            pointers(item, out, depth + 1)
-    return out
+    return storages(obj, out, 0, False)
 
 
 def _tensors(obj: Any, depth: int = 0) -> Iterable[torch.Tensor]:
@@ -289,20 +282,18 @@ class HookRecorder:
             return
         now = time_ns()
         code = CAT[Category.OPTIMIZER_STATE]
-        found: list[Storage] = []
-        for state in optimizer.state.values():  # every step: the cheap addresses, sizes are not needed
-            pointers(list(state.values()), found)
-        self.observations.extend((now, ptr, code, 0) for ptr, _ in found)
+        # every step: the cheap addresses, sizes are not needed
+        self.observations.extend((now, ptr, code, 0) for ptr, _ in optimizer_state(optimizer, exact=False))
         self.marks.append((time_ns(), Mark.OPT_EXIT, -1, ()))
 
 
-def optimizer_state(optimizer: torch.optim.Optimizer | None) -> list[Storage]:
-    """Storages of every tensor in an optimizer's state (step counters included)."""
+def optimizer_state(optimizer: torch.optim.Optimizer | None, exact: bool = True) -> list[Storage]:
+    """Storages of every tensor in an optimizer's state (step counters included); see :func:`storages`."""
     if optimizer is None:
         return []
     found: list[Storage] = []
     for state in optimizer.state.values():
-        storages(list(state.values()), found)
+        storages(list(state.values()), found, 0, exact)
     return found
 
 
