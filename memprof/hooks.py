@@ -7,91 +7,49 @@ analysis happens later in :mod:`memprof.attribution`. No hook keeps a reference 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from functools import partial
 from time import time_ns
-from typing import Any
+from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 from torch import nn
 
 from memprof.categories import Category
-from memprof.records import CAT, Mark, Storage
+from memprof.native_backward import BackwardState, Candidate, Watch, merge_marks, replay_backward
+from memprof.records import CAT, Mark, Storage, no_node_rows
+from memprof.tensor_walk import grad_tensors, module_tree, optimizer_state, pointers, storages, tensors
 
-__all__ = ["CAT", "HookRecorder", "Mark", "Storage", "module_tree", "optimizer_state", "pointers", "storages"]
-
-
-def storages(obj: Any, out: list[Storage] | None = None, depth: int = 0, exact: bool = True) -> list[Storage]:
-    """Collects (address, bytes) of the storages of every tensor in a nested output structure.
-
-    With ``exact=False`` (:func:`pointers`) plain tensors give the tensor's own bytes, not the
-    storage's, and cost no storage object.
-    """
-    if out is None:
-        out = []
-    cls = type(obj)
-    # Plain tensors and parameters, nearly every call, skip the isinstance and DTensor checks (hot path).
-    plain = cls is torch.Tensor or cls is nn.Parameter
-    if plain and not exact:
-        try:
-            ptr = obj.data_ptr()
-        except (RuntimeError, NotImplementedError):  # sparse or nested tensors have no single storage
-            return out
-        out.append((ptr - obj.storage_offset() * obj.element_size(), obj.nbytes))
-    elif plain or isinstance(obj, torch.Tensor):
-        if not plain and hasattr(obj, "to_local") and hasattr(obj, "device_mesh"):
-            obj = obj.to_local()  # a DTensor (FSDP2, tensor parallel): this rank's shard holds the memory
-        try:
-            storage = obj.untyped_storage()
-            out.append((storage.data_ptr(), storage.nbytes()))
-        except (RuntimeError, NotImplementedError):  # sparse, nested or subclass tensors
-            pass
-    elif depth < 4 and (cls is tuple or cls is list or isinstance(obj, (tuple, list))):
-        for item in obj:
-            storages(item, out, depth + 1, exact)
-    elif depth < 4 and isinstance(obj, dict):
-        for item in obj.values():
-            storages(item, out, depth + 1, exact)
-    return out
-
-
-def pointers(obj: Any, out: list[Storage] | None = None) -> list[Storage]:
-    """:func:`storages` for the hooks' hot paths: (storage address, the tensor's own bytes).
-
-    ``Tensor.untyped_storage()`` makes a Python storage object that lives as long as the storage,
-    and creating and later freeing one for every activation and gradient cost the training thread
-    more than all the rest of a hook (0.5-1 ms a step on the benchmark models). The address comes
-    from ``data_ptr()`` less the view's offset instead; the storage's size is not known here, so
-    the tensor's ``nbytes`` stands in, and the analysis takes the allocator's size wherever the
-    storage was allocated during profiling (always, but for inputs made before it began). Tensor
-    subclasses (DTensor and the like) take the exact path.
-    """
-    return storages(obj, out, 0, False)
-
-
-def _tensors(obj: Any, depth: int = 0) -> Iterable[torch.Tensor]:
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif depth < 4 and isinstance(obj, (tuple, list)):
-        for item in obj:
-            yield from _tensors(item, depth + 1)
-    elif depth < 4 and isinstance(obj, dict):
-        for item in obj.values():
-            yield from _tensors(item, depth + 1)
-
-
-def _grad_tensors(obj: Any) -> list[torch.Tensor]:
-    # Most modules take one tensor and return one: answer those without the generic walk (hot path).
-    if type(obj) is tuple and len(obj) == 1:
-        obj = obj[0]
-    if type(obj) is torch.Tensor:
-        return [obj] if obj.requires_grad else []
-    return [t for t in _tensors(obj) if t.requires_grad]
+__all__ = ["CAT", "Drained", "HookRecorder", "Mark", "Storage", "module_tree", "optimizer_state", "pointers",
+           "storages"]
 
 
 # Enum members looked up once: attribute access on an Enum class costs more than a global (hot paths).
 _FWD_ENTER, _FWD_EXIT, _BWD_ENTER, _BWD_EXIT = Mark.FWD_ENTER, Mark.FWD_EXIT, Mark.BWD_ENTER, Mark.BWD_EXIT
 _WEIGHT_GRADS = CAT[Category.WEIGHT_GRADS]
+
+
+class Drained(NamedTuple):
+    """What :meth:`HookRecorder.drain` hands over: one iteration's raw observations.
+
+    Attributes:
+        marks: ``(time_ns, Mark, module index, storages)`` in call order.
+        observations: ``(time_ns, data_ptr, category code, nbytes)``.
+        param_grads: parameter index -> its gradient's storage, seen when accumulated.
+        frees: ``(time_ns, data_ptr)`` of watched pre-existing storages that died.
+        node_rows: the native reporter's backward-node rows (native mode; else empty).
+        watches: ``(sequence_nr, Mark, module index, token, output_nr)`` (native mode).
+        candidates: backward marks offered by Python hooks (native mode).
+    """
+
+    marks: list
+    observations: list
+    param_grads: dict[int, Storage]
+    frees: list
+    node_rows: np.ndarray
+    watches: list[Watch]
+    candidates: list[Candidate]
 
 
 class HookRecorder:
@@ -131,6 +89,22 @@ class HookRecorder:
         self.enabled = True
         # Called at every forward and backward mark when a memory budget is guarded.
         self.guard: Callable[[int, int], None] | None = None
+        # Native backward marks (see use_native_backward); None: Python node pre-hooks.
+        self._node_rows: Callable[[], np.ndarray] | None = None
+        self.thread_id = -1
+        self.watches: list[Watch] = []
+        self._candidates: list[Candidate] = []
+        self._row_batches: list[np.ndarray] = []
+        self._next_token = 0
+
+    def use_native_backward(self, node_rows: Callable[[], np.ndarray], thread_id: int) -> None:
+        """Takes backward marks from the native reporter's node rows (:mod:`memprof.native_backward`).
+
+        Args:
+            node_rows: returns the rows the reporter recorded since its last call.
+            thread_id: RecordFunction's id of the thread that runs the forward.
+        """
+        self._node_rows, self.thread_id = node_rows, thread_id
 
     # ----------------------------------------------------------------- attach / detach
     def attach(self) -> None:
@@ -166,20 +140,42 @@ class HookRecorder:
         ptr = found[0][0]
         self._finalizers.append(weakref.finalize(storage, _note_free, self._free_sink, ptr))
 
-    def drain(self) -> tuple[list, list, dict, list]:
+    def drain(self) -> Drained:
         """Returns and clears what was recorded since the last drain.
 
-        Returns:
-            ``(marks, observations, param_grads, baseline_frees)``; the last holds
-            ``(time_ns, data_ptr)`` of watched pre-existing storages that died.
+        In native mode the backward marks are not in ``marks``: the analysis replays them from the
+        node rows, watches and candidates (:func:`memprof.native_backward.replay_backward`).
         """
+        node_rows = self._take_node_rows()
         frees = list(self._free_sink)
         self._free_sink.clear()  # in place: the finalizers hold this list
         self._finalizers = [f for f in self._finalizers if f.alive]
-        out = (self.marks, self.observations, self.param_grads, frees)
+        out = Drained(self.marks, self.observations, self.param_grads, frees, node_rows, self.watches,
+                      self._candidates)
         self._backward_active = False  # a backward that raised never ran its end callback
-        self.marks, self.observations, self.param_grads = [], [], {}
+        self.marks, self.observations, self.param_grads, self.watches, self._candidates = [], [], {}, [], []
         return out
+
+    def last_mark(self) -> tuple[int, int, int, Any] | None:
+        """The latest mark of the iteration so far, backward marks included (for a post-mortem).
+
+        In native mode the iteration's backward marks are replayed here, on their own: a backward
+        still running for an earlier iteration's forward is not seen.
+        """
+        marks = self.marks
+        if self._node_rows is not None:
+            rows = self._take_node_rows()
+            self._row_batches = [rows]  # kept for the iteration's record
+            found, _ = replay_backward(rows, self.watches, self._candidates, self.thread_id, BackwardState())
+            marks = merge_marks(marks, found)
+        return marks[-1] if marks else None
+
+    def _take_node_rows(self) -> np.ndarray:
+        """The reporter's node rows since the last drain (empty in Python mode)."""
+        if self._node_rows is None:
+            return no_node_rows()
+        batches, self._row_batches = [*self._row_batches, self._node_rows()], []
+        return batches[0] if len(batches) == 1 else np.concatenate(batches)
 
     # ----------------------------------------------------------------- forward
     def _forward_pre(self, index: int, module: nn.Module, args: Any) -> None:
@@ -192,10 +188,10 @@ class HookRecorder:
         if self.guard is not None:
             self.guard(index, _FWD_ENTER)
         if index == 0 and self.watch_inputs:
-            for tensor in _tensors(args):
+            for tensor in tensors(args):
                 self.watch_free(tensor)
         if torch.is_grad_enabled():
-            self._watch_backward(_grad_tensors(args), _BWD_EXIT, index)
+            self._watch_backward(grad_tensors(args), _BWD_EXIT, index)
 
     def _forward_post(self, index: int, module: nn.Module, args: Any, output: Any) -> None:
         if not self.enabled or _compiling():
@@ -206,7 +202,7 @@ class HookRecorder:
         if self.guard is not None:
             self.guard(index, _FWD_EXIT)
         if torch.is_grad_enabled():
-            self._watch_backward(_grad_tensors(output), _BWD_ENTER, index)
+            self._watch_backward(grad_tensors(output), _BWD_ENTER, index)
 
     # ----------------------------------------------------------------- backward
     def _watch_backward(self, tensors: list[torch.Tensor], kind: Mark, index: int) -> None:
@@ -218,11 +214,21 @@ class HookRecorder:
         the order they were asked for, rather than one Python tensor hook each (the hooks were
         most of the profiler's cost on the training thread).
         """
-        token = [False]  # the module call's mark is made once, by whichever tensor is ready first
+        # The module call's mark is made once, by whichever tensor is ready first: its token says so.
+        native = self._node_rows is not None
+        token: Any
+        if native:  # an id; the replay decides, in time order (memprof.native_backward)
+            token = self._next_token
+            self._next_token += 1
+        else:
+            token = [False]
         for tensor in tensors:
             node = tensor.grad_fn
             if node is None:  # a leaf that requires grad: only a tensor hook sees its gradient
-                tensor.register_hook(partial(self._leaf_ready, kind, index, token))
+                tensor.register_hook(partial(self._leaf_ready, kind, index, token, [False]))
+                continue
+            if native and type(tensor) is torch.Tensor:  # the reporter reports its node's run
+                self.watches.append((node._sequence_nr(), kind, index, token, tensor.output_nr))
                 continue
             metadata = node.metadata
             pending = metadata.get(self._node_key)
@@ -231,20 +237,30 @@ class HookRecorder:
                 node.register_prehook(partial(self._node_ready, pending))
             pending.append((kind, index, token, tensor.output_nr))
 
-    def _node_ready(self, pending: list[tuple[Mark, int, list[bool], int]], grads: tuple) -> None:
+    def _node_ready(self, pending: list[tuple[Mark, int, Any, int]], grads: tuple) -> None:
         if not self.enabled:
             return
         now = time_ns()
         for kind, index, token, output_nr in pending:
-            if not token[0]:
-                token[0] = True
-                grad = grads[output_nr] if output_nr < len(grads) else None
-                self._backward_mark(now, kind, index, grad)
+            self._ready(now, kind, index, token, grads[output_nr] if output_nr < len(grads) else None)
 
-    def _leaf_ready(self, kind: Mark, index: int, token: list[bool], grad: torch.Tensor | None) -> None:
-        if self.enabled and not token[0]:
+    def _leaf_ready(self, kind: Mark, index: int, token: Any, fired: list[bool], grad: torch.Tensor | None) -> None:
+        # Only its first call can make the mark (later ones find the token taken). The hook stays on
+        # a leaf that outlives the step, so in native mode, where a token is an id the replay only
+        # knows for one iteration, a stale hook must not offer again.
+        if self.enabled and not fired[0]:
+            fired[0] = True
+            self._ready(time_ns(), kind, index, token, grad)
+
+    def _ready(self, now: int, kind: Mark, index: int, token: Any, grad: torch.Tensor | None) -> None:
+        if self._node_rows is not None:
+            # Native mode: which tensor is first, and which graph task ends the backward, is decided
+            # in time order together with the reporter's rows (memprof.native_backward).
+            found = pointers(grad) if grad is not None else []
+            self._candidates.append((now, kind, index, token, found, torch._C._current_graph_task_id()))
+        elif not token[0]:
             token[0] = True
-            self._backward_mark(time_ns(), kind, index, grad)
+            self._backward_mark(now, kind, index, grad)
 
     def _backward_mark(self, now: int, kind: Mark, index: int, grad: torch.Tensor | None) -> None:
         found = pointers(grad) if grad is not None else []
@@ -287,16 +303,6 @@ class HookRecorder:
         self.marks.append((time_ns(), Mark.OPT_EXIT, -1, ()))
 
 
-def optimizer_state(optimizer: torch.optim.Optimizer | None, exact: bool = True) -> list[Storage]:
-    """Storages of every tensor in an optimizer's state (step counters included); see :func:`storages`."""
-    if optimizer is None:
-        return []
-    found: list[Storage] = []
-    for state in optimizer.state.values():
-        storages(list(state.values()), found, 0, exact)
-    return found
-
-
 # Inside a torch.compile trace the hooks must do nothing Dynamo cannot trace (time.time_ns); the
 # compiled graph then runs without them, which the profiler reports as a warning. Looked up once,
 # not on every module call.
@@ -305,18 +311,3 @@ _compiling: Callable[[], bool] = getattr(getattr(torch, "compiler", None), "is_c
 
 def _note_free(sink: list[tuple[int, int]], ptr: int) -> None:
     sink.append((time_ns(), ptr))
-
-
-def module_tree(model: nn.Module) -> tuple[list[str], list[nn.Module]]:
-    """Qualified names and modules, root first (``""``); a module reused under two names appears once."""
-    names, modules, seen = [], [], set()
-    for name, module in model.named_modules(remove_duplicate=False):
-        if id(module) in seen:
-            continue
-        seen.add(id(module))
-        names.append(name)
-        modules.append(module)
-    return names, modules
-
-
-HookFn = Callable[..., None]

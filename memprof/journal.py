@@ -23,8 +23,9 @@ import numpy as np
 
 from memprof.attribution import LiveBlock
 from memprof.errors import CorruptTraceError
+from memprof.native_backward import BackwardState
 from memprof.processing import CarriedState, RunSpec
-from memprof.records import AllocationEvents, IterationRecord
+from memprof.records import NODE_COLUMNS, AllocationEvents, IterationRecord
 from memprof.writer import atomic_write_bytes
 
 JOURNAL_DIR = ".journal"
@@ -107,6 +108,24 @@ def _storage_rows(storages: dict[int, tuple[int, int]]) -> np.ndarray:
     return _flat([(i, p, n) for i, (p, n) in storages.items()], 3)
 
 
+def _with_storages(rows: list, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rows whose last item is a list of storages: ``width`` columns plus its length, and the storages."""
+    if not rows:
+        return np.zeros((0, width + 1), dtype=np.int64), np.zeros((0, 2), dtype=np.int64)
+    *columns, payloads = zip(*rows)
+    head = np.array([*columns, [len(p) for p in payloads]], dtype=np.int64).T
+    return head, _flat(list(chain.from_iterable(payloads)), 2)
+
+
+def _unflatten(head: list[list[int]], flat: list[list[int]]) -> list[tuple]:
+    """Inverse of :func:`_with_storages` (after ``tolist()``)."""
+    rows, at = [], 0
+    for *columns, count in head:
+        rows.append((*columns, [tuple(s) for s in flat[at:at + count]]))
+        at += count
+    return rows
+
+
 # ---------------------------------------------------------------------------------------------- records
 def encode_record(record: IterationRecord) -> bytes:
     """Serialises one iteration's record (see :func:`decode_record`)."""
@@ -115,23 +134,24 @@ def encode_record(record: IterationRecord) -> bytes:
 
 def encode_record_parts(record: IterationRecord) -> list[bytes | memoryview]:
     """:func:`encode_record` as buffers to write one after another (no joined copy)."""
-    marks = record.marks
-    if marks:
-        times, kinds, modules, payloads = zip(*marks)
-        head = np.array([times, kinds, modules, [len(p) for p in payloads]], dtype=np.int64).T
-        storage = _flat(list(chain.from_iterable(payloads)), 2)
-    else:
-        head, storage = np.zeros((0, 4), dtype=np.int64), np.zeros((0, 2), dtype=np.int64)
+    head, storage = _with_storages(record.marks, 3)
     ev = record.events
     header = {"kind": "record", "iteration": record.iteration, "epoch": record.epoch, "start_ns": record.start_ns,
               "end_ns": record.end_ns, "reserved_bytes": record.reserved_bytes,
-              "peak_reserved_bytes": record.peak_reserved_bytes, "failed": record.failed}
-    return pack_parts(header, {
+              "peak_reserved_bytes": record.peak_reserved_bytes, "failed": record.failed,
+              "backward_thread": record.backward_thread}
+    arrays = {
         "events": np.stack([ev.time_ns, ev.ptr, ev.size_bytes, ev.total_allocated_bytes, ev.total_reserved_bytes]),
         "marks": head, "mark_storages": storage,
         "observations": _flat(record.observations, 4), "frees": _flat(record.frees, 2),
         "param_grads": _storage_rows(record.param_grads), "grads": _storage_rows(record.grads),
-    })
+    }
+    if len(record.node_rows) or record.watches or record.candidates:  # native backward marks, to be replayed
+        arrays["node_rows"], arrays["watches"] = record.node_rows, _flat(record.watches, 5)
+        # (ns, Mark, index, token, storages, task): the storages go last, as in the marks
+        moved = [(*c[:4], c[5], c[4]) for c in record.candidates]
+        arrays["candidates"], arrays["candidate_storages"] = _with_storages(moved, 5)
+    return pack_parts(header, arrays)
 
 
 def decode_record(data: bytes, what: str = "a journal record") -> IterationRecord:
@@ -144,11 +164,12 @@ def decode_record(data: bytes, what: str = "a journal record") -> IterationRecor
     try:
         ev = a["events"]
         events = AllocationEvents(*(np.ascontiguousarray(ev[i]) for i in range(5)))
-        head, flat = a["marks"].tolist(), a["mark_storages"].tolist()
-        marks, at = [], 0
-        for t, kind, module, count in head:
-            marks.append((t, kind, module, [tuple(s) for s in flat[at:at + count]]))
-            at += count
+        marks = _unflatten(a["marks"].tolist(), a["mark_storages"].tolist())
+        node_rows = a["node_rows"].reshape(-1, NODE_COLUMNS) if "node_rows" in a else np.zeros((0, NODE_COLUMNS),
+                                                                                                dtype=np.int64)
+        watches = [tuple(w) for w in a["watches"].tolist()] if "watches" in a else []
+        moved = _unflatten(a["candidates"].tolist(), a["candidate_storages"].tolist()) if "candidates" in a else []
+        candidates = [(*c[:4], c[5], c[4]) for c in moved]
         return IterationRecord(
             iteration=int(header["iteration"]), epoch=int(header["epoch"]), start_ns=int(header["start_ns"]),
             end_ns=int(header["end_ns"]), events=events, marks=marks,
@@ -156,7 +177,8 @@ def decode_record(data: bytes, what: str = "a journal record") -> IterationRecor
             param_grads={i: (p, n) for i, p, n in a["param_grads"].tolist()},
             grads={i: (p, n) for i, p, n in a["grads"].tolist()},
             reserved_bytes=int(header["reserved_bytes"]), peak_reserved_bytes=int(header["peak_reserved_bytes"]),
-            failed=bool(header["failed"]))
+            failed=bool(header["failed"]), backward_thread=int(header.get("backward_thread", -1)),
+            node_rows=node_rows, watches=watches, candidates=candidates)
     except (KeyError, ValueError, TypeError, IndexError) as exc:
         raise CorruptTraceError(f"{what} is damaged ({exc!r}); it cannot be read") from None
 
@@ -287,7 +309,8 @@ def write_state(journal_dir: Path, state: CarriedState) -> None:
     """Writes the carried state (atomically), then deletes the segments it makes redundant."""
     header = {"kind": "state", "last_iteration": state.last_iteration, "next_block_id": state.next_block_id,
               "order": [[m, o] for m, o in state.order.items()]}
-    atomic_write_bytes(journal_dir / STATE_FILE, pack(header, {"blocks": _flat(state.blocks, 4)}))
+    arrays = {"blocks": _flat(state.blocks, 4), "watches": _flat(list(state.backward.watches), 5)}
+    atomic_write_bytes(journal_dir / STATE_FILE, pack(header, arrays))
     for first in segment_starts(journal_dir):
         if first + SEGMENT_RECORDS - 1 <= state.last_iteration:
             (journal_dir / f"seg-{first:09d}{_SEGMENT_SUFFIX}").unlink(missing_ok=True)
@@ -304,7 +327,9 @@ def read_state(journal_dir: Path) -> CarriedState:
     header, arrays = unpack(path.read_bytes(), str(path))
     try:
         blocks = [LiveBlock(*row) for row in arrays["blocks"].tolist()]
+        backward = BackwardState(tuple(tuple(w) for w in arrays["watches"].reshape(-1, 5).tolist())
+                                 if "watches" in arrays else ())
         return CarriedState(int(header["last_iteration"]), blocks, int(header["next_block_id"]),
-                            {int(m): int(o) for m, o in header["order"]})
+                            {int(m): int(o) for m, o in header["order"]}, backward)
     except (KeyError, ValueError, TypeError) as exc:
         raise CorruptTraceError(f"{path} is damaged ({exc!r}); it cannot be read") from None

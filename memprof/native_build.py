@@ -27,10 +27,12 @@ from pathlib import Path
 import torch
 
 SOURCE = Path(__file__).parent / "native" / "reporter.cpp"
-ABI_VERSION = 1
+ABI_VERSION = 2
 #: Set to ``0`` to never use the native reporter (memprof then reads torch.profiler's events).
 ENV_SWITCH = "MEMPROF_NATIVE"
 _BUILD_TIMEOUT_S = 300
+# NDEBUG as in torch's own build: its headers' debug-only checks read fields a release libtorch never sets.
+_FLAGS = ("-O2", "-DNDEBUG", "-std=c++20", "-shared", "-fPIC", "-w")
 
 
 class NativeBuildError(RuntimeError):
@@ -59,7 +61,7 @@ def _command(compiler: str, output: Path) -> list[str]:
     include = _torch_dir() / "include"
     lib = _torch_dir() / "lib"
     abi = int(bool(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True)))
-    return [compiler, "-O2", "-std=c++20", "-shared", "-fPIC", "-w", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+    return [compiler, *_FLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
             f"-I{include}", f"-I{include / 'torch' / 'csrc' / 'api' / 'include'}", str(SOURCE),
             f"-L{lib}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{lib}", "-o", str(output)]
 
@@ -67,7 +69,7 @@ def _command(compiler: str, output: Path) -> list[str]:
 def library_path() -> Path:
     """The cached library's path for this torch and this source (it may not be built yet)."""
     key = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode() + str(_torch_dir()).encode()
-                         + sys.platform.encode()).hexdigest()[:16]
+                         + sys.platform.encode() + " ".join(_FLAGS).encode()).hexdigest()[:16]
     return cache_dir() / f"{torch.__version__.replace('+', '_')}-{key}" / "libmemprof_reporter.so"
 
 
@@ -113,6 +115,11 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "memprof_drain": ([handle, ctypes.c_void_p, i64], i64),
         "memprof_net_bytes": ([handle, ctypes.c_int], i64),
         "memprof_last_oom": ([handle, ctypes.c_void_p], i64),
+        "memprof_nodes_on": ([handle], ctypes.c_int),
+        "memprof_nodes_off": ([handle], ctypes.c_int),
+        "memprof_thread_id": ([], i64),
+        "memprof_nodes_pending": ([handle], i64),
+        "memprof_nodes_drain": ([handle, ctypes.c_void_p, i64], i64),
     }
     for name, (args, result) in signatures.items():
         function = getattr(lib, name)

@@ -17,6 +17,7 @@ import torch
 
 from memprof.allocations import SLOT_TAKEN, AllocationEvents, KinetoAllocationStream
 from memprof.errors import ProfilerError
+from memprof.native_backward import NODE_COLUMNS
 from memprof.native_build import NativeBuildError, load
 
 _COLUMNS = 7  # time_ns, ptr, size, total_allocated, total_reserved, device_type, device_index
@@ -46,6 +47,7 @@ class NativeAllocationStream:
             raise NativeBuildError("the native reporter could not allocate its state")
         self._cuda = self.device.type == "cuda"
         self._net_at_collect = 0
+        self._nodes_on = False
 
     def start(self) -> None:
         """Installs the reporter in this thread's profiler slot.
@@ -59,6 +61,30 @@ class NativeAllocationStream:
         if code != 0:
             raise ProfilerError("memprof's native reporter could not be installed in the profiler slot")
         self.active = True
+
+    def watch_backward(self) -> int:
+        """Also records the autograd nodes that backward runs (see :mod:`memprof.native_backward`).
+
+        Call on the training thread after :meth:`start`; :meth:`close` stops it.
+
+        Returns:
+            RecordFunction's id of this thread, which the nodes its forward makes carry.
+
+        Raises:
+            ProfilerError: the reporter could not register its callback.
+        """
+        if self._lib.memprof_nodes_on(self._handle) != 0:
+            raise ProfilerError("memprof's native reporter could not register its backward-node callback")
+        self._nodes_on = True
+        return int(self._lib.memprof_thread_id())
+
+    def node_rows(self) -> np.ndarray:
+        """The backward-node rows recorded since the last call (``NODE_COLUMNS`` int64 columns)."""
+        count = int(self._lib.memprof_nodes_pending(self._handle))
+        rows = np.empty((count, NODE_COLUMNS), dtype=np.int64)
+        if count:
+            rows = rows[:int(self._lib.memprof_nodes_drain(self._handle, rows.ctypes.data, count))]
+        return rows
 
     def net_bytes(self) -> int:
         """Net bytes this device allocated since the last :meth:`collect` (no copy, safe inside backward)."""
@@ -81,6 +107,9 @@ class NativeAllocationStream:
         return self.collect(restart=False)
 
     def _stop(self) -> None:
+        if self._nodes_on:
+            self._nodes_on = False
+            self._lib.memprof_nodes_off(self._handle)
         code = self._lib.memprof_pop(self._handle)
         self.active = False
         if code == 1:
@@ -107,6 +136,8 @@ class NativeAllocationStream:
         lib, handle = getattr(self, "_lib", None), getattr(self, "_handle", None)
         if lib is None or handle is None or not handle.value:
             return
+        if self._nodes_on:  # dropped without close(): the callback is harmless once the reporter is gone
+            lib.memprof_nodes_off(handle)
         if self.active:  # dropped without close(): take the reporter out of the slot if it is ours here
             lib.memprof_pop(handle)
         lib.memprof_destroy(handle)

@@ -15,6 +15,7 @@ import pyarrow as pa
 from memprof.attribution import LiveBlock, sweep
 from memprof.failure import failure_details
 from memprof.layers import ModuleInfo, layer_rows, subtree_bytes
+from memprof.native_backward import BackwardState, merge_marks, replay_backward
 from memprof.records import IterationRecord, Mark
 from memprof.report import format_report
 from memprof.schema import EVENTS, ITERATIONS, LAYERS
@@ -80,12 +81,15 @@ class CarriedState:
         blocks: blocks alive at that moment, with their categories.
         next_block_id: first id to give a new block.
         order: module index -> position of its first forward call in the run.
+        backward: what the replay of native backward marks carries (see
+            :func:`memprof.native_backward.replay_backward`).
     """
 
     last_iteration: int
     blocks: list[LiveBlock]
     next_block_id: int
     order: dict[int, int] = field(default_factory=dict)
+    backward: BackwardState = field(default_factory=BackwardState)
 
     @property
     def allocated_bytes(self) -> int:
@@ -130,8 +134,11 @@ class IterationProcessor:
     def process(self, record: IterationRecord) -> ProcessedIteration:
         """Analyses ``record`` and advances the carried state past it."""
         spec, state = self.spec, self.state
-        sw = sweep(record.events, record.marks, record.observations, [] if spec.use_truth else record.frees,
-                   state.blocks, self._parents, state.next_block_id, use_truth=spec.use_truth)
+        found, backward = replay_backward(record.node_rows, record.watches, record.candidates, record.backward_thread,
+                                          state.backward)
+        sw = sweep(record.events, merge_marks(record.marks, found), record.observations,
+                   [] if spec.use_truth else record.frees, state.blocks, self._parents, state.next_block_id,
+                   use_truth=spec.use_truth)
         s = series(sw, use_truth=spec.use_truth)
         order = dict(state.order)
         for call in sorted(sw.forward_calls, key=lambda c: c.start_ns):
@@ -154,7 +161,7 @@ class IterationProcessor:
         ids, sizes, categories = sw.block_ids, sw.sizes, sw.categories
         self.state = CarriedState(record.iteration,
                                   [LiveBlock(ids[i], ptr, sizes[i], categories[i]) for ptr, i in sw.live.items()],
-                                  sw.next_block_id, order)
+                                  sw.next_block_id, order, backward)
         report = None
         if spec.print_period and record.iteration % spec.print_period == 0:
             report = format_report(row, layers, spec.device)

@@ -23,7 +23,7 @@ from memprof.categories import Category
 from memprof.errors import MemoryBudgetExceeded, ProfilerError
 from memprof.hooks import HookRecorder, Mark, module_tree, optimizer_state, pointers, storages
 from memprof.layers import describe_modules, subtree_bytes
-from memprof.native_stream import open_stream
+from memprof.native_stream import NativeAllocationStream, open_stream
 from memprof.processing import CarriedState, IterationProcessor, RunSpec, root_forward_ran
 from memprof.records import IterationRecord
 from memprof.schema import FORMAT_NAME, SCHEMA_VERSION
@@ -154,6 +154,9 @@ class MemoryProfiler:
                        device=str(self.device), print_period=print_period)
         self._sink = self._open_sink(spec, CarriedState(-1, self._baseline(), 1), background and budget_bytes is None)
         self._stream.start()
+        if budget_bytes is None and isinstance(self._stream, NativeAllocationStream):
+            # The guard needs Python at every backward mark; otherwise the reporter notes the nodes.
+            self._recorder.use_native_backward(self._stream.node_rows, self._stream.watch_backward())
         self._recorder.attach()
         _ATTACHED.add(model)
         self._iteration_start_ns = time_ns()
@@ -234,11 +237,13 @@ class MemoryProfiler:
     def _finish_iteration(self, restart: bool = True, failed: bool = False) -> None:
         end_ns = time_ns()
         events = self._stream.collect(restart=restart)
-        marks, observations, param_grads, frees = self._recorder.drain()
+        drained = self._recorder.drain()
         reserved, peak_reserved = self._reserved(events)
         grads = {i: found[0] for i, p in enumerate(self._params) if p.grad is not None and (found := pointers(p.grad))}
-        record = IterationRecord(self.iteration, self.epoch, self._iteration_start_ns, end_ns, events, marks,
-                                 observations, frees, param_grads, grads, reserved, peak_reserved, failed)
+        record = IterationRecord(self.iteration, self.epoch, self._iteration_start_ns, end_ns, events, drained.marks,
+                                 drained.observations, drained.frees, drained.param_grads, grads, reserved,
+                                 peak_reserved, failed, self._recorder.thread_id, drained.node_rows,
+                                 drained.watches, drained.candidates)
         self._handle(self._sink.submit(record))
         if self.iteration == 0 and not root_forward_ran(record) and len(events) and self._failure is None:
             warnings.warn(
@@ -318,7 +323,7 @@ class MemoryProfiler:
         if self._closed:
             return
         if self._failure is None:
-            last = self._recorder.marks[-1] if self._recorder.marks else None
+            last = self._recorder.last_mark()
             self._failure = {
                 "kind": "budget" if isinstance(exc, MemoryBudgetExceeded) else "oom",
                 "message": str(exc).splitlines()[0][:500] if str(exc) else type(exc).__name__,

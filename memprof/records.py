@@ -18,6 +18,14 @@ CAT = {c: i for i, c in enumerate(CATEGORIES)}
 
 Storage = tuple[int, int]  # (data_ptr, nbytes)
 
+#: Columns of the native reporter's backward-node rows (see :mod:`memprof.native_backward`).
+NODE_COLUMNS = 5
+
+
+def no_node_rows() -> np.ndarray:
+    """An empty block of backward-node rows."""
+    return np.zeros((0, NODE_COLUMNS), dtype=np.int64)
+
 
 class Mark(IntEnum):
     """Kinds of timeline marks recorded by the hooks."""
@@ -78,6 +86,11 @@ class IterationRecord:
         frees: ``(time_ns, data_ptr)`` of watched pre-existing storages that died (CPU).
         param_grads: parameter index -> storage of its gradient, seen when it was accumulated.
         grads: parameter index -> storage of its ``.grad`` at the iteration's end.
+        backward_thread: RecordFunction's id of the training thread (-1: backward marks are in
+            ``marks`` already, made by Python hooks).
+        node_rows: the native reporter's backward-node rows, ``watches`` the forward hooks' watches
+            and ``candidates`` the marks Python hooks offered: raw material of the backward marks,
+            which the analysis replays (:func:`memprof.native_backward.replay_backward`).
     """
 
     iteration: int
@@ -93,3 +106,7 @@ class IterationRecord:
     reserved_bytes: int = 0
     peak_reserved_bytes: int = 0
     failed: bool = False
+    backward_thread: int = -1
+    node_rows: np.ndarray = field(default_factory=no_node_rows)
+    watches: list = field(default_factory=list)
+    candidates: list = field(default_factory=list)

@@ -40,7 +40,7 @@ def test_a_chain_shares_one_node_hook_per_activation_and_marks_each_module_once(
         assert [(kind, index) for kind, index, _, _ in pending] == [(Mark.BWD_ENTER, 1), (Mark.BWD_EXIT, 2)]
         recorder.drain()
         model(torch.randn(3, 4)).sum().backward()
-        marks, _, _, _ = recorder.drain()
+        marks = recorder.drain().marks
     finally:
         recorder.detach()
     for kind in (Mark.BWD_ENTER, Mark.BWD_EXIT):
