@@ -61,6 +61,9 @@ class HookRecorder:
             no mark implies (weight gradients, optimizer state); the storages in marks are observed
             from the marks themselves (:mod:`memprof.attribution`).
         param_grads: parameter index -> (data_ptr, nbytes) of its gradient seen this iteration.
+        watches: in native mode, ``(node sequence number, Mark, module index, token, output_nr)``
+            for each activation whose node's run makes a backward mark (the replay's input).
+        thread_id: in native mode, RecordFunction's id of the training thread (else -1).
     """
 
     def __init__(self, modules: list[nn.Module], params: list[nn.Parameter],
@@ -182,6 +185,9 @@ class HookRecorder:
         if not self.enabled or _compiling():
             return
         now = time_ns()
+        if index and type(args) is tuple and len(args) == 1 and self._plain_tensor(now, _FWD_ENTER, _BWD_EXIT,
+                                                                                  index, args[0]):
+            return
         # The model's inputs may predate profiling, so their exact storage sizes are needed (once a step).
         found = storages(args) if index == 0 else pointers(args)
         self.marks.append((now, _FWD_ENTER, index, found))
@@ -197,12 +203,36 @@ class HookRecorder:
         if not self.enabled or _compiling():
             return
         now = time_ns()
+        if self._plain_tensor(now, _FWD_EXIT, _BWD_ENTER, index, output):
+            return
         found = pointers(output)
         self.marks.append((now, _FWD_EXIT, index, found))
         if self.guard is not None:
             self.guard(index, _FWD_EXIT)
         if torch.is_grad_enabled():
             self._watch_backward(grad_tensors(output), _BWD_ENTER, index)
+
+    def _plain_tensor(self, now: int, kind: Mark, backward_kind: Mark, index: int, obj: Any) -> bool:
+        """The forward hooks' common case in one go: one plain tensor, native mode, no guard.
+
+        Does what :func:`pointers` and :meth:`_watch_backward` would for it, without their generic
+        walks (most module calls take and return one tensor; this is the training thread's hottest
+        path). Returns ``False``, having done nothing, for any other case.
+        """
+        if type(obj) is not torch.Tensor or self._node_rows is None or self.guard is not None:
+            return False
+        node = obj.grad_fn
+        if node is None and obj.requires_grad:
+            return False  # a leaf: its gradient needs a Python tensor hook
+        try:
+            ptr = obj.data_ptr()
+        except (RuntimeError, NotImplementedError):  # sparse or nested: no single storage
+            return False
+        self.marks.append((now, kind, index, [(ptr - obj.storage_offset() * obj.element_size(), obj.nbytes)]))
+        if node is not None and _grad_enabled():
+            self.watches.append((node._sequence_nr(), backward_kind, index, self._next_token, obj.output_nr))
+            self._next_token += 1
+        return True
 
     # ----------------------------------------------------------------- backward
     def _watch_backward(self, tensors: list[torch.Tensor], kind: Mark, index: int) -> None:
@@ -307,6 +337,7 @@ class HookRecorder:
 # compiled graph then runs without them, which the profiler reports as a warning. Looked up once,
 # not on every module call.
 _compiling: Callable[[], bool] = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
+_grad_enabled = torch.is_grad_enabled
 
 
 def _note_free(sink: list[tuple[int, int]], ptr: int) -> None:

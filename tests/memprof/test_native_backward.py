@@ -131,6 +131,24 @@ def test_leaf_inputs_and_tuple_outputs_mix_python_and_native_marks() -> None:
     assert any(m[1] == Mark.BWD_EXIT and m[2] == 0 for m in marks)  # the root's exit, through the leaf
 
 
+def test_views_with_an_offset_are_marked_by_their_storage() -> None:
+    # One tensor in, one out: the hooks' fast path, which must give the storage's address, not the view's.
+    class Tail(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x[2:]
+
+    model = nn.Sequential(nn.Linear(4, 4), Tail(), nn.Linear(4, 1))
+    seen: list[int] = []
+    model[1].register_forward_hook(lambda m, a, out: seen.append(out.untyped_storage().data_ptr()))
+
+    def step() -> None:
+        model(torch.randn(6, 4)).sum().backward()
+
+    marks = _same_marks(model, step)
+    exits = [found for _, kind, index, found in marks if kind == Mark.FWD_EXIT and index == 2]
+    assert [found[0][0] for found in exits] == seen[-1:] and exits[0][0][1] == 4 * 4 * 4
+
+
 @pytest.mark.parametrize("schedule_name", ["revolve", "periodic"])
 def test_native_marks_equal_python_marks_under_a_checkpointing_schedule(schedule_name: str) -> None:
     # The executor runs nested backward graph tasks and recomputes forwards inside backward.
