@@ -10,7 +10,7 @@ import weakref
 from collections.abc import Callable
 from functools import partial
 from time import time_ns
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import torch
@@ -18,7 +18,7 @@ from torch import nn
 
 from memprof.categories import Category
 from memprof.native_backward import BackwardState, Candidate, Watch, merge_marks, replay_backward
-from memprof.records import CAT, Mark, Storage, no_node_rows
+from memprof.records import CAT, Drained, Mark, Storage, no_node_rows
 from memprof.tensor_walk import grad_tensors, module_tree, optimizer_state, pointers, storages, tensors
 
 __all__ = ["CAT", "Drained", "HookRecorder", "Mark", "Storage", "module_tree", "optimizer_state", "pointers",
@@ -28,28 +28,6 @@ __all__ = ["CAT", "Drained", "HookRecorder", "Mark", "Storage", "module_tree", "
 # Enum members looked up once: attribute access on an Enum class costs more than a global (hot paths).
 _FWD_ENTER, _FWD_EXIT, _BWD_ENTER, _BWD_EXIT = Mark.FWD_ENTER, Mark.FWD_EXIT, Mark.BWD_ENTER, Mark.BWD_EXIT
 _WEIGHT_GRADS = CAT[Category.WEIGHT_GRADS]
-
-
-class Drained(NamedTuple):
-    """What :meth:`HookRecorder.drain` hands over: one iteration's raw observations.
-
-    Attributes:
-        marks: ``(time_ns, Mark, module index, storages)`` in call order.
-        observations: ``(time_ns, data_ptr, category code, nbytes)``.
-        param_grads: parameter index -> its gradient's storage, seen when accumulated.
-        frees: ``(time_ns, data_ptr)`` of watched pre-existing storages that died.
-        node_rows: the native reporter's backward-node rows (native mode; else empty).
-        watches: ``(sequence_nr, Mark, module index, token, output_nr)`` (native mode).
-        candidates: backward marks offered by Python hooks (native mode).
-    """
-
-    marks: list
-    observations: list
-    param_grads: dict[int, Storage]
-    frees: list
-    node_rows: np.ndarray
-    watches: list[Watch]
-    candidates: list[Candidate]
 
 
 class HookRecorder:

@@ -17,8 +17,8 @@ import torch
 
 from memprof.allocations import SLOT_TAKEN, AllocationEvents, KinetoAllocationStream
 from memprof.errors import ProfilerError
-from memprof.native_backward import NODE_COLUMNS
 from memprof.native_build import NativeBuildError, load
+from memprof.records import NODE_COLUMNS
 
 _COLUMNS = 7  # time_ns, ptr, size, total_allocated, total_reserved, device_type, device_index
 _CUDA_TYPE = 1  # c10::DeviceType::CUDA

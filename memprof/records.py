@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import IntEnum
+from typing import NamedTuple
 
 import numpy as np
 
@@ -65,6 +66,28 @@ class AllocationEvents:
 
     def __len__(self) -> int:
         return int(self.time_ns.shape[0])
+
+
+class Drained(NamedTuple):
+    """What :meth:`memprof.hooks.HookRecorder.drain` hands over: one iteration's raw observations.
+
+    Attributes:
+        marks: ``(time_ns, Mark, module index, storages)`` in call order.
+        observations: ``(time_ns, data_ptr, category code, nbytes)``.
+        param_grads: parameter index -> its gradient's storage, seen when accumulated.
+        frees: ``(time_ns, data_ptr)`` of watched pre-existing storages that died.
+        node_rows: the native reporter's backward-node rows (native mode; else empty).
+        watches: ``(sequence_nr, Mark, module index, token, output_nr)`` (native mode).
+        candidates: backward marks offered by Python hooks (native mode).
+    """
+
+    marks: list
+    observations: list
+    param_grads: dict[int, Storage]
+    frees: list
+    node_rows: np.ndarray
+    watches: list
+    candidates: list
 
 
 @dataclass(frozen=True)
