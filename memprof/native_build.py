@@ -118,6 +118,7 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "memprof_nodes_on": ([handle], ctypes.c_int),
         "memprof_nodes_off": ([handle], ctypes.c_int),
         "memprof_thread_id": ([], i64),
+        "memprof_thread_callbacks": ([], ctypes.c_int),
         "memprof_nodes_pending": ([handle], i64),
         "memprof_nodes_drain": ([handle, ctypes.c_void_p, i64], i64),
     }

@@ -312,6 +312,10 @@ int memprof_nodes_off(void* h) {
 // RecordFunction's id for this thread: a node's forward_thread_id when it was made here.
 int64_t memprof_thread_id() { return static_cast<int64_t>(at::RecordFunction::currentThreadId()); }
 
+// Whether this thread has any thread-local RecordFunction callback (1) or none (0): lets tests check
+// that closing the profiler removed the one memprof_nodes_on added.
+int memprof_thread_callbacks() { return at::hasThreadLocalCallbacks() ? 1 : 0; }
+
 int64_t memprof_nodes_pending(void* h) { return static_cast<Handle*>(h)->reporter->nodes_pending(); }
 
 int64_t memprof_nodes_drain(void* h, int64_t* out, int64_t max_rows) {

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from memprof import zoo
+from memprof import MemoryProfiler, zoo
 from memprof.hooks import HookRecorder, Mark, module_tree
 from memprof.native_backward import (
     NODE_GRAD,
@@ -182,6 +182,18 @@ def test_forward_without_backward_leaves_no_marks_and_is_forgotten() -> None:
         python.detach()
         native.detach()
         stream.close()
+
+
+def test_closing_the_profiler_removes_the_backward_node_callback(tmp_path) -> None:
+    lib = _native_stream()._lib
+    model, make_batch = zoo.mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    before = lib.memprof_thread_callbacks()
+    with MemoryProfiler(model, optimizer, out_dir=tmp_path, print_period=0) as profiler:
+        assert lib.memprof_thread_callbacks() == 1
+        zoo.train_step(model, optimizer, make_batch(4))
+        profiler.record_stats()
+    assert lib.memprof_thread_callbacks() == before == 0
 
 
 # ------------------------------------------------------------------------------- the replay itself
