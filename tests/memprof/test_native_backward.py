@@ -10,6 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from memprof import MemoryProfiler, zoo
 from memprof.hooks import HookRecorder, Mark, module_tree
@@ -165,6 +166,31 @@ def test_native_marks_equal_python_marks_under_a_checkpointing_schedule(schedule
 
     marks = _same_marks(scheduled, step)
     assert sum(1 for m in marks if m[1] == Mark.BWD_END) >= 1
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_native_marks_equal_python_marks_with_torch_checkpoint(reentrant: bool) -> None:
+    # torch.utils.checkpoint reruns the forward (and its hooks) inside backward.
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = nn.Sequential(nn.Linear(6, 8), nn.ReLU())
+            self.b = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
+            self.c = nn.Linear(8, 1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.c(checkpoint(self.b, self.a(x), use_reentrant=reentrant))
+
+    model = Net()
+    x = torch.randn(4, 6)
+
+    def step() -> None:
+        model.zero_grad(set_to_none=True)
+        model(x).sum().backward()
+
+    marks = _same_marks(model, step)
+    recomputed = [m for m in marks if m[1] == Mark.FWD_ENTER and m[2] == 4]  # self.b (module order: '', a, a.0, a.1, b)
+    assert len(recomputed) == 2  # the forward and its rerun in backward
 
 
 def test_forward_without_backward_leaves_no_marks_and_is_forgotten() -> None:
