@@ -22,6 +22,8 @@ DOCS = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
 SECTIONS = {
     "profiler": ("1. Profiler overhead (vs no profiler, MemTracker, torch.profiler)", ["benchmarks.bench_profiler"],
                  ["--repeats", "2", "--steps", "5"]),
+    "worker": ("1b. The background worker's cost to the training step", ["benchmarks.bench_worker"],
+               ["--cycles", "3"]),
     "attribution": ("2. Attribution: categories at the peak vs allocator truth", ["benchmarks.bench_attribution"], []),
     "solver": ("3. Planner solve time (rotor DP, 500 slots)", ["benchmarks.bench_solver"], []),
     "quality": ("4-5. Predicted vs measured; memory saved vs time paid; rotor vs periodic",
