@@ -239,7 +239,10 @@ class MemoryProfiler:
         events = self._stream.collect(restart=restart)
         drained = self._recorder.drain()
         reserved, peak_reserved = self._reserved(events)
-        grads = {i: found[0] for i, p in enumerate(self._params) if p.grad is not None and (found := pointers(p.grad))}
+        # Gradients seen as they were accumulated take precedence in the analysis; only the others are looked up.
+        seen = drained.param_grads
+        grads = {i: found[0] for i, p in enumerate(self._params)
+                 if i not in seen and p.grad is not None and (found := pointers(p.grad))}
         record = IterationRecord(self.iteration, self.epoch, self._iteration_start_ns, end_ns, events, drained.marks,
                                  drained.observations, drained.frees, drained.param_grads, grads, reserved,
                                  peak_reserved, failed, self._recorder.thread_id, drained.node_rows,
