@@ -25,7 +25,7 @@ from memprof.attribution import LiveBlock
 from memprof.errors import CorruptTraceError
 from memprof.native_backward import BackwardState
 from memprof.processing import CarriedState, RunSpec
-from memprof.records import NODE_COLUMNS, AllocationEvents, IterationRecord
+from memprof.records import NODE_COLUMNS, AllocationEvents, IterationRecord, no_node_rows
 from memprof.writer import atomic_write_bytes
 
 JOURNAL_DIR = ".journal"
@@ -165,8 +165,7 @@ def decode_record(data: bytes, what: str = "a journal record") -> IterationRecor
         ev = a["events"]
         events = AllocationEvents(*(np.ascontiguousarray(ev[i]) for i in range(5)))
         marks = _unflatten(a["marks"].tolist(), a["mark_storages"].tolist())
-        node_rows = a["node_rows"].reshape(-1, NODE_COLUMNS) if "node_rows" in a else np.zeros((0, NODE_COLUMNS),
-                                                                                                dtype=np.int64)
+        node_rows = a["node_rows"].reshape(-1, NODE_COLUMNS) if "node_rows" in a else no_node_rows()
         watches = [tuple(w) for w in a["watches"].tolist()] if "watches" in a else []
         moved = _unflatten(a["candidates"].tolist(), a["candidate_storages"].tolist()) if "candidates" in a else []
         candidates = [(*c[:4], c[5], c[4]) for c in moved]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import warnings
+from typing import Any
 
 import numpy as np
 import torch
@@ -80,11 +81,7 @@ class NativeAllocationStream:
 
     def node_rows(self) -> np.ndarray:
         """The backward-node rows recorded since the last call (``NODE_COLUMNS`` int64 columns)."""
-        count = int(self._lib.memprof_nodes_pending(self._handle))
-        rows = np.empty((count, NODE_COLUMNS), dtype=np.int64)
-        if count:
-            rows = rows[:int(self._lib.memprof_nodes_drain(self._handle, rows.ctypes.data, count))]
-        return rows
+        return self._drain(self._lib.memprof_nodes_pending, self._lib.memprof_nodes_drain, NODE_COLUMNS)
 
     def net_bytes(self) -> int:
         """Net bytes this device allocated since the last :meth:`collect` (no copy, safe inside backward)."""
@@ -94,17 +91,21 @@ class NativeAllocationStream:
         """Returns the events recorded since the last call; with ``restart=False`` also uninstalls the reporter."""
         if self.active and not restart:
             self._stop()
-        count = int(self._lib.memprof_pending(self._handle))
-        rows = np.empty((count, _COLUMNS), dtype=np.int64)
-        if count:
-            count = int(self._lib.memprof_drain(self._handle, rows.ctypes.data, count))
-            rows = rows[:count]
+        rows = self._drain(self._lib.memprof_pending, self._lib.memprof_drain, _COLUMNS)
         self._net_at_collect = int(self._lib.memprof_net_bytes(self._handle, int(self._cuda)))
         return self._select(rows)
 
     def close(self) -> AllocationEvents:
         """Stops recording and returns the last events."""
         return self.collect(restart=False)
+
+    def _drain(self, pending: Any, drain: Any, columns: int) -> np.ndarray:
+        """Copies one of the reporter's buffers out: ``pending`` says how many rows, ``drain`` moves them."""
+        count = int(pending(self._handle))
+        rows = np.empty((count, columns), dtype=np.int64)
+        if count:
+            rows = rows[:int(drain(self._handle, rows.ctypes.data, count))]
+        return rows
 
     def _stop(self) -> None:
         if self._nodes_on:

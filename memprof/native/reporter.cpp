@@ -124,35 +124,10 @@ class Reporter final : public ProfilerStateBase, public std::enable_shared_from_
 
   void set_nodes_on(bool on) { nodes_on_.store(on); }
 
-  int64_t nodes_pending() {
-    std::lock_guard<std::mutex> guard(mutex_);
-    return static_cast<int64_t>(nodes_.size());
-  }
-
-  int64_t nodes_drain(int64_t* out, int64_t max_rows) {
-    std::lock_guard<std::mutex> guard(mutex_);
-    const int64_t n = std::min<int64_t>(max_rows, static_cast<int64_t>(nodes_.size()));
-    if (n > 0) {
-      std::memcpy(out, nodes_.data(), sizeof(NodeRow) * static_cast<size_t>(n));
-      nodes_.erase(nodes_.begin(), nodes_.begin() + n);
-    }
-    return n;
-  }
-
-  int64_t pending() {
-    std::lock_guard<std::mutex> guard(mutex_);
-    return static_cast<int64_t>(rows_.size());
-  }
-
-  int64_t drain(int64_t* out, int64_t max_rows) {
-    std::lock_guard<std::mutex> guard(mutex_);
-    const int64_t n = std::min<int64_t>(max_rows, static_cast<int64_t>(rows_.size()));
-    if (n > 0) {
-      std::memcpy(out, rows_.data(), sizeof(Row) * static_cast<size_t>(n));
-      rows_.erase(rows_.begin(), rows_.begin() + n);
-    }
-    return n;
-  }
+  int64_t nodes_pending() { return count(nodes_); }
+  int64_t nodes_drain(int64_t* out, int64_t max_rows) { return take(nodes_, out, max_rows); }
+  int64_t pending() { return count(rows_); }
+  int64_t drain(int64_t* out, int64_t max_rows) { return take(rows_, out, max_rows); }
 
   int64_t net_bytes(int cuda) {
     std::lock_guard<std::mutex> guard(mutex_);
@@ -172,6 +147,24 @@ class Reporter final : public ProfilerStateBase, public std::enable_shared_from_
   std::atomic<bool> nodes_on_{false};
   std::vector<NodeRow> nodes_;
   std::vector<int64_t> open_tasks_;  // graph tasks with an end callback queued
+
+  template <typename R>
+  int64_t count(const std::vector<R>& rows) {
+    std::lock_guard<std::mutex> guard(mutex_);
+    return static_cast<int64_t>(rows.size());
+  }
+
+  // Moves up to max_rows of the oldest rows into out (int64 columns); returns how many.
+  template <typename R>
+  int64_t take(std::vector<R>& rows, int64_t* out, int64_t max_rows) {
+    std::lock_guard<std::mutex> guard(mutex_);
+    const int64_t n = std::min<int64_t>(max_rows, static_cast<int64_t>(rows.size()));
+    if (n > 0) {
+      std::memcpy(out, rows.data(), sizeof(R) * static_cast<size_t>(n));
+      rows.erase(rows.begin(), rows.begin() + n);
+    }
+    return n;
+  }
 
   // Called with mutex_ held.
   void add_grad(int64_t index, const c10::IValue& value) {
