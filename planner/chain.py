@@ -10,12 +10,13 @@ import hashlib
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from planner.errors import ChainError
 from planner.jsonio import load_json
+from planner.step import StepCosts
 
 _STAGE_INT_FIELDS = (
     "output_bytes",
@@ -23,6 +24,7 @@ _STAGE_INT_FIELDS = (
     "grad_bytes",
     "forward_overhead_bytes",
     "backward_overhead_bytes",
+    "weight_grad_bytes",
 )
 _STAGE_FLOAT_FIELDS = ("forward_ms", "backward_ms")
 
@@ -41,6 +43,8 @@ class Stage:
         backward_overhead_bytes: o_b, transient memory above inputs and outputs during backward.
         name: a label, e.g. the module names the stage covers.
         modules: qualified names of the modules the stage runs (empty for a hand-written chain).
+        weight_grad_bytes: parameter gradients that ``B(l)`` allocates and that stay allocated until the
+            optimizer step (0 when the gradients already exist, e.g. ``zero_grad(set_to_none=False)``).
     """
 
     forward_ms: float
@@ -52,6 +56,7 @@ class Stage:
     backward_overhead_bytes: int = 0
     name: str = ""
     modules: tuple[str, ...] = ()
+    weight_grad_bytes: int = 0
 
     def __post_init__(self) -> None:
         for key in _STAGE_FLOAT_FIELDS:
@@ -78,12 +83,17 @@ class Chain:
         name: a label for the chain (model or container name).
         input_bytes: a^0, size of the chain's input.
         stages: L + 1 stages; the last one is the loss.
+        source: where the chain came from (run, modules, why they were chosen).
+        step: what the training step holds besides the chain (model state, optimizer, batch, activations
+            outside the chain); ``None`` for a hand-written chain. With it, budgets mean the whole step's
+            memory (see :mod:`planner.step`); without it, the ROTOR paper's M (the chain's memory only).
     """
 
     name: str
     input_bytes: int
     stages: tuple[Stage, ...]
     source: dict[str, Any] = field(default_factory=dict, compare=False)
+    step: StepCosts | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.input_bytes, bool) or not isinstance(self.input_bytes, int) or self.input_bytes < 0:
@@ -95,6 +105,8 @@ class Chain:
             )
         if not all(isinstance(s, Stage) for s in stages):
             raise ChainError("stages must be Stage objects; use Chain.from_json for dicts")
+        if self.step is not None and not isinstance(self.step, StepCosts):
+            raise ChainError(f"step must be a StepCosts or None, found {type(self.step).__name__}")
         object.__setattr__(self, "stages", stages)
 
     @property
@@ -120,6 +132,14 @@ class Chain:
             raise IndexError(f"stage {index} does not exist; expected 1..{len(self.stages)}")
         return self.stages[index - 1]
 
+    def activations_only(self) -> Chain:
+        """The same chain without its step costs: budgets then count the chain's memory only (paper's M)."""
+        return replace(self, step=None)
+
+    def with_step(self, step: StepCosts | None) -> Chain:
+        """The same chain with ``step`` as what the training step holds besides it."""
+        return replace(self, step=step)
+
     @property
     def module_names(self) -> tuple[str, ...]:
         """One label per stage 1..L (the loss excluded)."""
@@ -135,6 +155,8 @@ class Chain:
         out: dict[str, Any] = {"name": self.name, "input_bytes": self.input_bytes, "stages": stages}
         if self.source:
             out["source"] = self.source
+        if self.step is not None:
+            out["step"] = self.step.to_dict()
         return out
 
     def to_json(self, path: str | Path | None = None) -> str:
@@ -148,6 +170,7 @@ class Chain:
         """A short hash of the costs, used to refuse a schedule made for another chain."""
         body = json.dumps({"input_bytes": self.input_bytes, "stages": [
             [s.output_bytes, s.saved_bytes, s.grad_bytes, s.forward_overhead_bytes, s.backward_overhead_bytes]
+            + ([s.weight_grad_bytes] if s.weight_grad_bytes else [])
             for s in self.stages
         ]}, sort_keys=True)
         return hashlib.sha256(body.encode()).hexdigest()[:16]
@@ -181,6 +204,7 @@ class Chain:
             input_bytes=_as_int("input_bytes", data["input_bytes"], "chain"),
             stages=stages,
             source=dict(data.get("source", {})),
+            step=StepCosts.from_dict(data["step"]) if data.get("step") is not None else None,
         )
 
 
@@ -220,4 +244,5 @@ def _stage_from_dict(index: int, raw: Any) -> Stage:
         backward_overhead_bytes=_as_int("backward_overhead_bytes", raw.get("backward_overhead_bytes", 0), where),
         name=str(raw.get("name", "")),
         modules=tuple(str(m) for m in raw.get("modules", ())),
+        weight_grad_bytes=_as_int("weight_grad_bytes", raw.get("weight_grad_bytes", 0), where),
     )

@@ -43,7 +43,9 @@ class DiscreteChain:
         chain: the chain in bytes.
         slot_bytes: the size of one slot.
         slots: the table width; budgets 0..``slots`` slots are represented.
-        a, abar, delta, forward_overhead, backward_overhead: sizes in slots (int64, rounded up).
+        a, abar, delta, forward_overhead, backward_overhead: sizes in slots (int64, rounded up). ``delta``
+            and ``backward_overhead`` include the parameter gradients held beside each gradient (see
+            :func:`_weight_grads_after`), so ``backward_overhead`` may be negative.
         forward_ms, backward_ms: u_f and u_b (float64).
     """
 
@@ -101,15 +103,32 @@ def discretize(chain: Chain, slots: int = DEFAULT_SLOTS, reference_bytes: int | 
         return np.array([to_slots(v, slot) for v in values], dtype=np.int64)
 
     stages = [None, *chain.stages]
+    grads_after = _weight_grads_after(chain)
     return DiscreteChain(
         chain=chain,
         slot_bytes=slot,
         slots=int(slots),
         a=sizes([chain.a(i) for i in index]),
         abar=sizes([chain.abar(i) for i in index]),
-        delta=sizes([chain.delta(i) for i in index]),
+        delta=sizes([chain.delta(i) + grads_after[i] for i in index]),
         forward_overhead=sizes([0] + [s.forward_overhead_bytes for s in stages[1:]]),
-        backward_overhead=sizes([0] + [s.backward_overhead_bytes for s in stages[1:]]),
+        backward_overhead=sizes([0] + [s.backward_overhead_bytes - grads_after[i + 1] for i, s in enumerate(stages[1:])]),
         forward_ms=np.array([0.0] + [s.forward_ms for s in stages[1:]], dtype=np.float64),
         backward_ms=np.array([0.0] + [s.backward_ms for s in stages[1:]], dtype=np.float64),
     )
+
+
+def _weight_grads_after(chain: Chain) -> list[int]:
+    """``W[l]``: the parameter gradients of stages ``l+1 .. L+1``, for ``l`` in 0..L+1.
+
+    The simulator's ``B(l)`` adds ``weight_grad_bytes`` that stay to the end. Exactly one ``delta`` is held
+    at any time, and while ``delta^l`` is held the gradients of stages above ``l`` are exactly the ones
+    computed so far, so the DPs see them as part of it: ``delta'^l = delta^l + W[l]``. During ``B(l)`` both
+    ``delta'^l`` and ``delta'^{l-1}`` are counted, ``W[l]`` twice, so ``o_b`` is lowered by ``W[l]``
+    (it may go below 0; the memory during ``B(l)`` stays at or above the memory after it). Each term is
+    rounded up, so the DPs never under-count.
+    """
+    after = [0] * (chain.length + 2)
+    for index in range(chain.length, -1, -1):
+        after[index] = after[index + 1] + chain.stages[index].weight_grad_bytes
+    return after

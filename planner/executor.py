@@ -1,69 +1,175 @@
-"""Runs a rematerialization schedule on an ``nn.Sequential`` as a drop-in module.
+"""Applies a rematerialization schedule to a model in place, wherever its chain's blocks live.
 
-``loss = criterion(model(x), y); loss.backward()`` then follows the schedule: the operations up to stage L
-run in ``forward``, the loss (stage L+1) is whatever the user computes from the output, and the B operations
-with the recomputations between them run during ``loss.backward()``. Gradients are those of plain autograd
-(bitwise on CPU for deterministic operations); dropout masks are replayed; BatchNorm running statistics move
-once per iteration. The runtime itself is pure torch (:mod:`planner.executor_stage`,
-:mod:`planner.executor_runtime`, :mod:`planner.executor_container`); this module validates a
-:class:`~planner.schedule.Schedule` and maps its stages to the container's children.
+``apply_schedule(model, schedule)`` wraps each stage's first module where it lives (``module.forward`` is
+replaced on that instance only); the model's own ``forward`` keeps running, with its loops, keyword
+arguments and tuple or ``ModelOutput`` results. ``loss.backward()`` then follows the schedule: the B
+operations and the recomputations between them run as autograd reaches each stage. Gradients are those of
+plain autograd (bitwise on CPU for deterministic operations); dropout masks are replayed; BatchNorm running
+statistics move once per step. The runtime itself is pure torch (:mod:`planner.executor_stage`,
+:mod:`planner.executor_runtime`); this module validates a :class:`~planner.schedule.Schedule` through the
+simulator (the one copy of the operations' memory rules) and finds its modules in the model.
 
-Module names: ``Stage.modules`` holds qualified names. They may be relative to the container (``"0"``,
-``"3"``) or absolute with the container's path as prefix (``"features.0"``, ``"transformer.h.3"``); all
-names of one schedule must share that prefix. A stage may run several consecutive children. A chain whose
-stages name no modules (a hand-written chain) maps stage ``l`` to the container's ``l``-th child.
+Module names: ``Stage.modules`` holds qualified names in the model (``"transformer.h.3"``,
+``"layer1.0"``). A chain whose stages name no modules (a hand-written chain) maps stage ``l`` to the
+``l``-th child of ``container`` (an ``nn.Sequential`` or ``nn.ModuleList``, the model by default).
 
-Limits: the container must be called as one module (``x = container(x)``) with one tensor in and one tensor
-out between stages; parameter gradients are accumulated by nested ``torch.autograd.backward`` calls (as in
-the reentrant ``torch.utils.checkpoint``), so ``torch.autograd.grad`` over the parameters is not supported
-and ``retain_graph`` cannot replay the schedule twice.
+Limits: the chain's blocks must be called once each, in order, in every training forward, and receive the
+running activation as a tensor argument; side inputs (masks, position tables) must not require grad; only
+``loss.backward()`` is supported (``torch.autograd.grad`` and a second backward raise a clear error).
 """
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 
 from torch import nn
 
 from planner.errors import InvalidScheduleError, ScheduleMismatchError
-from planner.executor_container import ScheduledSequential, adoptable, children_of, install
-from planner.executor_runtime import Program
-from planner.schedule import Op, OpKind, Schedule
+from planner.executor_runtime import Program, ScheduleExecutor
+from planner.schedule import Op, Schedule
+from planner.simulator import simulate
 
-__all__ = ["CheckpointedSequential", "apply_schedule", "schedule_layout", "validate_ops"]
+__all__ = ["CheckpointedSequential", "apply_schedule", "remove_schedule", "stage_modules", "validate_ops"]
+
+_ATTRIBUTE = "_memprof_schedule"
 
 
-class CheckpointedSequential(ScheduledSequential):
-    """An ``nn.Sequential`` that trains with a rematerialization schedule.
+def apply_schedule(model: nn.Module, schedule: Schedule, container: str | None = None) -> nn.Module:
+    """Makes ``model`` train with ``schedule``, in place (the same object, parameters and hooks).
+
+    Args:
+        model: the model the schedule's chain was found in (or an equal copy of it).
+        schedule: the schedule to follow; a previous one on this model is removed first.
+        container: for a chain whose stages name no modules, the ``nn.Sequential`` whose children are the
+            stages (``""``: the model itself); also accepted as a prefix of relative module names.
+
+    Returns:
+        ``model``.
+
+    Raises:
+        ScheduleMismatchError: a module the schedule names is not in the model, or the stages do not map.
+        InvalidScheduleError: the operations are not valid (names the first invalid one) or cannot be run
+            inside the model's forward.
+    """
+    validate_ops(schedule.ops, schedule.chain.length, schedule)
+    groups = stage_modules(model, schedule, container)
+    remove_schedule(model)
+    executor = ScheduleExecutor(groups, [(op.kind.value, op.stage) for op in schedule.ops])
+    try:
+        executor.install()
+    except ValueError as exc:
+        executor.remove()
+        raise ScheduleMismatchError(str(exc)) from None
+    object.__setattr__(model, _ATTRIBUTE, (executor, schedule))
+    return model
+
+
+def remove_schedule(model: nn.Module) -> nn.Module:
+    """Gives the model back its own forward everywhere (a no-op on a model without a schedule)."""
+    installed = model.__dict__.pop(_ATTRIBUTE, None)
+    if installed is not None:
+        installed[0].remove()
+    return model
+
+
+def stage_modules(model: nn.Module, schedule: Schedule, container: str | None = None) -> list[list[nn.Module]]:
+    """The modules of each stage 1..L, found in ``model``.
+
+    Raises:
+        ScheduleMismatchError: a name is missing from the model, a module appears twice, or (for a chain
+            without names) the container's children do not match the stages.
+    """
+    names = [stage.modules for stage in schedule.chain.stages[:-1]]
+    if not any(names):
+        return [[child] for child in _positional(model, container, schedule.chain.length)]
+    if not all(names):
+        empty = [i + 1 for i, group in enumerate(names) if not group]
+        raise ScheduleMismatchError(f"stages {empty} name no modules while others do; expected every stage named")
+    groups = [[_find(model, name, container) for name in group] for group in names]
+    flat = [id(m) for g in groups for m in g]
+    if len(set(flat)) != len(flat):
+        raise ScheduleMismatchError("the schedule names one module in two places; expected each module once")
+    return groups
+
+
+def _find(model: nn.Module, name: str, container: str | None) -> nn.Module:
+    for candidate in (name, f"{container}.{name}" if container else None):
+        if candidate is None:
+            continue
+        try:
+            return model.get_submodule(candidate) if candidate else model
+        except AttributeError:
+            continue
+    raise ScheduleMismatchError(
+        f"the model has no module {name!r} (a {type(model).__name__}); expected the model the schedule's chain "
+        "was found in, with the same module names"
+    )
+
+
+def _positional(model: nn.Module, container: str | None, length: int) -> list[nn.Module]:
+    try:
+        target = model.get_submodule(container) if container else model
+    except AttributeError:
+        raise ScheduleMismatchError(f"the model has no submodule {container!r}") from None
+    if not isinstance(target, (nn.Sequential, nn.ModuleList)):
+        raise ScheduleMismatchError(
+            f"the schedule's stages name no modules, so stage l is the l-th child of {container or 'the model'}, "
+            f"which must be an nn.Sequential; found a {type(target).__name__}"
+        )
+    children = list(target.children())
+    if len(children) != length:
+        raise ScheduleMismatchError(
+            f"the schedule has {length} stages but {container or 'the model'} has {len(children)} children; "
+            "a chain without module names maps stage l to child l"
+        )
+    return children
+
+
+def validate_ops(ops: Sequence[Op], length: int, schedule: Schedule | None = None) -> None:
+    """Checks that ``ops`` is a valid sequence and that the executor can run it in a model's forward.
+
+    Validity is the simulator's (ROTOR Table 1, one copy of the rules); the executor adds that the forward
+    part runs stages 1..L once each, in order, as a model's ``forward`` calls them.
+
+    Raises:
+        InvalidScheduleError: naming the first invalid operation, or why the executor cannot run it.
+    """
+    if schedule is not None:
+        simulate(schedule.chain, schedule)
+    else:
+        from planner.chain import Chain, Stage
+
+        placeholder = Chain("ops", 0, tuple(Stage(0.0, 0.0, 0, 0, 0) for _ in range(length + 1)))
+        simulate(placeholder, list(ops))
+    try:
+        Program([(op.kind.value, op.stage) for op in ops], length)
+    except ValueError as exc:
+        raise InvalidScheduleError(f"the executor cannot run this schedule: {exc}") from None
+
+
+class CheckpointedSequential(nn.Sequential):
+    """An ``nn.Sequential`` that trains with a rematerialization schedule (its children are the stages).
 
     Args:
         sequential: the container (an ``nn.Sequential``, an ``nn.ModuleList`` or a list of modules); its
             children are reused, not copied, and keep their names.
-        schedule: a valid schedule for a chain whose stages 1..L cover the children in order.
+        schedule: a valid schedule whose stages name the children (relative names) or no modules.
 
     Raises:
-        ScheduleMismatchError: the schedule's stages do not map onto the children (names or count).
-        InvalidScheduleError: the operations are not a valid sequence (names the first invalid one).
+        ScheduleMismatchError, InvalidScheduleError: as :func:`apply_schedule`.
     """
 
-    def __init__(self, sequential: nn.Sequential | Sequence[nn.Module], schedule: Schedule) -> None:
-        children = _children(sequential)
-        groups, ops = _prepare(schedule, list(children))
-        super().__init__(children, groups, ops=ops)
+    def __init__(self, sequential: nn.Module | Sequence[nn.Module], schedule: Schedule) -> None:
+        if isinstance(sequential, nn.Module):
+            children = dict(sequential.named_children())
+        else:
+            children = {str(i): m for i, m in enumerate(sequential)}
+        super().__init__()
+        for name, module in children.items():
+            self.add_module(name, module)
         self.schedule = schedule
-
-    @classmethod
-    def in_place(cls, module: nn.Sequential, schedule: Schedule) -> CheckpointedSequential:
-        """Turns ``module`` itself into a ``CheckpointedSequential`` (same object, children and hooks).
-
-        Raises:
-            ScheduleMismatchError, InvalidScheduleError: as the constructor; ``module`` is then unchanged.
-        """
-        groups, ops = _prepare(schedule, list(_children(module)))
-        cls.adopt(module, groups, ops=ops)
-        module.schedule = schedule
-        return module
+        prefix = _relative_prefix(schedule)
+        apply_schedule(self, _relative(schedule, prefix))
 
     def extra_repr(self) -> str:
         """Shows the schedule's algorithm, budget and length in ``print(model)``."""
@@ -73,166 +179,16 @@ class CheckpointedSequential(ScheduledSequential):
         )
 
 
-def apply_schedule(model: nn.Module, schedule: Schedule, container: str | None = None) -> nn.Module:
-    """Makes the schedule's container in ``model`` a :class:`CheckpointedSequential`, in place.
-
-    A plain ``nn.Sequential`` container is converted in place (same object: references to it, hooks and the
-    optimizer's parameters stay valid); a subclass of it is replaced by a new module sharing its children.
-
-    Args:
-        model: the model to train.
-        schedule: the schedule to follow.
-        container: the qualified name of the ``nn.Sequential`` to convert (``""``: the model itself). By
-            default the prefix of the schedule's module names, or the model itself when they are relative.
-
-    Returns:
-        ``model`` (the returned value differs only when ``model`` is itself a subclass of ``nn.Sequential``,
-        which cannot be converted in place; a warning says so).
-
-    Raises:
-        ScheduleMismatchError: no such container, it is not an ``nn.Sequential``, or its children do not
-            match the schedule's stages.
-    """
-    prefix, _ = schedule_layout(schedule)
-    if container is None:
-        container = prefix or ""
-    elif prefix not in (None, "", container):
-        raise ScheduleMismatchError(
-            f"the schedule's modules live under {prefix!r}, but container {container!r} was given"
-        )
-    try:
-        target = model.get_submodule(container) if container else model
-    except AttributeError:
-        raise ScheduleMismatchError(
-            f"the model has no submodule {container!r}; expected the container the schedule was made for"
-        ) from None
-    if not isinstance(target, nn.Sequential):
-        raise ScheduleMismatchError(
-            f"{container or 'the model'} is a {type(target).__name__}; expected an nn.Sequential that the model "
-            "calls as one module"
-        )
-
-    def make(old: nn.Module) -> nn.Module:
-        if adoptable(old):
-            return CheckpointedSequential.in_place(old, schedule)
-        return CheckpointedSequential(old, schedule)
-
-    result = install(model, container, make)
-    if result is not model:
-        warnings.warn(
-            f"the model is a {type(model).__name__}, a subclass of nn.Sequential, so it was not changed in place; "
-            "train the module that apply_schedule returned",
-            stacklevel=2,
-        )
-    return result
+def _relative_prefix(schedule: Schedule) -> str:
+    names = [name for stage in schedule.chain.stages[:-1] for name in stage.modules]
+    parents = {name.rpartition(".")[0] for name in names}
+    return parents.pop() if len(parents) == 1 else ""
 
 
-def schedule_layout(schedule: Schedule) -> tuple[str | None, list[list[str]] | None]:
-    """The container prefix and, per stage 1..L, the child names it runs.
+def _relative(schedule: Schedule, prefix: str) -> Schedule:
+    if not prefix:
+        return schedule
+    from dataclasses import replace
 
-    Returns:
-        ``(prefix, groups)``: ``prefix`` is ``""`` for names relative to the container; ``(None, None)``
-        when the chain's stages name no modules (stage ``l`` is then the ``l``-th child).
-
-    Raises:
-        ScheduleMismatchError: some stages name modules and others do not, or the names have several parents.
-    """
-    names = [stage.modules for stage in schedule.chain.stages[:-1]]
-    if not any(names):
-        return None, None
-    if not all(names):
-        empty = [i + 1 for i, group in enumerate(names) if not group]
-        raise ScheduleMismatchError(f"stages {empty} name no modules while others do; expected every stage named")
-    parents = {name.rpartition(".")[0] for group in names for name in group}
-    if len(parents) != 1:
-        raise ScheduleMismatchError(
-            f"the schedule's modules have several parents {sorted(parents)}; expected the children of one container"
-        )
-    return parents.pop(), [[name.rpartition(".")[2] for name in group] for group in names]
-
-
-def _children(container: nn.Module | Sequence[nn.Module]) -> dict[str, nn.Module]:
-    try:
-        return children_of(container)
-    except TypeError as exc:
-        raise ScheduleMismatchError(str(exc)) from None
-
-
-def _prepare(schedule: Schedule, children: list[str]) -> tuple[list[list[str]], list[tuple[str, int]]]:
-    groups = _stage_groups(schedule, children)
-    validate_ops(schedule.ops, schedule.chain.length)
-    return groups, [(op.kind.value, op.stage) for op in schedule.ops]
-
-
-def _stage_groups(schedule: Schedule, children: list[str]) -> list[list[str]]:
-    length = schedule.chain.length
-    _, groups = schedule_layout(schedule)
-    if groups is None:
-        if length != len(children):
-            raise ScheduleMismatchError(
-                f"the schedule has {length} stages but the container has {len(children)} children "
-                f"{_short(children)}; a chain without module names maps stage l to child l"
-            )
-        return [[name] for name in children]
-    found = [name for group in groups for name in group]
-    if found != children:
-        raise ScheduleMismatchError(
-            f"the schedule's {length} stages run modules {_short(found)}, but the container's children are "
-            f"{_short(children)}; expected the same names in the same order"
-        )
-    return groups
-
-
-def _short(names: Sequence[str], limit: int = 12) -> str:
-    shown = ", ".join(names[:limit])
-    return f"[{shown}{', ...' if len(names) > limit else ''}] ({len(names)})"
-
-
-def validate_ops(ops: Sequence[Op], length: int) -> None:
-    """Checks that ``ops`` is a valid sequence (ROTOR Table 1) that the executor can run.
-
-    Raises:
-        InvalidScheduleError: naming the first operation whose inputs are not in memory, or why the loss
-            (stage L+1) cannot be run by the user between ``forward`` and ``backward``.
-    """
-    held: set[tuple[str, int]] = {("a", 0), ("delta", length + 1)}
-    for position, op in enumerate(ops):
-        missing = _missing_inputs(op, held)
-        if missing:
-            raise InvalidScheduleError(
-                f"operation {position} ({op}) needs {' and '.join(missing)}, which the schedule does not hold there"
-            )
-        _apply(op, held)
-    if ("delta", 0) not in held:
-        raise InvalidScheduleError("the schedule never computes delta^0: expected it to end with B(1)")
-    try:
-        Program([(op.kind.value, op.stage) for op in ops], length)
-    except ValueError as exc:
-        raise InvalidScheduleError(f"the executor cannot run this schedule: {exc}") from None
-
-
-def _missing_inputs(op: Op, held: set[tuple[str, int]]) -> list[str]:
-    stage = op.stage
-    missing = []
-    if ("a", stage - 1) not in held and ("abar", stage - 1) not in held:
-        missing.append(f"a^{stage - 1}")
-    if op.kind is OpKind.B:
-        if ("abar", stage) not in held:
-            missing.append(f"a-bar^{stage} (an F_all({stage}))")
-        if ("delta", stage) not in held:
-            missing.append(f"delta^{stage}")
-    return missing
-
-
-def _apply(op: Op, held: set[tuple[str, int]]) -> None:
-    stage = op.stage
-    if op.kind is OpKind.B:
-        held -= {("abar", stage), ("delta", stage), ("a", stage - 1)}
-        held.add(("delta", stage - 1))
-    elif op.kind is OpKind.F_ALL:
-        held.discard(("a", stage))
-        held.add(("abar", stage))
-    else:
-        if op.kind is OpKind.F_NONE:
-            held.discard(("a", stage - 1))
-        held.add(("a", stage))
+    stages = tuple(replace(s, modules=tuple(m[len(prefix) + 1 :] for m in s.modules)) for s in schedule.chain.stages)
+    return replace(schedule, chain=replace(schedule.chain, stages=stages))

@@ -1,31 +1,34 @@
-"""Runs a rematerialization schedule (ROTOR Table 1 operations) across ``forward`` and ``backward``.
+"""Runs a rematerialization schedule (ROTOR Table 1 operations) on a model, inside its own ``forward``.
 
 Part of the pure-torch runtime (imports only ``torch``, the standard library and its sibling modules, which
 ``planner.export`` embeds together in the files it writes).
 
-Two ways to run a schedule:
-
-* ``ops`` (any valid sequence): the operations up to the output of stage L run in ``forward``; the loss
-  (stage L+1) is the user's; the rest (the B operations and the recomputations between them) runs inside
-  ``loss.backward()``, driven by two custom autograd functions. The first receives delta^L from autograd and
-  stops after B(L), so that autograd frees delta^L as the cost model assumes; the second runs everything
-  else and hands delta^0 back to autograd.
-* ``plan`` (persistent schedules): a nested list such as ``[[1, [2, 3]], 4]`` where an integer runs a stage
-  and a nested list is one ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)`` segment.
+Each stage's first module gets a wrapper ``forward``; the model's ``forward`` keeps running as written (its
+loop, its keyword arguments) and calls the wrappers in chain order. The wrapper of stage ``l`` runs the
+schedule's forward operation for ``l`` (``F_all``, ``F_ck`` or ``F_none``) through one custom autograd
+function, whose backward, called by autograd with ``delta^l``, runs the schedule's operations up to ``B(l)``
+(recomputations included) and hands ``delta^{l-1}`` back. Parameter gradients are accumulated by nested
+``torch.autograd.backward`` calls, as in the reentrant ``torch.utils.checkpoint``.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
+from typing import Any
 
 import torch
+from torch import nn
 
 from planner.executor_stage import (
     RngState,
+    StageCall,
     StageRunner,
     autocast_context,
     autocast_state,
     capture_rng,
+    find_activation,
+    replace_first_tensor,
     replay_rng,
     same_rng,
 )
@@ -35,14 +38,16 @@ FORWARD_KINDS = (F_ALL, F_CK, F_NONE)
 
 
 class Program:
-    """A schedule's operations split into the part run in ``forward`` and the two backward parts.
+    """A schedule's operations split into the forward operation of each stage and the backward segments.
 
     Args:
         ops: ``(kind, stage)`` pairs, stages 1..L+1, stage L+1 being the loss.
         length: L, the number of stages without the loss.
 
     Raises:
-        ValueError: the loss is not run exactly as F_all(L+1) ... B(L+1), or B(L) is missing.
+        ValueError: the loss is not run exactly as F_all(L+1) ... B(L+1); the forward part does not run
+            stages 1..L once each in order (the model's ``forward`` calls them so); or a backward segment
+            runs a stage above the one whose B ends it.
     """
 
     def __init__(self, ops: Sequence[tuple[str, int]], length: int) -> None:
@@ -55,18 +60,19 @@ class Program:
                 f"{[f'{kind}({top})' for _, kind in loss_ops]}"
             )
         start, end = loss_ops[0][0], loss_ops[1][0]
+        forward = ops[:start]
+        if [stage for _, stage in forward] != list(range(1, top)) or any(k not in FORWARD_KINDS for k, _ in forward):
+            raise ValueError(
+                f"before the loss, the schedule must run stages 1..{length} once each, in order, as the model's "
+                f"forward calls them; found {[f'{k}({s})' for k, s in forward]}"
+            )
         middle = ops[start + 1 : end]
         if any(kind == B for kind, _ in middle):
             raise ValueError(f"no B operation can run between F_all({top}) and B({top})")
         # F operations between the loss's forward and backward commute with B(L+1): run them after it.
-        backward = middle + ops[end + 1 :]
-        if (B, length) not in backward:
-            raise ValueError(f"the schedule never runs B({length})")
-        split = backward.index((B, length)) + 1
         self.length = length
-        self.forward_ops = tuple(ops[:start])
-        self.top_ops = tuple(backward[:split])
-        self.rest_ops = tuple(backward[split:])
+        self.forward_kinds = tuple(kind for kind, _ in forward)
+        self.segments = _segments(middle + ops[end + 1 :], length)
         counts: dict[int, int] = {}
         for kind, stage in ops:
             if kind in FORWARD_KINDS:
@@ -74,62 +80,103 @@ class Program:
         self.replayed = frozenset(stage for stage, count in counts.items() if count > 1)
 
 
+def _segments(backward: list[tuple[str, int]], length: int) -> dict[int, tuple[tuple[str, int], ...]]:
+    """The operations after B(l+1) up to B(l), for each stage l (run when autograd brings delta^l)."""
+    segments: dict[int, tuple[tuple[str, int], ...]] = {}
+    current: list[tuple[str, int]] = []
+    expected = length
+    for kind, stage in backward:
+        current.append((kind, stage))
+        if kind != B:
+            continue
+        if stage != expected:
+            raise ValueError(f"the backward operations must be B({length}) .. B(1) in turn; found B({stage}) "
+                             f"where B({expected}) was due")
+        above = [s for k, s in current if k != B and s > stage]
+        if above:
+            raise ValueError(f"the schedule recomputes stage {above[0]} after B({above[0]}) was due")
+        segments[stage] = tuple(current)
+        current, expected = [], expected - 1
+    if expected != 0 or current:
+        raise ValueError(f"the schedule must end with B(1); it stops at B({expected + 1}) with {current} left")
+    return segments
+
+
 class _Run:
-    """The state of one forward call: what the schedule holds in memory between operations.
+    """One forward call of the model: what the schedule holds between operations.
 
     ``acts[l]`` is a^l without history; ``recs[l]`` is (detached input, recorded output) of an F_all(l), i.e.
     a-bar^l; ``delta`` is the current gradient. Each operation is a method so its locals die when it returns.
     """
 
-    def __init__(self, stages: Sequence[StageRunner], program: Program, x: torch.Tensor) -> None:
-        self.stages = stages
-        self.program = program
-        self.acts: dict[int, torch.Tensor] = {0: x.detach()}
+    def __init__(self, executor: ScheduleExecutor, x: torch.Tensor) -> None:
+        self.executor = executor
+        self.program = executor.program
+        self.acts: dict[int, torch.Tensor] = {}
         self.recs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.calls: dict[int, StageCall] = {}
+        self.shapes: dict[int, torch.Size] = {}
         self.delta: torch.Tensor | None = None
         self.seen: set[int] = set()
         self.rng: dict[int, RngState] = {}
         self.autocast = autocast_state(x)
         self.input_requires_grad = x.requires_grad
-        self.finished = False
+        self.next_stage = 1
+        self.done: set[int] = set()
+        self.raw: Any = None  # the first run's full result (tuple, ModelOutput), handed to the wrapper
 
-    def run(self, ops: Sequence[tuple[str, int]]) -> None:
-        for kind, stage in ops:
-            if kind == B:
-                self._backward(stage)
-            else:
-                self._forward(kind, stage)
+    def forward(self, stage: int, x: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        """Runs stage ``stage``'s forward operation on ``x``; returns a^l (no history) and the raw result."""
+        if stage > 1:
+            previous = self._output(stage - 1)
+            if x.shape != previous.shape:
+                if x.numel() != previous.numel():
+                    raise RuntimeError(
+                        f"stage {stage} received a tensor of shape {tuple(x.shape)} from stage {stage - 1}'s output "
+                        f"of shape {tuple(previous.shape)}; the executor supports reshapes between stages only"
+                    )
+                self.shapes[stage] = x.shape  # the model's reshape (a flatten) between two stages
+        else:
+            self.acts[0] = x.detach()
+        kind = self.program.forward_kinds[stage - 1]
+        raw = self._forward(kind, stage)
+        self.next_stage = stage + 1
+        return self._output(stage), raw
 
-    def output(self) -> torch.Tensor:
-        last = self.program.length
-        return (self.acts[last] if last in self.acts else self.recs[last][1]).detach()
-
-    def backward_top(self, grad: torch.Tensor) -> None:
-        if self.finished or self.delta is not None:
-            raise RuntimeError(
-                "a scheduled backward already ran for this forward call; backward(retain_graph=True) "
-                "twice through a checkpointed sequence is not supported"
-            )
-        self.acts.pop(self.program.length, None)  # B(L+1) consumed a^L
+    def backward(self, stage: int, grad: torch.Tensor) -> torch.Tensor | None:
+        """Runs the operations up to ``B(stage)`` with ``grad`` as delta^stage; returns delta^{stage-1}."""
+        if stage in self.done:
+            raise RuntimeError("the scheduled backward of this forward call already ran; backward(retain_graph=True) "
+                               "twice through a scheduled model is not supported")
+        self.done.add(stage)
+        if stage == self.program.length:
+            self.acts.pop(stage, None)  # B(L+1) consumed a^L
         self.delta = grad
-        self.run(self.program.top_ops)
-
-    def backward_rest(self) -> torch.Tensor | None:
-        self.run(self.program.rest_ops)
+        for kind, index in self.program.segments[stage]:
+            if kind == B:
+                self._backward(index)
+            else:
+                self._forward(kind, index)
         delta, self.delta = self.delta, None
-        self.acts.clear()
-        self.recs.clear()
-        self.finished = True
+        if stage == 1:
+            self.acts.clear()
+            self.recs.clear()
+            self.calls.clear()
         return delta
+
+    def _output(self, stage: int) -> torch.Tensor:
+        return (self.acts[stage] if stage in self.acts else self.recs[stage][1]).detach()
 
     def _input(self, stage: int) -> torch.Tensor:
         if stage - 1 in self.acts:
-            return self.acts[stage - 1]
-        if stage - 1 in self.recs:
-            return self.recs[stage - 1][1].detach()
-        raise RuntimeError(f"F({stage}) needs a^{stage - 1}, which the schedule does not hold")
+            x = self.acts[stage - 1]
+        elif stage - 1 in self.recs:
+            x = self.recs[stage - 1][1].detach()
+        else:
+            raise RuntimeError(f"F({stage}) needs a^{stage - 1}, which the schedule does not hold")
+        return x.reshape(self.shapes[stage]) if stage in self.shapes else x
 
-    def _forward(self, kind: str, stage: int) -> None:
+    def _forward(self, kind: str, stage: int) -> Any:
         x = self._input(stage)
         keep = kind != F_NONE or stage - 1 in self.recs
         if kind == F_ALL:
@@ -137,43 +184,47 @@ class _Run:
             if leaf.is_floating_point() and (stage > 1 or self.input_requires_grad):
                 leaf.requires_grad_(True)
             with torch.enable_grad():
-                y = self._call(stage, leaf, keep)
+                y, raw = self._call(stage, leaf, keep)
             self.recs[stage] = (leaf, y)
             self.acts.pop(stage, None)
         else:
             with torch.no_grad():
-                y = self._call(stage, x, keep)
+                y, raw = self._call(stage, x, keep)
             if kind == F_NONE:
                 self.acts.pop(stage - 1, None)
             self.acts[stage] = y
+        return raw
 
-    def _call(self, stage: int, x: torch.Tensor, keep: bool) -> torch.Tensor:
-        runner = self.stages[stage - 1]
+    def _call(self, stage: int, x: torch.Tensor, keep: bool) -> tuple[torch.Tensor, Any]:
+        runner = self.executor.stages[stage - 1]
+        call = self.calls[stage].bind(x)
         version = x._version
         if stage not in self.seen:
             self.seen.add(stage)
             before = capture_rng(x) if stage in self.program.replayed else None
-            y = runner(x)
+            y, raw = runner(x, call)
             if before is not None and not same_rng(before, capture_rng(x)):
                 self.rng[stage] = before  # kept only for stages that draw random numbers (dropout)
         else:
             with replay_rng(self.rng.get(stage), x), runner.frozen_state(), autocast_context(self.autocast):
-                y = runner(x)
+                y, raw = runner(x, call)
+            raw = None
         if keep and x._version != version:
             raise RuntimeError(
                 f"stage {stage} modified its input in place, which the schedule keeps for later; "
                 "use out-of-place operations at the start of the stage or group it with the previous stage"
             )
-        return y
+        return y, raw
 
     def _backward(self, stage: int) -> None:
         leaf, out = self.recs.pop(stage)
         delta, self.delta = self.delta, None
         self.acts.pop(stage - 1, None)  # B(l) consumes a^{l-1}
         if out.requires_grad:
-            root = _root(out)
+            root, shape = _root(out), out.shape
             del out  # with a gradient edge as root, autograd frees a-bar^l as soon as it is used, as in plain
-            torch.autograd.backward(root, delta)
+            # delta^l is shaped as the next stage received a^l (a view between stages may reshape it)
+            torch.autograd.backward(root, delta.reshape(shape))
         grad = leaf.grad if leaf.requires_grad else None
         if grad is None and stage > 1:
             grad = torch.zeros_like(leaf)  # the stage's output does not depend on its input
@@ -187,78 +238,123 @@ def _root(out: torch.Tensor) -> object:
     return get_edge(out)
 
 
-class _Start(torch.autograd.Function):
-    """Runs the forward part; its backward runs the operations after B(L) and returns delta^0."""
+class _StageFunction(torch.autograd.Function):
+    """Stage ``l``'s forward operation; its backward runs the schedule up to ``B(l)``."""
 
     @staticmethod
-    def forward(ctx, run: _Run, x: torch.Tensor, dummy: torch.Tensor) -> torch.Tensor:
-        ctx.run = run
-        run.run(run.program.forward_ops)
-        return torch.zeros((), dtype=torch.float32, device=x.device)
+    def forward(ctx, run: _Run, stage: int, x: torch.Tensor, dummy: torch.Tensor) -> torch.Tensor:
+        ctx.run, ctx.stage, ctx.input_shape = run, stage, x.shape
+        y, run.raw = run.forward(stage, x)
+        return y
 
     @staticmethod
-    def backward(ctx, token_grad: torch.Tensor) -> tuple[None, torch.Tensor | None, None]:
-        run, ctx.run = ctx.run, None
+    def backward(ctx, grad: torch.Tensor) -> tuple[None, None, torch.Tensor | None, None]:
+        if not torch.autograd._is_checkpoint_valid():
+            raise RuntimeError(
+                "a model trained with a memprof schedule supports loss.backward() only: torch.autograd.grad and "
+                "backward(inputs=...) cannot run its recomputations (parameter gradients are accumulated by "
+                "nested backward calls); remove the schedule (remove_schedule(model)) for this computation"
+            )
+        run = ctx.run
         if run is None:
             raise RuntimeError("the scheduled backward of this forward call already ran (retain_graph?)")
-        delta = run.backward_rest()
-        return None, delta if ctx.needs_input_grad[1] else None, None
+        delta = run.backward(ctx.stage, grad)
+        ctx.run = None
+        if delta is not None and ctx.needs_input_grad[2]:
+            return None, None, delta.reshape(ctx.input_shape), None
+        return None, None, None, None
 
 
-class _Finish(torch.autograd.Function):
-    """Hands a^L to the user; its backward receives delta^L and runs the operations up to B(L)."""
+class ScheduleExecutor:
+    """A schedule installed on a model: one wrapper ``forward`` per stage, sharing this state.
 
-    @staticmethod
-    def forward(ctx, run: _Run, token: torch.Tensor) -> torch.Tensor:
-        ctx.run = run
-        ctx.token_device = token.device  # a^L may live on another device than the chain's input
-        return run.output()
+    Args:
+        stages: for each stage 1..L, its modules in order (the first one is called by the model).
+        ops: the schedule's ``(kind, stage)`` operations.
 
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[None, torch.Tensor]:
-        run, ctx.run = ctx.run, None
-        if run is None:
-            raise RuntimeError("the scheduled backward of this forward call already ran (retain_graph?)")
-        run.backward_top(grad)
-        return None, torch.zeros((), dtype=torch.float32, device=ctx.token_device)
+    Raises:
+        ValueError: the operations cannot be run in the model's forward (see :class:`Program`).
+    """
 
+    def __init__(self, stages: Sequence[Sequence[nn.Module]], ops: Sequence[tuple[str, int]]) -> None:
+        self.program = Program(ops, len(stages))
+        self.modules = [list(group) for group in stages]
+        self.stages: list[StageRunner] = []
+        self.current: _Run | None = None
+        self.last_output: weakref.ref[torch.Tensor] | None = None  # what the folded modules pass through
+        self.dummy = torch.empty(0, requires_grad=True)  # makes outputs require grad when inputs do not
 
-def run_ops(stages: Sequence[StageRunner], program: Program, x: torch.Tensor) -> torch.Tensor:
-    """Runs ``program`` on ``x``: the forward part now, the rest during ``backward``."""
-    run = _Run(stages, program, x)
-    dummy = torch.empty(0, requires_grad=True)  # makes the output require grad even when x does not
-    token = _Start.apply(run, x, dummy)
-    return _Finish.apply(run, token)
+    def install(self) -> None:
+        """Puts the wrappers in place (each module's own ``forward`` is kept and restored by :meth:`remove`)."""
+        for index, group in enumerate(self.modules):
+            if any(isinstance(m.__dict__.get("forward"), _StageForward) for m in group):
+                raise ValueError("a module of this chain already follows a schedule; call remove_schedule first")
+            forwards = [m.forward for m in group]
+            self.stages.append(StageRunner(group, forwards))
+            group[0].forward = _StageForward(self, index + 1, forwards[0])
+            for module, forward in zip(group[1:], forwards[1:]):
+                module.forward = _FoldedForward(self, forward)
 
+    def remove(self) -> None:
+        """Gives every module its own ``forward`` back."""
+        for group in self.modules:
+            for module in group:
+                if isinstance(module.__dict__.get("forward"), (_StageForward, _FoldedForward)):
+                    del module.forward
+        self.stages.clear()
 
-def run_plan(stages: Sequence[StageRunner], plan: Sequence, x: torch.Tensor) -> torch.Tensor:
-    """Runs a nested checkpoint plan (integers: stages 1..L; lists: checkpointed segments)."""
-    return _run_plan(stages, plan, x, set())
-
-
-def _run_plan(stages: Sequence[StageRunner], plan: Sequence, x: torch.Tensor, seen: set[int]) -> torch.Tensor:
-    from torch.utils.checkpoint import checkpoint
-
-    for item in plan:
-        if isinstance(item, int):
-            x = _plan_stage(stages, item, x, seen)
-        else:
-            x = checkpoint(_run_plan, stages, item, x, seen, use_reentrant=False)
-    return x
-
-
-def _plan_stage(stages: Sequence[StageRunner], index: int, x: torch.Tensor, seen: set[int]) -> torch.Tensor:
-    runner = stages[index - 1]
-    if index not in seen:  # torch.utils.checkpoint replays RNG itself; only the buffers need care
-        seen.add(index)
-        return runner(x)
-    with runner.frozen_state():
-        return runner(x)
+    def active(self, x: object) -> bool:
+        if not isinstance(x, torch.Tensor) or not torch.is_grad_enabled():
+            return False
+        if not self.modules[0][0].training:
+            return False
+        return x.requires_grad or any(p.requires_grad for g in self.modules for m in g for p in m.parameters())
 
 
-def plan_stages(plan: Sequence) -> list[int]:
-    """The stages a nested plan runs, in order (must be 1..L)."""
-    out: list[int] = []
-    for item in plan:
-        out.extend([item] if isinstance(item, int) else plan_stages(item))
-    return out
+class _StageForward:
+    """The wrapper ``forward`` of a stage's first module."""
+
+    def __init__(self, executor: ScheduleExecutor, stage: int, original: Any) -> None:
+        self.executor, self.stage, self.original = executor, stage, original
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        executor = self.executor
+        run = executor.current
+        previous = None
+        if self.stage > 1 and run is not None and run.next_stage == self.stage:
+            previous = run._output(self.stage - 1)
+        x, where = find_activation(args, kwargs, previous)
+        if not executor.active(x):
+            return self._plain(args, kwargs)
+        if self.stage == 1:
+            run = executor.current = _Run(executor, x)
+        elif run is None or run.next_stage != self.stage:
+            expected = "stage 1" if run is None else f"stage {run.next_stage}"
+            raise RuntimeError(
+                f"the model called stage {self.stage} of its schedule where {expected} was due; the schedule needs "
+                "the chain's blocks called once each, in order, in every training forward"
+            )
+        run.calls[self.stage] = StageCall(args, kwargs, where)
+        y = _StageFunction.apply(run, self.stage, x, executor.dummy)
+        raw, run.raw = run.raw, None
+        executor.last_output = weakref.ref(y)
+        if self.stage == executor.program.length:
+            executor.current = None
+        return y if raw is None else replace_first_tensor(raw, y)
+
+    def _plain(self, args: tuple, kwargs: dict[str, Any]) -> Any:
+        self.executor.last_output = None
+        return self.original(*args, **kwargs)
+
+
+class _FoldedForward:
+    """The wrapper ``forward`` of a module folded into a stage: the stage's wrapper already ran it."""
+
+    def __init__(self, executor: ScheduleExecutor, original: Any) -> None:
+        self.executor, self.original = executor, original
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        last = self.executor.last_output() if self.executor.last_output is not None else None
+        if last is not None and args and args[0] is last:
+            return last
+        return self.original(*args, **kwargs)

@@ -1,17 +1,21 @@
-"""One stage of a scheduled sequence: running it, and what running it again must guard.
+"""One stage of a scheduled chain: how the model called it, running it again, and what that must guard.
 
 Part of the pure-torch runtime (imports only ``torch`` and the standard library; ``planner.export`` embeds it
-in the files it writes). A recomputation replays the RNG state of the stage's first run (dropout masks match)
-and updates scratch copies of stateful buffers (BatchNorm statistics move once per iteration); an in-place
-module applied directly to the stage's input works on a copy, so an input the schedule keeps is never
-overwritten (the copy becomes the output, which is what the cost model counts).
+in the files it writes). A stage is one or more consecutive modules; the model's own ``forward`` calls its
+first module with any positional and keyword arguments (the running activation among them, the rest side
+inputs such as attention masks or rotary tables, kept for recomputations) and the others with the running
+activation alone (in-place modules and views folded into the stage). A recomputation replays the RNG state
+of the stage's first run (dropout masks match) and updates scratch copies of stateful buffers (BatchNorm
+statistics move once per iteration); an in-place module applied directly to the stage's input works on a
+copy, so an input the schedule keeps is never overwritten.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -20,10 +24,16 @@ RngState = tuple[torch.Tensor, list[torch.Tensor]]
 
 
 class StageRunner:
-    """The modules of one stage, with what running it again must guard."""
+    """The modules of one stage, with the call that runs them and what running it again must guard.
 
-    def __init__(self, modules: Sequence[nn.Module]) -> None:
+    Args:
+        modules: the stage's modules, in order.
+        forwards: their original ``forward`` methods (the wrappers replace the modules' own).
+    """
+
+    def __init__(self, modules: Sequence[nn.Module], forwards: Sequence[Callable[..., Any]]) -> None:
         self.modules = list(modules)
+        self.forwards = list(forwards)
         everything = [sub for module in self.modules for sub in module.modules()]
         self.stateful = [
             m for m in everything
@@ -31,13 +41,16 @@ class StageRunner:
         ]
         self.inplace = [m for m in everything if getattr(m, "inplace", False) is True]
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, call: StageCall) -> tuple[torch.Tensor, Any]:
+        """Runs the stage on ``x`` with the model's other arguments; returns the output and the raw result."""
         with _guard_input(self.inplace, x):
-            for module in self.modules:
-                x = module(x)
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"a stage must return one tensor to be checkpointed, found {type(x).__name__}")
-        return x
+            raw = self.forwards[0](*call.args_with(x), **call.kwargs)
+            y = first_tensor(raw)
+            for forward in self.forwards[1:]:
+                y = first_tensor(forward(y))
+        if y is None:
+            raise TypeError("a stage must return a tensor (alone, or first in a tuple or ModelOutput)")
+        return y, raw
 
     @contextlib.contextmanager
     def frozen_state(self) -> Iterator[None]:
@@ -58,6 +71,108 @@ class StageRunner:
                 setattr(module, name, buf)
 
 
+class StageCall:
+    """How the model called a stage's first module: its arguments, the running activation's place left open.
+
+    Args:
+        args, kwargs: the call's arguments.
+        where: the activation's position in ``args`` (an int) or its keyword (a str).
+    """
+
+    def __init__(self, args: tuple, kwargs: dict[str, Any], where: int | str) -> None:
+        self.where = where
+        self.args = tuple(None if i == where else a for i, a in enumerate(args))
+        self.kwargs = {k: (None if k == where else v) for k, v in kwargs.items()}
+        for name, value in [*enumerate(self.args), *self.kwargs.items()]:
+            for tensor in tensors_in(value):
+                if tensor.requires_grad:
+                    raise RuntimeError(
+                        f"argument {name!r} of a scheduled block requires grad; the executor supports side inputs "
+                        "without gradients (masks, position ids, rotary tables): compute it under torch.no_grad() "
+                        "or choose a chain whose blocks take no trainable side input"
+                    )
+
+    def args_with(self, x: torch.Tensor) -> tuple:
+        """The positional arguments with ``x`` as the running activation."""
+        if isinstance(self.where, int):
+            return tuple(x if i == self.where else a for i, a in enumerate(self.args))
+        return self.args
+
+    def bind(self, x: torch.Tensor) -> StageCall:
+        """A copy whose keyword activation (if any) is ``x``."""
+        if isinstance(self.where, str):
+            bound = StageCall.__new__(StageCall)
+            bound.where, bound.args = self.where, self.args
+            bound.kwargs = {**self.kwargs, self.where: x}
+            return bound
+        return self
+
+
+def find_activation(args: tuple, kwargs: dict[str, Any], previous: torch.Tensor | None) -> tuple[torch.Tensor, int | str]:
+    """The running activation among a call's arguments and where it is.
+
+    It is the argument that shares storage with ``previous`` (the last stage's output) when given, else the
+    first tensor argument (positional first).
+
+    Raises:
+        TypeError: no tensor argument.
+    """
+    places: list[tuple[int | str, Any]] = [*enumerate(args), *kwargs.items()]
+    tensors = [(where, value) for where, value in places if isinstance(value, torch.Tensor)]
+    if previous is not None:
+        for where, value in tensors:
+            if same_storage(value, previous):
+                return value, where
+    if not tensors:
+        raise TypeError("a scheduled block must receive its input activation as a tensor argument")
+    where, value = tensors[0]
+    return value, where
+
+
+def first_tensor(value: Any) -> torch.Tensor | None:
+    """The tensor a block's result carries as its output: itself, or the first of a tuple or ModelOutput."""
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (tuple, list)):
+        for item in value:
+            if isinstance(item, torch.Tensor):
+                return item
+    return None
+
+
+def replace_first_tensor(value: Any, new: torch.Tensor) -> Any:
+    """``value`` with its output tensor (see :func:`first_tensor`) replaced by ``new``.
+
+    Its other tensors (attention weights, caches) are returned detached: gradients do not flow through a
+    scheduled block's secondary outputs.
+    """
+    if isinstance(value, torch.Tensor):
+        return new
+    first = first_tensor(value)
+    if isinstance(value, dict):
+        out = value.__class__(**value) if hasattr(value, "to_tuple") else value.__class__(value)
+        for key, item in value.items():
+            if isinstance(item, torch.Tensor):
+                out[key] = new if item is first else item.detach()
+        return out
+    items = [new if item is first else (item.detach() if isinstance(item, torch.Tensor) else item) for item in value]
+    return tuple(items) if isinstance(value, tuple) else items
+
+
+def tensors_in(value: Any) -> Iterator[torch.Tensor]:
+    """The tensors in an argument: itself, or inside tuples, lists and dicts (one level deep and nested)."""
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (tuple, list)):
+        for item in value:
+            yield from tensors_in(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from tensors_in(item)
+
+
 @contextlib.contextmanager
 def _guard_input(modules: Sequence[nn.Module], protected: torch.Tensor) -> Iterator[None]:
     if not modules:
@@ -74,12 +189,13 @@ def _guard_input(modules: Sequence[nn.Module], protected: torch.Tensor) -> Itera
 
 def _copy_if_protected(protected: torch.Tensor, module: nn.Module, args: tuple) -> tuple | None:
     # An in-place module fed the stage's own input would overwrite a tensor the schedule keeps.
-    if args and isinstance(args[0], torch.Tensor) and _same_storage(args[0], protected):
+    if args and isinstance(args[0], torch.Tensor) and same_storage(args[0], protected):
         return (args[0].clone(), *args[1:])
     return None
 
 
-def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+def same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors share one storage (views of one another)."""
     return a.device == b.device and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
 
 

@@ -1,101 +1,72 @@
-"""Finding the sequential chain in a profiled model and building its cost model from the trace.
+"""Building a chain's cost model, and what the training step holds around it, from a profiled run.
 
-A chain is a run of sibling modules in which each consumes the storage the previous one produced
-(views share storage, so a ``flatten`` between two layers does not break it). A module that returns
-its input's storage (an in-place ReLU, a view) adds no activation of its own and is folded into the
-stage before it. Costs are medians over the recorded iterations (the first is dropped when there are
-more, since it includes one-off allocations and warm-up).
+The chain is found in the module tree by :mod:`planner.chain_finder`; every candidate is costed, and by
+default the one whose step can save the most memory (the widest range between its minimum feasible and
+store-all budgets) is kept. Costs are medians over the recorded iterations (the first is dropped when there
+are more, since it includes one-off allocations and warm-up); the step around the chain
+(:mod:`planner.step_costs`) comes from the last complete iteration's timeline.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pandas as pd
 
 from memprof.reader import Trace
+from planner import step_costs
 from planner.chain import Chain, Stage
+from planner.chain_finder import Candidate, ModuleTree, candidates, container_candidate
 from planner.errors import NotAChainError
 
 _COST_COLUMNS = ["forward_ms", "backward_ms", "output_bytes", "saved_bytes", "input_bytes",
-                 "forward_overhead_bytes", "backward_overhead_bytes"]
+                 "forward_overhead_bytes", "backward_overhead_bytes", "weight_grad_bytes"]
+_RANKING_SLOTS = 100  # a coarse grid is enough to rank candidates; the chosen chain is solved finely later
 
 
-@dataclass(frozen=True)
-class _Candidate:
-    container: str
-    groups: tuple[tuple[str, ...], ...]  # modules of each stage, in order
-
-
-def _complete(trace: Trace, layers: pd.DataFrame) -> pd.DataFrame:
+def _complete(trace: Trace, frame: pd.DataFrame) -> pd.DataFrame:
     """Drops the partial iteration of a failed run (its backward never happened)."""
     failure = trace.meta.get("failure") or {}
-    if "iteration" in failure and layers.iteration.nunique() > 1:
-        layers = layers[layers.iteration != failure["iteration"]]
-    return layers
+    if "iteration" in failure and frame.iteration.nunique() > 1:
+        frame = frame[frame.iteration != failure["iteration"]]
+    return frame
 
 
 def _structure(trace: Trace) -> pd.DataFrame:
-    columns = ["iteration", "module", "parent", "order", "calls", "input_ids", "output_ids"]
+    columns = ["iteration", "module", "parent", "order", "calls", "kind", "input_ids", "output_ids"]
     layers = _complete(trace, trace.read("layers", columns=columns))
     if layers.empty:
         raise NotAChainError(f"run {trace.run_id} has no layer rows: record at least one iteration with record_stats()")
-    last = layers[layers.iteration == layers.iteration.max()]
-    return last[last.calls > 0].sort_values("order")
-
-
-def _chains_under(children: pd.DataFrame) -> list[tuple[tuple[str, ...], ...]]:
-    """Maximal runs of consecutive children linked by storage, as stage groups."""
-    runs: list[list[list[str]]] = []
-    current: list[list[str]] = []
-    previous_out: set[int] = set()
-    for row in children.itertuples():
-        inputs, outputs = set(row.input_ids), set(row.output_ids)
-        if current and inputs & previous_out:
-            if outputs and outputs <= inputs:  # in place or a view: no new activation
-                current[-1].append(row.module)
-            else:
-                current.append([row.module])
-        else:
-            if current:
-                runs.append(current)
-            current = [[row.module]]
-        previous_out = outputs or previous_out
-    if current:
-        runs.append(current)
-    return [tuple(tuple(g) for g in run) for run in runs]
+    return layers[layers.iteration == layers.iteration.max()]
 
 
 def find_chain(trace: Trace, container: str | None = None) -> tuple[str, tuple[tuple[str, ...], ...]]:
-    """Returns ``(container, stage groups)`` of the chosen chain.
+    """Returns ``(parent, stage groups)`` of the chain :func:`chain_from_trace` would build.
 
     Raises:
-        NotAChainError: the named container does not exist or its children do not form a chain, or
-            no chain of at least one stage exists.
+        NotAChainError: as :func:`chain_from_trace`.
     """
-    layers = _structure(trace)
-    if container is not None:
-        if container not in set(layers.module):
-            known = ", ".join(repr(m) for m in layers.module if m)[:300]
-            raise NotAChainError(f"no module named {container!r} ran in run {trace.run_id}; modules: {known}")
-        children = layers[layers.parent == container]
-        runs = _chains_under(children) if len(children) else []
-        if len(runs) != 1:
-            raise NotAChainError(
-                f"the children of {container!r} do not form one chain (found {len(runs)} separate runs"
-                f"{': ' + ' | '.join(','.join(m for g in r for m in g) for r in runs) if runs else ''}); "
-                "name a container whose children each consume the previous one's output"
-            )
-        return container, runs[0]
-    best: _Candidate | None = None
-    for parent in layers[layers.module != ""].parent.unique():
-        for run in _chains_under(layers[(layers.parent == parent) & (layers.module != "")]):
-            if best is None or len(run) > len(best.groups):
-                best = _Candidate(parent, run)
-    if best is None or len(best.groups) < 1:
-        raise NotAChainError(f"no sequential chain found in run {trace.run_id}: no module has children that "
-                             "consume each other's outputs")
-    return best.container, best.groups
+    chain = chain_from_trace(trace, container)
+    return chain.source["container"], tuple(tuple(g) for g in chain.source["modules"])
+
+
+def _candidates(trace: Trace, tree: ModuleTree, container: str | None) -> list[Candidate]:
+    if container is None:
+        found = [c for c in candidates(tree) if len(c.groups) >= 2] or candidates(tree)
+        if not found:
+            raise NotAChainError(f"no sequential chain found in run {trace.run_id}: no module has children that "
+                                 "consume each other's outputs")
+        return found
+    if container not in tree.nodes:
+        known = ", ".join(repr(m) for m in tree.nodes if m)[:300]
+        raise NotAChainError(f"no module named {container!r} ran in run {trace.run_id}; modules: {known}")
+    runs, sequence = container_candidate(tree, container)
+    covered = [m for run in runs for g in run for m in g]
+    if len(runs) != 1 or covered != sequence:
+        raise NotAChainError(
+            f"the children of {container!r} do not form one chain (found {len(runs)} separate runs"
+            f"{': ' + ' | '.join(','.join(m for g in r for m in g) for r in runs) if runs else ''}); "
+            "name a container whose children each consume the previous one's output"
+        )
+    return [Candidate(container, runs[0])]
 
 
 def _medians(trace: Trace) -> pd.DataFrame:
@@ -106,21 +77,14 @@ def _medians(trace: Trace) -> pd.DataFrame:
     return layers.groupby("module")[_COST_COLUMNS].median()
 
 
-def chain_from_trace(trace: Trace, container: str | None = None) -> Chain:
-    """Builds the cost model of the model's chain from a profiled run.
+def _events(trace: Trace) -> pd.DataFrame:
+    events = _complete(trace, trace.read("events"))
+    return events[events.iteration == events.iteration.max()]
 
-    Args:
-        trace: a run opened with :func:`memprof.load_trace`.
-        container: the module whose children form the chain (e.g. ``"features"``); found
-            automatically (the longest chain) when omitted.
 
-    Raises:
-        NotAChainError: no chain could be found (the message says what was looked at).
-    """
-    chosen, groups = find_chain(trace, container)
-    costs = _medians(trace)
+def _stages(candidate: Candidate, costs: pd.DataFrame, fresh_grads: bool) -> list[Stage]:
     stages = []
-    for group in groups:
+    for group in candidate.groups:
         rows = costs.loc[list(group)]
         output = int(rows.output_bytes.iloc[-1])
         stages.append(Stage(
@@ -133,12 +97,62 @@ def chain_from_trace(trace: Trace, container: str | None = None) -> Chain:
             backward_overhead_bytes=int(rows.backward_overhead_bytes.max()),
             name=group[0] if len(group) == 1 else f"{group[0]}..{group[-1]}",
             modules=group,
+            weight_grad_bytes=int(rows.weight_grad_bytes.sum()) if fresh_grads else 0,
         ))
-    stages.append(Stage(0.0, 0.0, 0, 0, 0, name="loss"))
+    return stages
+
+
+def _build(trace: Trace, candidate: Candidate, costs: pd.DataFrame, events: pd.DataFrame, auto: bool) -> Chain:
+    input_bytes = int(costs.loc[candidate.groups[0][0]].input_bytes)
+    bounds = step_costs.boundaries(events, candidate.groups[0], candidate.groups[-1])
+    fresh = True
+    if bounds is not None:
+        start = events[events.seq == bounds.chain_start].iloc[0]
+        fresh = int(start.weight_grads) * 2 < int(events.weight_grads.max())
+    stages = _stages(candidate, costs, fresh)
+    if bounds is not None:
+        stages = step_costs.calibrated(stages, events, candidate.groups, input_bytes)
+    step = None
+    loss = Stage(0.0, 0.0, 0, 0, 0, name="loss")
+    if bounds is not None:
+        step, loss = step_costs.measure(events, bounds, input_bytes, stages[-1].grad_bytes)
     return Chain(
-        name=chosen or trace.meta.get("model", "model"),
-        input_bytes=int(costs.loc[groups[0][0]].input_bytes),
-        stages=tuple(stages),
-        source={"run_id": trace.run_id, "container": chosen, "auto": container is None,
-                "modules": [list(g) for g in groups]},
+        name=candidate.parent or trace.meta.get("model", "model"),
+        input_bytes=input_bytes,
+        stages=(*stages, loss),
+        source={"run_id": trace.run_id, "container": candidate.parent, "auto": auto,
+                "modules": [list(g) for g in candidate.groups]},
+        step=step,
     )
+
+
+def saving_bytes(chain: Chain) -> int:
+    """How much memory checkpointing can save on ``chain``: store-all's budget minus the minimum feasible one."""
+    from planner.solve import min_feasible_budget, store_all_budget
+
+    return store_all_budget(chain) - min_feasible_budget(chain, "rotor", slots=_RANKING_SLOTS)
+
+
+def chain_from_trace(trace: Trace, container: str | None = None) -> Chain:
+    """Builds the cost model of the model's chain from a profiled run.
+
+    Args:
+        trace: a run opened with :func:`memprof.load_trace`.
+        container: the module whose children form the chain (e.g. ``"features"``); when omitted, the chain
+            anywhere in the model whose step can save the most memory.
+
+    Raises:
+        NotAChainError: no chain could be found (the message says what was looked at).
+    """
+    tree = ModuleTree(_structure(trace))
+    found = _candidates(trace, tree, container)
+    costs, events = _medians(trace), _events(trace)
+    chains = [_build(trace, candidate, costs, events, container is None) for candidate in found]
+    if len(chains) == 1:
+        return chains[0]
+    ranked = [(saving_bytes(chain), chain.length, -index) for index, chain in enumerate(chains)]
+    best = max(range(len(chains)), key=lambda i: ranked[i])
+    chosen = chains[best]
+    reason = (f"saves up to {ranked[best][0]} bytes of the step, the most of {len(chains)} chains found "
+              f"(next best: {sorted(r[0] for r in ranked)[-2]} bytes)")
+    return Chain(chosen.name, chosen.input_bytes, chosen.stages, {**chosen.source, "why": reason}, chosen.step)

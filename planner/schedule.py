@@ -58,6 +58,8 @@ class Schedule:
         predicted_peak_bytes: the simulator's peak, when known.
         predicted_makespan_ms: the simulator's makespan, when known.
         params: algorithm parameters (e.g. ``{"segments": 4}``).
+        predicted_step_peak_bytes: the predicted peak of the whole training step (chains built from a
+            trace, which carry :class:`planner.step.StepCosts`); ``None`` otherwise.
     """
 
     algorithm: str
@@ -67,6 +69,7 @@ class Schedule:
     predicted_peak_bytes: int | None = None
     predicted_makespan_ms: float | None = None
     params: dict[str, Any] = field(default_factory=dict)
+    predicted_step_peak_bytes: int | None = None
 
     def __post_init__(self) -> None:
         ops = tuple(o if isinstance(o, Op) else Op(OpKind(o[0]), int(o[1])) for o in self.ops)
@@ -85,8 +88,9 @@ class Schedule:
 
     def with_prediction(self, peak_bytes: int, makespan_ms: float) -> Schedule:
         """Returns a copy carrying the simulator's prediction."""
+        step_peak = self.chain.step.step_peak_bytes(int(peak_bytes)) if self.chain.step is not None else None
         return Schedule(self.algorithm, self.budget_bytes, self.ops, self.chain, int(peak_bytes),
-                        float(makespan_ms), dict(self.params))
+                        float(makespan_ms), dict(self.params), step_peak)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON-compatible form read by :meth:`from_json`."""
@@ -100,6 +104,7 @@ class Schedule:
             "ops": [[op.kind.value, op.stage] for op in self.ops],
             "predicted_peak_bytes": self.predicted_peak_bytes,
             "predicted_makespan_ms": self.predicted_makespan_ms,
+            "predicted_step_peak_bytes": self.predicted_step_peak_bytes,
             "params": self.params,
             "chain": self.chain.to_dict(),
         }
@@ -146,7 +151,16 @@ class Schedule:
             predicted_peak_bytes=int(peak) if isinstance(peak, (int, float)) else None,
             predicted_makespan_ms=float(makespan) if makespan is not None else None,
             params=dict(data.get("params") or {}),
+            predicted_step_peak_bytes=_optional_bytes(data.get("predicted_step_peak_bytes")),
         )
+
+
+def _optional_bytes(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise InvalidScheduleError(f"predicted_step_peak_bytes must be a whole number >= 0 or null, found {value!r}")
+    return int(value)
 
 
 def _load(source: str | Path | Mapping[str, Any]) -> Any:

@@ -14,13 +14,16 @@ The rules are Table 1 and Definitions 3.3-3.4 of the ROTOR paper (Beaumont et al
 * ``B(l)`` needs ``delta^l``, ``a-bar^l`` and ``a^{l-1}``; it frees ``delta^l`` and ``a-bar^l``, frees
   ``a^{l-1}`` when that is held on its own (first line of Table 1) and keeps ``a-bar^{l-1}`` when it is
   held instead (second line), and adds ``delta^{l-1}``.
+* ``B(l)`` also allocates the stage's parameter gradients (``weight_grad_bytes``), which stay allocated
+  to the end of the sequence (the optimizer step uses them).
 * The memory during an operation is everything held before it, plus its output, plus its overhead
   (``o_f`` for a forward, ``o_b`` for a backward). The peak is the largest such value.
 * A forward whose output is already held recomputes it (its memory counts the new copy) and keeps one;
   ``F_all(l)`` over a held ``a^l`` replaces it by ``a-bar^l``. Nothing may follow ``B(1)``.
 
-Only what the paper's memory M counts is counted: the input, activations, their gradients and the
-overheads; weights, weight gradients and optimizer state are outside the budget.
+Only what the paper's memory M counts is counted: the input, activations, their gradients, the
+overheads and the parameter gradients the backward creates; weights, the optimizer's state and the rest of
+the training step are :class:`planner.step.StepCosts`.
 """
 
 from __future__ import annotations
@@ -143,7 +146,7 @@ class _Memory:
         if not self._has_a(stage - 1):  # a guard: a-bar^l pins a^{l-1}, so this cannot happen
             raise StepError(f"needs a^{stage - 1} (not in memory)")
         spec = self.chain.stage(stage)
-        grad_out = self.chain.delta(stage - 1)
+        grad_out = self.chain.delta(stage - 1) + spec.weight_grad_bytes  # the parameter gradients stay
         during = self.live + grad_out + spec.backward_overhead_bytes
         self.live += grad_out - spec.saved_bytes - spec.grad_bytes
         self.saved.remove(stage)

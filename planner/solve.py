@@ -5,9 +5,10 @@ from __future__ import annotations
 import numbers
 from types import ModuleType
 
+from memprof.units import format_bytes
 from planner.chain import Chain
 from planner.discretize import DEFAULT_SLOTS, check_slots
-from planner.errors import UnknownAlgorithmError
+from planner.errors import InfeasibleBudgetError, UnknownAlgorithmError
 from planner.schedule import Schedule
 from planner.simulator import predict
 from planner.solvers import exact, periodic, revolve, rotor, rotor_optimal, sqrt, store_all
@@ -58,14 +59,16 @@ def solve(chain: Chain, budget_bytes: int, algorithm: str = "rotor", slots: int 
 
     Args:
         chain: the chain.
-        budget_bytes: the memory budget (what the ROTOR paper's M counts: input, activations, their
-            gradients and overheads).
+        budget_bytes: the memory budget. For a chain built from a trace (``chain.step`` set) it is the whole
+            training step's memory, what the device has; for a hand-written chain it is the ROTOR paper's M
+            (input, activations, their gradients and overheads). ``chain.activations_only()`` asks for M.
         algorithm: one of ``SOLVABLE``.
-        slots: memory slots spanning store-all's peak, for the dynamic programs.
+        slots: memory slots for the dynamic programs.
 
     Raises:
         UnknownAlgorithmError: unknown ``algorithm``.
-        InfeasibleBudgetError: the budget is below the algorithm's minimum feasible budget (named).
+        InfeasibleBudgetError: the budget is below the algorithm's minimum feasible budget (named), or below
+            what the step needs outside the chain (said what dominates).
         TypeError: ``budget_bytes`` is not a whole number.
         ValueError: ``slots`` is not a whole number >= 1.
         TableTooLargeError: ``rotor_optimal`` on a chain too long for its ``O(L^3 * slots)`` tables.
@@ -74,24 +77,74 @@ def solve(chain: Chain, budget_bytes: int, algorithm: str = "rotor", slots: int 
     module = solver(algorithm)
     budget = check_budget(budget_bytes)
     check_slots(slots)
-    plan = module.plan(chain, budget, slots)
+    inner = _chain_budget(chain, budget, algorithm, slots)
+    try:
+        plan = module.plan(chain, inner, slots)
+    except InfeasibleBudgetError as exc:
+        raise _as_step_error(chain, exc, budget, algorithm) from None
     peak, makespan = predict(chain, plan.ops)
-    if peak > budget:
-        raise AssertionError(f"{algorithm} returned a schedule peaking at {peak} bytes over its budget {budget}")
-    return Schedule(algorithm, budget, plan.ops, chain, peak, makespan, dict(plan.params))
+    if peak > inner:
+        raise AssertionError(f"{algorithm} returned a schedule peaking at {peak} bytes over its budget {inner}")
+    step_peak = chain.step.step_peak_bytes(peak) if chain.step is not None else None
+    return Schedule(algorithm, budget, plan.ops, chain, peak, makespan, dict(plan.params), step_peak)
+
+
+def _chain_budget(chain: Chain, budget: int, algorithm: str, slots: int) -> int:
+    if chain.step is None:
+        return budget
+    step = chain.step
+    if budget < step.floor_bytes:
+        minimum = min_feasible_budget(chain, algorithm, slots)
+        raise InfeasibleBudgetError(
+            f"budget {format_bytes(budget)} ({budget} bytes) is below what the training step needs outside "
+            f"the chain: {step.explain_floor()}; the smallest budget for {algorithm} is "
+            f"{format_bytes(minimum)} ({minimum} bytes)",
+            budget_bytes=budget,
+            min_feasible_bytes=minimum,
+        )
+    return step.chain_budget_bytes(budget)
+
+
+def _as_step_error(chain: Chain, exc: InfeasibleBudgetError, budget: int, algorithm: str) -> InfeasibleBudgetError:
+    """The solver's error in whole-step terms (its numbers are the chain's own budget)."""
+    if chain.step is None:
+        return exc
+    step = chain.step
+    minimum = None
+    if exc.min_feasible_bytes is not None:
+        minimum = max(step.floor_bytes, exc.min_feasible_bytes + step.base_bytes)
+    named = "no budget" if minimum is None else f"{format_bytes(minimum)} ({minimum} bytes)"
+    return InfeasibleBudgetError(
+        f"budget {format_bytes(budget)} ({budget} bytes) for the whole step is too small for {algorithm}: the step "
+        f"holds {format_bytes(step.base_bytes)} besides the chain (model and optimizer state "
+        f"{format_bytes(step.model_state_bytes)}, batch {format_bytes(step.inputs_bytes)}, activations outside "
+        f"the chain {format_bytes(step.outside_bytes)}), leaving the chain {format_bytes(budget - step.base_bytes)}; "
+        f"the smallest budget is {named}",
+        budget_bytes=budget,
+        min_feasible_bytes=minimum,
+    )
 
 
 def min_feasible_budget(chain: Chain, algorithm: str = "rotor", slots: int = DEFAULT_SLOTS) -> int:
     """The smallest budget in bytes for which ``solve(chain, budget, algorithm, slots)`` succeeds.
+
+    For a chain with step costs it is the whole step's memory (see :func:`solve`).
 
     Raises:
         UnknownAlgorithmError: unknown ``algorithm``.
     """
     module = solver(algorithm)
     check_slots(slots)
-    return int(module.min_budget_bytes(chain, slots))
+    inner = int(module.min_budget_bytes(chain, slots))
+    if chain.step is None:
+        return inner
+    return max(chain.step.floor_bytes, inner + chain.step.base_bytes)
 
 
 def store_all_budget(chain: Chain) -> int:
-    """Store-all's simulated peak: the budget above which no algorithm recomputes anything."""
-    return store_all.store_all_peak_bytes(chain)
+    """Store-all's predicted peak: the budget above which no algorithm recomputes anything.
+
+    For a chain with step costs it is the whole step's predicted peak.
+    """
+    peak = store_all.store_all_peak_bytes(chain)
+    return peak if chain.step is None else chain.step.step_peak_bytes(peak)

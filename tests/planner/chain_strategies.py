@@ -31,6 +31,7 @@ def small_chains(draw: st.DrawFn, max_length: int = 5, max_size: int = 6) -> Cha
             forward_overhead_bytes=draw(st.integers(0, 3)),
             backward_overhead_bytes=draw(st.integers(0, 4)),
             name=f"s{index + 1}",
+            weight_grad_bytes=draw(st.sampled_from([0, 0, draw(st.integers(1, 4))])),
         ))
     return Chain("random", draw(st.integers(0, max_size)), tuple(stages))
 

@@ -1,0 +1,150 @@
+"""The planner on models written by others: Hugging Face transformers and torchvision-style CNNs.
+
+For each model: the chain is found at block level in its trace, schedules are applied in place (the model's
+own forward keeps calling its blocks), gradients are bitwise those of plain autograd, the whole training
+step's peak measured with the allocator (torch.profiler's raw memory events) is within 5% + 1 MiB of the
+prediction, and at the minimum feasible budget the activations are at most half of store-all's.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from memprof import MemoryProfiler, load_trace
+from planner import Chain, apply_schedule, min_feasible_budget, solve, store_all_budget
+from planner.executor import remove_schedule
+from planner.measure import measure_schedule
+from tests.planner.real_models import ALL_BUILDERS, RealModel
+
+pytestmark = pytest.mark.slow
+
+BATCH = 2
+MIB = 2**20
+EXPECTED_CHAINS = {
+    "gpt2": ["transformer.drop", *(f"transformer.h.{i}" for i in range(4)), "transformer.ln_f"],
+    "bert": [f"bert.encoder.layer.{i}" for i in range(4)],
+    "llama": [*(f"model.layers.{i}" for i in range(4)), "model.norm"],
+    "resnet": ["conv1", "bn1", "maxpool", *(f"layer{s}.{b}" for s in range(1, 5) for b in range(2)), "avgpool", "fc"],
+    "mobilenet": [f"features.{i}" for i in range(10)],
+    "vit": ["encoder.dropout", *(f"encoder.layers.encoder_layer_{i}" for i in range(4)), "encoder.ln"],
+}
+
+
+def _train(real: RealModel, model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: tuple) -> None:
+    optimizer.zero_grad(set_to_none=True)
+    real.loss(model, batch).backward()
+    optimizer.step()
+
+
+def _profile(real: RealModel, out_dir) -> tuple[Chain, dict]:
+    model = real.model
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    batches = [real.make_batch(BATCH) for _ in range(3)]
+    with MemoryProfiler(model, optimizer, out_dir=out_dir, print_period=0, background=False) as profiler:
+        for batch in batches:
+            _train(real, model, optimizer, batch)
+            profiler.record_stats()
+    return Chain.from_trace(load_trace(profiler.run_dir)), {"optimizer": optimizer, "batch": batches[-1]}
+
+
+def _storage_bytes(tensors) -> int:
+    seen: dict[int, int] = {}
+    for tensor in tensors:
+        if isinstance(tensor, torch.Tensor):
+            storage = tensor.untyped_storage()
+            seen[storage.data_ptr()] = storage.nbytes()
+    return sum(seen.values())
+
+
+def allocator_step_peak(real: RealModel, model, optimizer, batch) -> int:
+    """The whole step's peak: what is allocated at its start plus the highest rise of torch.profiler's events."""
+    from torch.profiler import ProfilerActivity, profile
+
+    _train(real, model, optimizer, batch)  # optimizer state exists, as in the profiled steps
+    optimizer.zero_grad(set_to_none=True)
+    state = [t for s in optimizer.state.values() for t in s.values()]
+    start = _storage_bytes([*model.parameters(), *model.buffers(), *state, *batch])
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        _train(real, model, optimizer, batch)
+    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
+                    key=lambda e: e.start_ns())
+    live = peak = 0
+    for event in events:
+        live += event.nbytes()
+        peak = max(peak, live)
+    return start + peak
+
+
+def _grads(real: RealModel, model, batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(7)
+    loss = real.loss(model, batch)
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.fixture(scope="module", params=sorted(ALL_BUILDERS))
+def profiled(request, tmp_path_factory):
+    torch.manual_seed(0)
+    real = ALL_BUILDERS[request.param]()
+    chain, extra = _profile(real, tmp_path_factory.mktemp(request.param))
+    return real, chain, extra
+
+
+def test_chain_is_found_at_block_level(profiled) -> None:
+    real, chain, _ = profiled
+    found = [m for stage in chain.stages[:-1] for m in stage.modules if m != "relu"]
+    blocks = [m for m in EXPECTED_CHAINS[real.name] if m in real.blocks]
+    assert [m for m in found if m in blocks] == blocks  # every block is a stage of its own, in order
+    assert set(found) <= set(EXPECTED_CHAINS[real.name])
+    assert chain.step is not None and chain.source["auto"]
+
+
+@pytest.mark.parametrize("algorithm", ["store_all", "rotor", "rotor_optimal"])
+def test_schedules_give_plain_gradients_and_the_predicted_step_peak(profiled, algorithm: str) -> None:
+    real, chain, extra = profiled
+    model, optimizer, batch = real.model, extra["optimizer"], extra["batch"]
+    budget = store_all_budget(chain) if algorithm == "store_all" else min_feasible_budget(chain, algorithm)
+    schedule = solve(chain, budget, algorithm)
+    assert schedule.predicted_step_peak_bytes is not None and schedule.predicted_step_peak_bytes <= budget
+    reference = copy.deepcopy(model)
+    ref_loss, ref_grads = _grads(real, reference, batch)
+    apply_schedule(model, schedule)
+    try:
+        loss, grads = _grads(real, model, batch)
+        assert torch.equal(loss, ref_loss)
+        assert grads.keys() == ref_grads.keys()
+        assert all(torch.equal(grads[name], ref_grads[name]) for name in grads)
+        measured = allocator_step_peak(real, model, optimizer, batch)
+    finally:
+        remove_schedule(model)
+    predicted = schedule.predicted_step_peak_bytes
+    assert abs(measured - predicted) <= 0.05 * predicted + MIB, (measured, predicted)
+
+
+# On bert, llama and resnet at these test sizes the memory outside the chain (embeddings and logits, the
+# convolutions' backward workspace) is more than half the activations, so no chain schedule halves them.
+HALVED = ("gpt2", "mobilenet", "vit")
+
+
+def test_minimum_budget_halves_the_activations(profiled, tmp_path) -> None:
+    real, chain, extra = profiled
+    if real.name not in HALVED:
+        pytest.skip(f"{real.name}: memory outside the chain is more than half the activations at this size")
+    optimizer = extra["optimizer"]
+    peaks = {}
+    for name, budget in (("store_all", store_all_budget(chain)), ("rotor", min_feasible_budget(chain))):
+        schedule = solve(chain, budget, name)
+        model = real.model
+        try:
+            _, comparison = measure_schedule(model, real.make_batch, schedule, tmp_path / name, steps=3,
+                                             batch_size=BATCH, loss=real.loss, optimizer=optimizer)
+        finally:
+            remove_schedule(model)
+        peaks[name] = comparison.measured_peak_bytes
+        predicted = comparison.predicted_step_peak_bytes
+        assert abs(comparison.measured_step_peak_bytes - predicted) <= 0.05 * predicted + MIB
+    assert peaks["rotor"] <= 0.5 * peaks["store_all"], peaks
