@@ -2,6 +2,9 @@
 
 The slider callback (:func:`planner_view`) never solves: it reads the cached Pareto front with
 ``schedule_at`` and asks the simulator for the predicted timeline.
+
+For a chain found in a run (with step costs) the slider, the texts and the figures speak the whole training
+step's memory, what the device has; the chain's own share is said beside it.
 """
 
 from __future__ import annotations
@@ -60,10 +63,25 @@ def chain_options(store: TraceStore, names: list[str] | None) -> tuple[list[dict
 
 
 def describe_chain(model: PlannerModel) -> str:
-    """One sentence saying which modules the chain covers."""
+    """Which modules the chain covers, and what its budgets count."""
     names = model.chain.module_names
     shown = ", ".join(names[:6]) + (f", ... ({len(names)} stages)" if len(names) > 6 else "")
-    return f"Chain {model.chain.name}: {shown}; the budget excludes {format_bytes(model.model_state_bytes)} of model state."
+    step = model.step
+    if step is None:
+        return (f"Chain {model.chain.name}: {shown}; the budget counts the chain's activations only and excludes "
+                f"{format_bytes(model.model_state_bytes)} of model state.")
+    return (f"Chain {model.chain.name}: {shown}. Budgets are the whole training step's memory: "
+            f"{format_bytes(step.base_bytes)} stays beside the chain (model and optimizer state "
+            f"{format_bytes(step.model_state_bytes)}, batch {format_bytes(step.inputs_bytes)}, other activations "
+            f"{format_bytes(step.outside_bytes)}), and no schedule goes below {format_bytes(step.floor_bytes)}.")
+
+
+def _floor_note(model: PlannerModel) -> str:
+    """Why the minimum is where it is, when what lies outside the chain sets it."""
+    step = model.step
+    if step is None or model.min_budget_bytes > step.floor_bytes:
+        return ""
+    return f" The minimum is set outside the chain: {step.explain_floor()}."
 
 
 def planner_bounds(store: TraceStore, names: list[str] | None, choice: str | None) -> tuple[Any, ...]:
@@ -81,11 +99,12 @@ def planner_bounds(store: TraceStore, names: list[str] | None, choice: str | Non
     low, high = model.min_budget_bytes, model.max_budget_bytes
     if high <= low:
         marks = {str(low): f"{format_bytes(low)} (store-all)"}
-        return low, low, 1, marks, low, True, describe_chain(model) + " Store-all is already the minimum."
+        return (low, low, 1, marks, low, True,
+                describe_chain(model) + " Store-all is already the minimum." + _floor_note(model))
     step = (high - low) / SLIDER_STEPS
     marks = {str(low): format_bytes(low), str(high): format_bytes(high)}
     span = f" Budgets from {format_bytes(low)} (the minimum feasible) to {format_bytes(high)} (store-all)."
-    return low, high, step, marks, default_budget(model), False, describe_chain(model) + span
+    return low, high, step, marks, default_budget(model), False, describe_chain(model) + span + _floor_note(model)
 
 
 def _run_id(store: TraceStore, name: str) -> str:
@@ -108,7 +127,8 @@ def comparisons(store: TraceStore, name: str) -> list[MeasuredComparison | tuple
 
 
 def _error_sentence(c: MeasuredComparison) -> str:
-    return (f"{c.name}: peak predicted {format_bytes(c.predicted_peak_bytes)}, measured "
+    what = "whole-step peak" if c.whole_step else "activation peak"
+    return (f"{c.name}: {what} predicted {format_bytes(c.predicted_peak_bytes)}, measured "
             f"{format_bytes(c.measured_peak_bytes)} ({c.peak_error:+.1%}); time predicted {c.predicted_ms:.3f} ms, "
             f"measured {c.measured_ms:.3f} ms ({c.time_error:+.1%}).")
 
@@ -134,23 +154,34 @@ def planner_view(store: TraceStore, names: list[str] | None, choice: str | None,
     schedule = model.front.schedule_at(budget_bytes)
     prediction = planner.simulate(model.chain, schedule)
     frame = prediction_frame(prediction)
-    peak, makespan = int(prediction.peak_bytes), float(prediction.makespan_ms)
-    state = model.model_state_bytes
-    budget_text = (f"budget {format_bytes(budget_bytes)} for activations "
-                   f"(+ {format_bytes(state)} model state = {format_bytes(budget_bytes + state)} in all)")
-    peak_text = f"predicted peak {format_bytes(peak)}"
+    chain_peak, makespan = int(prediction.peak_bytes), float(prediction.makespan_ms)
+    step = model.step
+    if step is None:
+        state = model.model_state_bytes
+        peak = chain_peak
+        budget_text = (f"budget {format_bytes(budget_bytes)} for activations "
+                       f"(+ {format_bytes(state)} model state = {format_bytes(budget_bytes + state)} in all)")
+        peak_text = f"predicted peak {format_bytes(peak)}"
+    else:
+        peak = step.step_peak_bytes(chain_peak)
+        budget_text = (f"budget {format_bytes(budget_bytes)} for the whole step ({format_bytes(step.base_bytes)} "
+                       f"beside the chain leaves it {format_bytes(max(step.chain_budget_bytes(budget_bytes), 0))})")
+        peak_text = f"predicted step peak {format_bytes(peak)} (the chain's own {format_bytes(chain_peak)})"
     makespan_text = f"predicted makespan {makespan:.3f} ms"
     store_all = model.points[model.points["algorithm"] == "store_all"]
     if not store_all.empty and float(store_all["makespan_ms"].iloc[0]) > 0:
         base = float(store_all["makespan_ms"].iloc[0])
         makespan_text += f" ({makespan / base - 1:+.1%} over store-all's {base:.3f} ms)"
-    matches = [c for c in comparisons(store, names[0])
-               if isinstance(c, MeasuredComparison) and same_schedule(c.schedule, schedule)]
+    # a measured run of the same operations, measured as the same quantity (whole step or activations)
+    matches = [c for c in comparisons(store, names[0]) if isinstance(c, MeasuredComparison)
+               and same_schedule(c.schedule, schedule) and c.whole_step == model.whole_step]
     if matches:
         peak_text += "; measured " + ", ".join(f"{format_bytes(c.measured_peak_bytes)} ({c.peak_error:+.1%})"
                                                for c in matches)
         makespan_text += "; measured " + ", ".join(f"{c.measured_ms:.3f} ms ({c.time_error:+.1%})" for c in matches)
-    memory = memory_figure(frame, budget_bytes, [(c.name, c.measured) for c in matches])
+    memory = memory_figure(frame, budget_bytes, [(c.name, c.measured) for c in matches],
+                           base_bytes=step.base_bytes if step is not None else None,
+                           floor_bytes=step.floor_bytes if step is not None else None)
     pareto = with_current(model.pareto, current=(peak, makespan), budget_bytes=budget_bytes)
     picked = {"run": names[0], "container": container_of(choice), "budget_bytes": budget_bytes}
     return (budget_text, peak_text, makespan_text, schedule_text(schedule.ops),
@@ -173,8 +204,10 @@ def measured_view(store: TraceStore, names: list[str] | None) -> list[Any]:
         if not isinstance(item, MeasuredComparison):
             blocks.append(html.P(f"{item[0]}: cannot compare: {item[1]}", className="message"))
             continue
+        whole = " (whole training step)" if item.whole_step else " (activations)"
         figure = memory_figure(item.predicted, item.schedule.budget_bytes, [(item.name, item.measured)],
-                                          title=f"{item.schedule.algorithm} schedule: predicted and measured")
+                               title=f"{item.schedule.algorithm} schedule: predicted and measured{whole}",
+                               base_bytes=item.base_bytes, floor_bytes=item.floor_bytes)
         blocks.append(html.Div(className="measured", children=[
             html.P(_error_sentence(item)), dcc.Graph(figure=figure, config={"displaylogo": False})]))
     return blocks
@@ -206,10 +239,14 @@ def export_summary(store: TraceStore, choice: dict | None, names: list[str] | No
     except (*VIEW_ERRORS, LookupError) as exc:
         return f"Nothing to export yet: {exc}"
     run = choice.get("run") if isinstance(choice, dict) and choice.get("run") else (names or ["?"])[0]
-    return (f"{schedule.algorithm} schedule of run {run}, chain {schedule.chain.name}, at budget "
-            f"{format_bytes(schedule.budget_bytes)}: "
-            f"{len(schedule.ops)} operations, predicted peak {format_bytes(schedule.predicted_peak_bytes)}, "
-            f"makespan {schedule.predicted_makespan_ms:.3f} ms.")
+    if schedule.predicted_step_peak_bytes is not None:
+        budget = f"{format_bytes(schedule.budget_bytes)} for the whole step"
+        peak = (f"{format_bytes(schedule.predicted_step_peak_bytes)} for the whole step (the chain's own "
+                f"{format_bytes(schedule.predicted_peak_bytes)})")
+    else:
+        budget, peak = format_bytes(schedule.budget_bytes), format_bytes(schedule.predicted_peak_bytes)
+    return (f"{schedule.algorithm} schedule of run {run}, chain {schedule.chain.name}, at budget {budget}: "
+            f"{len(schedule.ops)} operations, predicted peak {peak}, makespan {schedule.predicted_makespan_ms:.3f} ms.")
 
 
 def export_json(store: TraceStore, choice: dict | None, names: list[str] | None) -> dict:

@@ -1,8 +1,10 @@
 """``memprof demo``: the whole loop on embedded models - profile, plan, execute and measure, serve.
 
-On a 2-core CPU it finishes in a couple of minutes: two models (a ResNet-style CNN with BatchNorm
-and a GPT-style transformer stack), a few profiled iterations each, every algorithm at several
-budgets, a selection of schedules executed and measured, then the dashboard.
+On a 2-core CPU it finishes in a few minutes: three models (a ResNet-style CNN with BatchNorm, a GPT-style
+transformer stack and a Hugging Face-style Llama whose forward loops over its blocks with keyword side
+inputs), trained with Adam, a few profiled iterations each; the chain is found automatically; every
+algorithm at several whole-step budgets; store-all and a selection of schedules executed and measured
+(whole-step peak predicted against measured), then the dashboard.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -21,7 +24,11 @@ from memprof import MemoryProfiler, load_trace, zoo
 from memprof.units import format_bytes
 from planner import Chain
 
-# fractions of the way from the minimum feasible budget to store-all's peak
+if TYPE_CHECKING:
+    from planner.measure import Comparison
+    from planner.schedule import Schedule
+
+# fractions of the way from the minimum feasible budget to store-all's peak (whole-step budgets)
 BUDGET_FRACTIONS = (0.0, 0.25, 0.5, 1.0)
 
 
@@ -36,9 +43,15 @@ class DemoModel:
 
 
 DEMO_MODELS = (
-    DemoModel("resnet", lambda: zoo.cnn(channels=32, blocks=6, image=32), 16, "features"),
-    DemoModel("gpt", lambda: zoo.transformer(vocab=512, dim=128, heads=4, layers=6, seq=64), 8, "h"),
+    DemoModel("resnet", lambda: zoo.cnn(channels=32, blocks=6, image=32), 16, None),
+    DemoModel("gpt", lambda: zoo.transformer(vocab=512, dim=128, heads=4, layers=6, seq=64), 8, None),
+    DemoModel("llama", lambda: zoo.llama(vocab=512, dim=128, heads=4, kv_heads=2, layers=6, seq=64), 8, None),
 )
+
+
+def make_optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
+    """Adam, for the profiled and the measured runs alike: the whole step's peak counts its state and step."""
+    return torch.optim.Adam(model.parameters(), lr=1e-3)
 
 
 class Progress:
@@ -67,7 +80,7 @@ def profile_model(spec: DemoModel, out_dir: Path, tag: str, iterations: int) -> 
     """Profiles a few training iterations of one embedded model; returns the run directory."""
     torch.manual_seed(0)
     model, make_batch = spec.build()
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    optimizer = make_optimizer(model)
     batches = [make_batch(spec.batch_size) for _ in range(iterations)]
     progress = Progress(f"profiling {spec.name}", iterations)
     # inline: a few steps whose layer times feed the planner; a worker starting beside them would slow them
@@ -103,11 +116,15 @@ def plan_and_measure(spec: DemoModel, run_dir: Path, out_dir: Path, tag: str, me
                 progress.step(f"{algorithm}: infeasible at {format_bytes(budget)}")
                 continue
             schedule.to_json(schedules_dir / f"{algorithm}-{budget}.json")
-            if algorithm in ("rotor", "periodic") and budget in (budgets[0], budgets[len(budgets) // 2]):
+            if (algorithm in ("rotor", "periodic") and budget in (budgets[0], budgets[len(budgets) // 2])) or (
+                    algorithm == "store_all"):
                 selected.append(schedule)
             progress.step(algorithm)
-    lines = [f"{spec.name}: chain of {chain.length} stages in '{spec.container}', budgets "
-             f"{format_bytes(low)} .. {format_bytes(high)} (store-all)"]
+    what = "whole-step budgets" if chain.step is not None else "chain-only budgets"
+    peak = "store-all step peak" if chain.step is not None else "store-all chain peak"
+    where = chain.source.get("container", spec.container) or "the model"
+    lines = [f"{spec.name}: chain of {chain.length} stages in '{where}'; {peak} {format_bytes(high)}; "
+             f"{what} {format_bytes(low)} (the least) .. {format_bytes(high)}"]
     if not measure:
         return lines
     progress = Progress(f"measuring {spec.name}", len(selected))
@@ -116,12 +133,26 @@ def plan_and_measure(spec: DemoModel, run_dir: Path, out_dir: Path, tag: str, me
         model, make_batch = spec.build()
         run_id = f"{spec.name}-{tag}-measured-{schedule.algorithm}-{schedule.budget_bytes}"
         _, cmp = measure_schedule(model, make_batch, schedule, out_dir, container=spec.container,
-                                  batch_size=spec.batch_size, run_id=run_id, source_run=trace.run_id)
+                                  batch_size=spec.batch_size, run_id=run_id, source_run=trace.run_id,
+                                  optimizer=make_optimizer(model))
         progress.step(schedule.algorithm)
-        lines.append(f"  {schedule.algorithm:<9} budget {format_bytes(schedule.budget_bytes or 0):>10}: predicted "
-                     f"{format_bytes(cmp.predicted_peak_bytes)} / {cmp.predicted_makespan_ms:.1f} ms, measured "
-                     f"{format_bytes(cmp.measured_peak_bytes)} / {cmp.measured_step_ms:.1f} ms")
+        lines.append(measured_line(schedule, cmp))
     return lines
+
+
+def measured_line(schedule: Schedule, cmp: Comparison) -> str:
+    """One summary line of a measured schedule: its budget, predicted and measured peaks and times.
+
+    The peaks are the whole training step's (what the device has) when the schedule's chain has step
+    costs, the chain's activation memory otherwise.
+    """
+    if cmp.predicted_step_peak_bytes is not None:
+        what, predicted, measured = "step peak", cmp.predicted_step_peak_bytes, cmp.measured_step_peak_bytes
+    else:
+        what, predicted, measured = "activation peak", cmp.predicted_peak_bytes, cmp.measured_peak_bytes
+    return (f"  {schedule.algorithm} at budget {format_bytes(schedule.budget_bytes or 0)}: predicted {what} "
+            f"{format_bytes(predicted)}, measured {format_bytes(measured)} ({cmp.peak_error:+.1%}); time predicted "
+            f"{cmp.predicted_makespan_ms:.1f} ms, measured {cmp.measured_step_ms:.1f} ms")
 
 
 def run_demo(args: argparse.Namespace) -> int:

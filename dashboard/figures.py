@@ -41,22 +41,26 @@ TEMPLATE = "none"
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
 
-def byte_ticks(top_bytes: float, ticks: int = 6) -> dict[str, Any]:
-    """Axis ticks in binary units (``0, 16 MiB, 32 MiB ...``) up to ``top_bytes``.
+def byte_ticks(top_bytes: float, ticks: int = 6, bottom_bytes: float = 0.0) -> dict[str, Any]:
+    """Axis ticks in binary units (``0, 16 MiB, 32 MiB ...``) from ``bottom_bytes`` up to ``top_bytes``.
 
     Plotly would label bytes with decimal prefixes (``60M``) where every number on the page is in
-    KiB/MiB/GiB; these ticks say the same unit as the text beside the figure.
+    KiB/MiB/GiB; these ticks say the same unit as the text beside the figure. ``bottom_bytes`` spaces them
+    over a window that does not start at 0 (e.g. whole-step budgets from 3.1 GiB to 3.4 GiB), so that
+    some fall inside it.
     """
     if not math.isfinite(top_bytes) or top_bytes <= 0:
         return {}
+    bottom = float(bottom_bytes) if math.isfinite(bottom_bytes) and 0 < bottom_bytes < top_bytes else 0.0
     power = min(int(math.log(top_bytes, 1024)), len(_UNITS) - 1) if top_bytes >= 1 else 0
     unit = 1024**power
-    raw = top_bytes / unit / ticks
+    raw = (top_bytes - bottom) / unit / ticks
     magnitude = 10 ** math.floor(math.log10(raw)) if raw > 0 else 1
     step = next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw)
     if power == 0:
         step = max(1, round(step))
-    values = np.arange(0, top_bytes + step * unit, step * unit)
+    start = math.floor(bottom / (step * unit)) * step * unit
+    values = np.arange(start, top_bytes + step * unit, step * unit)
     return {"tickmode": "array", "tickvals": values.tolist(),
             "ticktext": ["0" if v == 0 else f"{v / unit:g} {_UNITS[power]}" for v in values]}
 

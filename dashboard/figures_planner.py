@@ -94,42 +94,79 @@ def predicted_line(prediction: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
 
 
 def memory_figure(prediction: pd.DataFrame, budget_bytes: int | None = None,
-                  measured: Sequence[tuple[str, pd.DataFrame]] = (), title: str = "") -> Figure:
-    """Predicted activation memory of a schedule, with measured runs of it drawn over it.
+                  measured: Sequence[tuple[str, pd.DataFrame]] = (), title: str = "",
+                  base_bytes: int | None = None, floor_bytes: int | None = None) -> Figure:
+    """Predicted memory of a schedule, with measured runs of it drawn over it.
+
+    With ``base_bytes`` (a chain with step costs) the figure is the whole training step's memory: the
+    predicted line is the simulator's chain timeline plus ``base_bytes`` (what the step holds beside the
+    chain), and the measured lines are the allocator's whole-step memory. Without it, both are the chain's
+    activation memory.
 
     Args:
         prediction: the simulator's frame (``start_ms``, ``end_ms``, ``memory_bytes``, ``peak_bytes``).
         budget_bytes: the budget, drawn as a horizontal line.
-        measured: ``(run name, frame)`` pairs from :func:`dashboard.planning.measured_activation`.
+        measured: ``(run name, frame)`` pairs with ``time_ms`` and ``memory_bytes``
+            (:func:`dashboard.planning.measured_step` or :func:`dashboard.planning.measured_activation`).
         title: the figure title.
+        base_bytes: what the step holds beside the chain (``None``: a chain-only figure).
+        floor_bytes: the step's peak outside the chain, which no schedule lowers, drawn as a line.
     """
     x, y = predicted_line(prediction)
-    data = [{"type": "scatter", "x": x, "y": y, "mode": "lines", "name": "predicted",
+    whole_step = base_bytes is not None
+    if whole_step:
+        y = y + float(base_bytes)
+        name = f"predicted (chain + {format_bytes(base_bytes)} beside it)"
+    else:
+        name = "predicted"
+    data = [{"type": "scatter", "x": x, "y": y, "mode": "lines", "name": name,
              "line": {"color": "#4c78a8", "width": 2},
              "hovertemplate": "%{x:.3f} ms: %{y:,.0f} B<extra>predicted</extra>"}]
-    for name, frame in measured:
-        data.append({"type": "scatter", "x": frame["time_ms"].to_numpy(), "y": frame["activation_bytes"].to_numpy(),
-                     "mode": "lines", "name": f"measured ({plot_text(name)})",
+    for run, frame in measured:
+        data.append({"type": "scatter", "x": frame["time_ms"].to_numpy(), "y": frame["memory_bytes"].to_numpy(),
+                     "mode": "lines", "name": f"measured ({plot_text(run)})",
                      "line": {"color": "#e45756", "width": 1.5, "dash": "dot"},
                      "hovertemplate": "%{x:.3f} ms: %{y:,.0f} B<extra>measured</extra>"})
-    top = max([float(np.max(y)) if len(y) else 0.0, float(budget_bytes or 0)]
-              + [float(f["activation_bytes"].max()) for _, f in measured if len(f)])
-    layout = _layout(title or "Predicted activation memory (budget counts activations, not weights)",
-                     "time since the forward began (ms)", "bytes", height=380,
-                     legend={"orientation": "h", "y": -0.25}, yaxis=byte_ticks(top))
+    top = max([float(np.max(y)) if len(y) else 0.0, float(budget_bytes or 0), float(floor_bytes or 0)]
+              + [float(f["memory_bytes"].max()) for _, f in measured if len(f)])
+    bottom = 0.0
+    if whole_step and len(y):  # whole-step lines sit far above 0 (the model state): tick what is drawn
+        bottom = min([float(np.min(y))] + [float(f["memory_bytes"].min()) for _, f in measured if len(f)])
+    if whole_step:
+        default = (f"Predicted memory of the whole training step (the chain's simulated timeline + "
+                   f"{format_bytes(base_bytes)} held beside it)")
+        y_title = "whole-step memory (bytes)"
+    else:
+        default = "Predicted activation memory (budget counts activations, not weights)"
+        y_title = "activation memory (bytes)"
+    layout = _layout(title or default, "time since the forward began (ms)", y_title, height=380,
+                     legend={"orientation": "h", "y": -0.25}, yaxis=byte_ticks(top, bottom_bytes=bottom))
+    shapes, notes = [], []
     if budget_bytes is not None:
         shape, note = _hline(budget_bytes, f"budget {format_bytes(budget_bytes)}")
-        layout.update(shapes=[shape], annotations=[note])
+        shapes.append(shape)
+        notes.append(note)
+    if floor_bytes is not None:
+        shape, note = _hline(floor_bytes, f"step peak outside the chain: {format_bytes(floor_bytes)} "
+                                          "(no schedule's peak goes below)")
+        shape["line"] = {"color": "#bbbbbb", "dash": "dot"}
+        shapes.append(shape)
+        notes.append(note)
+    if shapes:
+        layout.update(shapes=shapes, annotations=notes)
     return {"data": data, "layout": layout}
 
 
-def pareto_base(points: pd.DataFrame, front_budgets: Sequence[float], front_makespans: Sequence[float]) -> Figure:
+def pareto_base(points: pd.DataFrame, front_budgets: Sequence[float], front_makespans: Sequence[float],
+                whole_step: bool = False) -> Figure:
     """Memory against time of every algorithm and the optimal front (what does not move with the slider).
 
     Args:
         points: ``planner.algorithm_points``: algorithm, budget_bytes, peak_bytes, makespan_ms.
         front_budgets: the Pareto front's budgets (bytes).
         front_makespans: the optimal makespan at each of those budgets (ms).
+        whole_step: whether the bytes are the whole training step's (a chain with step costs) rather than
+            the chain's activation memory.
     """
     data = [{"type": "scatter", "x": np.asarray(front_budgets), "y": np.asarray(front_makespans), "mode": "lines",
              "name": "rotor optimum by budget", "line": {"shape": "hv", "color": ALGORITHM_COLORS["rotor"], "width": 1},
@@ -144,9 +181,12 @@ def pareto_base(points: pd.DataFrame, front_budgets: Sequence[float], front_make
                      "hovertemplate": "peak %{customdata}: %{y:.3f} ms<extra>" + name + "</extra>"})
     top = max([float(np.max(front_budgets)) if len(front_budgets) else 0.0]
               + ([float(points["peak_bytes"].max())] if len(points) else []))
-    return {"data": data,
-            "layout": _layout("Memory vs time of every algorithm", "activation memory (bytes)", "makespan (ms)",
-                              height=380, xaxis=byte_ticks(top))}
+    lows = ([float(np.min(front_budgets))] if len(front_budgets) else []) + (
+        [float(points["peak_bytes"].min())] if len(points) else [])
+    bottom = min(lows) if whole_step and lows else 0.0  # whole-step peaks sit far above 0
+    title, x_title = (("Whole-step memory vs time of every algorithm", "whole-step peak memory (bytes)")
+                      if whole_step else ("Memory vs time of every algorithm", "activation memory (bytes)"))
+    return {"data": data, "layout": _layout(title, x_title, "makespan (ms)", height=380, xaxis=byte_ticks(top, bottom_bytes=bottom))}
 
 
 def with_current(base: Figure, current: tuple[float, float] | None = None,
@@ -168,7 +208,8 @@ def with_current(base: Figure, current: tuple[float, float] | None = None,
 
 
 def pareto_figure(points: pd.DataFrame, front_budgets: Sequence[float], front_makespans: Sequence[float],
-                  current: tuple[float, float] | None = None, budget_bytes: float | None = None) -> Figure:
+                  current: tuple[float, float] | None = None, budget_bytes: float | None = None,
+                  whole_step: bool = False) -> Figure:
     """Memory against time of every algorithm, the optimal front, and the current schedule.
 
     Args:
@@ -177,8 +218,9 @@ def pareto_figure(points: pd.DataFrame, front_budgets: Sequence[float], front_ma
         front_makespans: the optimal makespan at each of those budgets (ms).
         current: ``(peak_bytes, makespan_ms)`` of the schedule shown, marked with a star.
         budget_bytes: the slider's budget, drawn as a vertical line.
+        whole_step: whether the bytes are the whole training step's.
     """
-    return with_current(pareto_base(points, front_budgets, front_makespans), current, budget_bytes)
+    return with_current(pareto_base(points, front_budgets, front_makespans, whole_step), current, budget_bytes)
 
 
 def schedule_text(ops: Sequence[object]) -> str:

@@ -128,7 +128,8 @@ def _planner_tab() -> dcc.Tab:
             dcc.Dropdown(id=ids.PLANNER_CONTAINER, clearable=False, className="picker wide"),
         ]),
         html.P(id=ids.PLANNER_MESSAGE, className="message"),
-        html.Label("memory budget for activations (minimum feasible to store-all)"),
+        html.Label("memory budget, from the minimum feasible to store-all (for a chain found in a run: the whole "
+                   "training step's memory, what the device has)"),
         html.Div(className="slider", children=[
             dcc.Slider(id=ids.PLANNER_BUDGET, min=0, max=1, value=0.5, step=0.01, marks=None,
                        allow_direct_input=False, updatemode="mouseup"),

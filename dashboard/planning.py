@@ -3,6 +3,11 @@
 The dashboard computes no schedule itself: one DP solve (``planner.pareto_front``) per run and chain
 is cached, and the budget slider only reads it (``ParetoFront.schedule_at``) and asks the planner's
 simulator for the predicted timeline.
+
+A chain found in a run carries the step around it (``chain.step``, :class:`planner.step.StepCosts`), and
+then every budget, peak and measurement here is the whole training step's memory, what the device has:
+the predicted timeline is the simulator's chain timeline plus what the step holds beside the chain
+(``base_bytes``), and the measured one is the allocator's, with nothing taken away.
 """
 
 from __future__ import annotations
@@ -18,24 +23,31 @@ from dashboard.data import TraceStore
 from dashboard.figures_planner import pareto_base
 from memprof.categories import MODEL_STATE
 from planner.from_trace import chain_from_trace
-from planner.measure import activation_peak_bytes, compute_ms
+from planner.measure import activation_peak_bytes, compute_ms, step_peak_bytes
 
 #: Positions of the budget slider between the minimum feasible budget and store-all.
 SLIDER_STEPS = 100
-#: Phases a schedule's prediction covers (the optimizer step is outside it).
+#: Phases a chain-only prediction covers (the optimizer step is outside it).
 _PREDICTED_PHASES = ("forward", "backward")
+#: Phases of a whole training step drawn against a whole-step prediction (its peak may be the optimizer's).
+_STEP_PHASES = ("forward", "backward", "optimizer")
+#: Columns of a measured memory line (:func:`measured_step`, :func:`measured_activation`).
+MEASURED_COLUMNS = ("time_ms", "memory_bytes", "peak_bytes")
 
 
 @dataclass(frozen=True)
 class PlannerModel:
     """A run's chain with its one-solve Pareto front and every algorithm's points.
 
+    Budgets and peaks are the whole training step's when the chain has step costs (:attr:`whole_step`),
+    the chain's own (activations, their gradients, overheads) otherwise.
+
     Attributes:
         chain: the chain found in (or named in) the run.
         front: ``planner.pareto_front(chain)``; ``schedule_at`` reads it without solving again.
         points: ``planner.algorithm_points(chain)``: algorithm, budget_bytes, peak_bytes, makespan_ms, params.
-        model_state_bytes: weights, buffers, weight gradients and optimizer state at the run's peak,
-            which the budget does not count.
+        model_state_bytes: weights, buffers, weight gradients and optimizer state at the run's peak (what a
+            chain-only budget leaves out).
         pareto: the part of the Pareto figure that does not move with the slider
             (:func:`dashboard.figures_planner.pareto_base`); shared, never modified.
     """
@@ -45,6 +57,16 @@ class PlannerModel:
     points: pd.DataFrame
     model_state_bytes: int
     pareto: dict[str, Any]
+
+    @property
+    def step(self) -> Any:
+        """The chain's :class:`planner.step.StepCosts` (``None``: budgets count the chain only)."""
+        return self.chain.step
+
+    @property
+    def whole_step(self) -> bool:
+        """Whether budgets and peaks are the whole training step's memory."""
+        return self.chain.step is not None
 
     @property
     def min_budget_bytes(self) -> int:
@@ -102,7 +124,7 @@ def _build_model(store: TraceStore, name: str, container: str | None) -> Planner
     chain = chain_from_trace(store.trace(name), container=container)
     front = planner.pareto_front(chain)
     points = planner.algorithm_points(chain)
-    pareto = pareto_base(points, front.budgets_bytes, front.makespans_ms)
+    pareto = pareto_base(points, front.budgets_bytes, front.makespans_ms, whole_step=chain.step is not None)
     return PlannerModel(chain, front, points, model_state_bytes(store.iterations(name)), pareto)
 
 
@@ -131,27 +153,53 @@ def measured_runs(store: TraceStore, run_id: str) -> list[str]:
     return names
 
 
+def _empty_measured() -> pd.DataFrame:
+    return pd.DataFrame({c: pd.Series(dtype="float64") for c in MEASURED_COLUMNS})
+
+
+def _origin_ms(inside: pd.DataFrame) -> float:
+    forward = inside[inside["phase"].astype(str) == "forward"]
+    return float(forward["time_ms"].iloc[0]) if not forward.empty else float(inside["time_ms"].iloc[0])
+
+
+def measured_step(frame: pd.DataFrame) -> pd.DataFrame:
+    """The whole step's allocated memory over forward, backward and the optimizer step of one measured iteration.
+
+    What the allocator held, nothing taken away: the quantity a whole-step prediction predicts. Time is in ms
+    since the iteration's first forward event, as in a schedule's prediction.
+
+    Returns:
+        Columns ``MEASURED_COLUMNS``: ``time_ms``, ``memory_bytes`` (allocated) and ``peak_bytes`` (the
+        allocator's peak since the previous event).
+    """
+    inside = frame[frame["phase"].astype(str).isin(_STEP_PHASES)]
+    if inside.empty:
+        return _empty_measured()
+    return pd.DataFrame({
+        "time_ms": inside["time_ms"].to_numpy() - _origin_ms(inside),
+        "memory_bytes": inside["allocated_bytes"].to_numpy(dtype=np.int64),
+        "peak_bytes": inside["peak_bytes"].to_numpy(dtype=np.int64),
+    })
+
+
 def measured_activation(frame: pd.DataFrame) -> pd.DataFrame:
-    """Activation memory over forward and backward of one measured iteration.
+    """Activation memory over forward and backward of one measured iteration (for chain-only schedules).
 
     Activation bytes are allocated bytes minus the model-state categories; time is in ms since the
     iteration's first forward event, as in a schedule's prediction.
 
     Returns:
-        Columns ``time_ms``, ``activation_bytes`` and ``peak_activation_bytes`` (the highest since the
-        previous event, less the model state at the event).
+        Columns ``MEASURED_COLUMNS``: ``time_ms``, ``memory_bytes`` (activations) and ``peak_bytes`` (the
+        highest since the previous event, less the model state at the event).
     """
-    columns = ["time_ms", "activation_bytes", "peak_activation_bytes"]
     inside = frame[frame["phase"].astype(str).isin(_PREDICTED_PHASES)]
     if inside.empty:
-        return pd.DataFrame({c: pd.Series(dtype="float64") for c in columns})
+        return _empty_measured()
     state = sum(inside[c.value].to_numpy(dtype=np.int64) for c in MODEL_STATE)
-    forward = inside[inside["phase"].astype(str) == "forward"]
-    origin = float(forward["time_ms"].iloc[0]) if not forward.empty else float(inside["time_ms"].iloc[0])
     return pd.DataFrame({
-        "time_ms": inside["time_ms"].to_numpy() - origin,
-        "activation_bytes": inside["allocated_bytes"].to_numpy(dtype=np.int64) - state,
-        "peak_activation_bytes": inside["peak_bytes"].to_numpy(dtype=np.int64) - state,
+        "time_ms": inside["time_ms"].to_numpy() - _origin_ms(inside),
+        "memory_bytes": inside["allocated_bytes"].to_numpy(dtype=np.int64) - state,
+        "peak_bytes": inside["peak_bytes"].to_numpy(dtype=np.int64) - state,
     })
 
 
@@ -159,16 +207,25 @@ def measured_activation(frame: pd.DataFrame) -> pd.DataFrame:
 class MeasuredComparison:
     """A measured run of a schedule beside the schedule's prediction.
 
+    For a schedule whose chain has step costs (:attr:`whole_step`) both peaks are the whole training step's
+    (the prediction's ``predicted_step_peak_bytes``, the allocator's peak); otherwise both are the chain's
+    activation memory (allocated minus model state).
+
     Attributes:
         name: the measured run's name.
         schedule: the schedule it executed (``planner.Schedule``).
-        predicted: ``planner.simulate(...).to_frame()`` of that schedule.
-        measured: :func:`measured_activation` of its last iteration (the line drawn).
-        predicted_peak_bytes: the simulator's peak.
-        measured_peak_bytes: the highest measured activation bytes (``planner.measure.activation_peak_bytes``).
+        predicted: the simulator's frame of that schedule (:func:`prediction_frame`; the chain's memory).
+        measured: :func:`measured_step` (or :func:`measured_activation`) of its last iteration (the line drawn).
+        predicted_peak_bytes: the predicted peak (whole step, or the chain's).
+        measured_peak_bytes: the measured peak of the same quantity (``planner.measure.step_peak_bytes``, or
+            ``planner.measure.activation_peak_bytes``).
         predicted_ms: the simulator's makespan.
         measured_ms: median time from the first forward event to the end of backward
             (``planner.measure.compute_ms``).
+        predicted_chain_peak_bytes: the simulator's peak of the chain alone.
+        base_bytes: what the step holds beside the chain (added to the simulator's timeline when drawn);
+            ``None`` for a chain-only schedule.
+        floor_bytes: the step's peak outside the chain, which no schedule lowers; ``None`` for chain-only.
     """
 
     name: str
@@ -179,6 +236,14 @@ class MeasuredComparison:
     measured_peak_bytes: int
     predicted_ms: float
     measured_ms: float
+    predicted_chain_peak_bytes: int = 0
+    base_bytes: int | None = None
+    floor_bytes: int | None = None
+
+    @property
+    def whole_step(self) -> bool:
+        """Whether the peaks compared are the whole training step's."""
+        return self.base_bytes is not None
 
     @property
     def peak_error(self) -> float:
@@ -208,17 +273,29 @@ def compare_measured(store: TraceStore, name: str) -> MeasuredComparison:
 def _compare(store: TraceStore, name: str) -> MeasuredComparison:
     schedule = planner.Schedule.from_json(store.meta(name)["schedule"])
     prediction = planner.simulate(schedule.chain, schedule)
+    step = schedule.chain.step
+    chain_peak = int(prediction.peak_bytes)
     iterations = store.iterations(name)
     last = int(iterations["iteration"].max()) if not iterations.empty else 0
-    measured = measured_activation(store.timeline(name, last))
+    frame = store.timeline(name, last)
     # The errors use the planner's own measurement (over the recorded iterations, the first one
     # excluded when there are more); the line drawn is the last iteration.
     trace = store.trace(name)
+    if step is not None:  # the whole step, as the allocator saw it
+        measured = measured_step(frame)
+        predicted_peak, measured_peak = step.step_peak_bytes(chain_peak), step_peak_bytes(trace)
+    else:  # a chain-only schedule: activation memory (allocated minus model state)
+        measured = measured_activation(frame)
+        predicted_peak, measured_peak = chain_peak, activation_peak_bytes(trace)
     span = compute_ms(trace)
     if not np.isfinite(span):  # no "backward end" event: the drawn iteration's span
         span = float(measured["time_ms"].iloc[-1]) if not measured.empty else 0.0
-    return MeasuredComparison(name, schedule, prediction_frame(prediction), measured, int(prediction.peak_bytes),
-                              activation_peak_bytes(trace), float(prediction.makespan_ms), float(span))
+    return MeasuredComparison(
+        name, schedule, prediction_frame(prediction), measured, int(predicted_peak), int(measured_peak),
+        float(prediction.makespan_ms), float(span), predicted_chain_peak_bytes=chain_peak,
+        base_bytes=step.base_bytes if step is not None else None,
+        floor_bytes=step.floor_bytes if step is not None else None,
+    )
 
 
 def same_schedule(a: Any, b: Any) -> bool:

@@ -1,9 +1,10 @@
 """``memprof report``: a run's summary in the terminal, and for a failed run the post-mortem with
-the planner's answer (what budget the step needs, which schedule fits the memory it had)."""
+the planner's answer in whole-step memory (what the step needs, which schedule fits the memory it had)."""
 
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from memprof.categories import MODEL_STATE
 from memprof.reader import Trace, load_trace
@@ -48,8 +49,13 @@ def run_report(args: argparse.Namespace) -> int:
 
 
 def planner_advice(trace: Trace, failure: dict) -> list[str]:
-    """The planner's answer to a failed step, as report lines (empty reasons are explained, not raised)."""
-    from planner import Chain, InfeasibleBudgetError, NotAChainError, solve, store_all_budget
+    """The planner's answer to a failed step, as report lines (empty reasons are explained, not raised).
+
+    For a chain with step costs every number is the whole training step's memory, what the device has:
+    store-all's step peak, the least any rotor schedule needs, and the schedule that fits the memory the
+    failed step had (the failure's budget, else what was allocated when it failed).
+    """
+    from planner import Chain, NotAChainError
 
     try:
         chain = Chain.from_trace(trace)
@@ -58,19 +64,53 @@ def planner_advice(trace: Trace, failure: dict) -> list[str]:
     if not any(s.backward_ms > 0 for s in chain.stages[:-1]):
         return ["  planner: the failing step never reached backward, so the chain's backward costs are unknown; "
                 "profile a smaller batch to completion, then run memprof plan"]
+    limit = failure.get("budget_bytes") or failure.get("allocated_bytes")
+    if chain.step is None:
+        return _chain_only_advice(trace, chain, failure, limit)
+    return _step_advice(trace, chain, int(limit) if limit else None)
+
+
+def _step_advice(trace: Trace, chain: Any, limit: int | None) -> list[str]:
+    from planner import InfeasibleBudgetError, min_feasible_budget, solve, store_all_budget
+
+    step = chain.step
+    needed, least = store_all_budget(chain), min_feasible_budget(chain, "rotor")
+    first = (f"  planner: chain of {chain.length} stages in '{chain.name}'; storing all activations, the step peaks "
+             f"at {format_bytes(needed)} ({format_bytes(step.base_bytes)} beside the chain: model and optimizer state "
+             f"{format_bytes(step.model_state_bytes)}, batch {format_bytes(step.inputs_bytes)}, other activations "
+             f"{format_bytes(step.outside_bytes)}); the least a rotor schedule needs is {format_bytes(least)}")
+    if least <= step.floor_bytes:
+        first += f" ({step.explain_floor()})"
+    lines = [first]
+    if limit:
+        try:
+            schedule = solve(chain, limit, algorithm="rotor")
+            lines.append(f"  planner: the rotor schedule fits the {format_bytes(limit)} the step had: predicted step "
+                         f"peak {format_bytes(schedule.predicted_step_peak_bytes or 0)} (store-all "
+                         f"{format_bytes(needed)}), makespan {schedule.predicted_makespan_ms:.1f} ms: "
+                         f"memprof plan {trace.path} --budget {limit}")
+        except InfeasibleBudgetError as exc:
+            lines.append(f"  planner: no schedule fits the {format_bytes(limit)} the step had: {exc}")
+    return lines
+
+
+def _chain_only_advice(trace: Trace, chain: Any, failure: dict, limit: int | None) -> list[str]:
+    """Advice for a chain without step costs (the run never completed a step around it): activations only."""
+    from planner import InfeasibleBudgetError, solve, store_all_budget
+
     categories = failure.get("categories") or {}
     state = sum(int(categories.get(c.value, 0)) for c in MODEL_STATE)
     needed = store_all_budget(chain)
     lines = [f"  planner: chain of {chain.length} stages in '{chain.name}'; storing all activations needs "
              f"{format_bytes(needed)} on top of {format_bytes(state)} of model state"]
-    limit = failure.get("budget_bytes") or failure.get("allocated_bytes")
     if limit:
         budget = int(limit) - state
         try:
             schedule = solve(chain, budget, algorithm="rotor")
             lines.append(f"  planner: the rotor schedule fits {format_bytes(budget)} of activations "
                          f"(predicted peak {format_bytes(schedule.predicted_peak_bytes or 0)}, makespan "
-                         f"{schedule.predicted_makespan_ms:.1f} ms): memprof plan {trace.path} --budget {budget}")
+                         f"{schedule.predicted_makespan_ms:.1f} ms): memprof plan {trace.path} "
+                         f"--activation-budget {budget}")
         except InfeasibleBudgetError as exc:
             lines.append(f"  planner: no schedule fits {format_bytes(max(budget, 0))} of activations: {exc}")
     return lines

@@ -118,7 +118,109 @@ def transformer(vocab: int = 256, dim: int = 64, heads: int = 4, layers: int = 4
     return model, lambda n: (torch.randint(0, vocab, (n, seq)), torch.randint(0, vocab, (n * seq,)))
 
 
-ZOO: dict[str, Callable[[], ModelAndData]] = {"mlp": mlp, "cnn": cnn, "lstm": lstm, "transformer": transformer}
+class RMSNorm(nn.Module):
+    """Root-mean-square normalisation, as Llama uses."""
+
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+
+
+class Rotary(nn.Module):
+    """Rotary position tables ``(cos, sin)``, computed without gradients and shared by every block."""
+
+    def __init__(self, head_dim: int) -> None:
+        super().__init__()
+        self.register_buffer("inv_freq", 1.0 / 10000 ** (torch.arange(0, head_dim, 2).float() / head_dim))
+
+    @torch.no_grad()
+    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        angles = positions[:, None].float() * self.inv_freq[None, :]
+        both = torch.cat([angles, angles], dim=-1)
+        return both.cos(), both.sin()
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    turned = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + turned * sin
+
+
+class DecoderLayer(nn.Module):
+    """A Llama-style block called the Hugging Face way: keyword side inputs, a tuple result.
+
+    Grouped-query attention (fewer key/value heads than query heads), rotary embeddings, an additive
+    causal mask and a SwiGLU MLP, with pre-norm residuals.
+    """
+
+    def __init__(self, dim: int, heads: int, kv_heads: int) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, dim // heads
+        self.input_layernorm = RMSNorm(dim)
+        self.q_proj = nn.Linear(dim, dim, bias=False)
+        self.kv_proj = nn.Linear(dim, 2 * kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(dim, dim, bias=False)
+        self.post_attention_layernorm = RMSNorm(dim)
+        self.gate_up = nn.Linear(dim, 4 * dim, bias=False)
+        self.down = nn.Linear(2 * dim, dim, bias=False)
+
+    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+                use_cache: bool = False) -> tuple[torch.Tensor, None]:
+        batch, seq, dim = hidden_states.shape
+        h = self.input_layernorm(hidden_states)
+        q = self.q_proj(h).view(batch, seq, self.heads, self.head_dim).transpose(1, 2)
+        k, v = self.kv_proj(h).view(batch, seq, 2, self.kv_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        if position_embeddings is not None:
+            q, k = _rotate(q, *position_embeddings), _rotate(k, *position_embeddings)
+        repeat = self.heads // self.kv_heads
+        k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
+        scores = q @ k.transpose(-1, -2) / self.head_dim**0.5
+        if attention_mask is not None:
+            scores = scores + attention_mask
+        attended = (scores.softmax(-1) @ v).transpose(1, 2).reshape(batch, seq, dim)
+        hidden_states = hidden_states + self.o_proj(attended)
+        gate, up = self.gate_up(self.post_attention_layernorm(hidden_states)).chunk(2, dim=-1)
+        return hidden_states + self.down(nn.functional.silu(gate) * up), None
+
+
+class TinyLlama(nn.Module):
+    """A Llama-style language model written as Hugging Face writes them: its ``forward`` loops over an
+    ``nn.ModuleList`` of blocks, passing the mask and rotary tables as keyword arguments."""
+
+    def __init__(self, vocab: int = 256, dim: int = 64, heads: int = 4, kv_heads: int = 2, layers: int = 4) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(vocab, dim)
+        self.rotary_emb = Rotary(dim // heads)
+        self.layers = nn.ModuleList([DecoderLayer(dim, heads, kv_heads) for _ in range(layers)])
+        self.norm = RMSNorm(dim)
+        self.lm_head = nn.Linear(dim, vocab, bias=False)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        seq = input_ids.shape[1]
+        hidden_states = self.embed_tokens(input_ids)
+        position_embeddings = self.rotary_emb(torch.arange(seq, device=input_ids.device))
+        mask = torch.full((seq, seq), float("-inf"), device=input_ids.device).triu(1)
+        for layer in self.layers:
+            hidden_states = layer(hidden_states, attention_mask=mask, position_embeddings=position_embeddings,
+                                  use_cache=False)[0]
+        return self.lm_head(self.norm(hidden_states)).flatten(0, 1)
+
+
+def llama(vocab: int = 256, dim: int = 64, heads: int = 4, kv_heads: int = 2, layers: int = 4,
+          seq: int = 32) -> ModelAndData:
+    """A Hugging Face-style Llama (grouped-query attention, rotary tables, keyword side inputs)."""
+    model = TinyLlama(vocab, dim, heads, kv_heads, layers)
+    return model, lambda n: (torch.randint(0, vocab, (n, seq)), torch.randint(0, vocab, (n * seq,)))
+
+
+ZOO: dict[str, Callable[[], ModelAndData]] = {
+    "mlp": mlp, "cnn": cnn, "lstm": lstm, "transformer": transformer, "llama": llama,
+}
 
 
 def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Batch, set_to_none: bool = True) -> float:

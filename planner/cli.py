@@ -17,20 +17,28 @@ from memprof.units import format_bytes, parse_bytes
 from planner.chain import Chain
 from planner.errors import ChainError, PlannerError
 from planner.schedule import OpKind, Schedule
+from planner.step import StepCosts
 
 FORMATS = ("json", "python")
-EXPORT_MODES = ("auto", "checkpoint", "executor")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Adds ``plan`` and ``export`` to the ``memprof`` command."""
     plan = subparsers.add_parser(
         "plan", help="solve a rematerialization schedule for a memory budget",
-        description="Solve a schedule for the chain of a profiled run (or a chain JSON file) under a budget "
-                    "that counts activations, their gradients and overheads (not weights or optimizer state).",
+        description="Solve a schedule for the chain of a profiled run (or a chain JSON file) under a memory "
+                    "budget. For a run (or a chain file with step costs) --budget is the whole training step's "
+                    "memory, what the device has: model and optimizer state, batch, activations; "
+                    "--activation-budget counts only the chain's activations, their gradients and overheads.",
     )
     plan.add_argument("source", metavar="RUN_DIR_OR_CHAIN_JSON", help="a run directory or a chain JSON file")
-    plan.add_argument("--budget", required=True, help="memory budget, e.g. 64MiB, 1.5GB, 4096")
+    budgets = plan.add_mutually_exclusive_group(required=True)
+    budgets.add_argument("--budget", default=None,
+                         help="memory of the whole training step (what the device has), e.g. 8GiB, 1.5GB, 4096; "
+                              "for a chain file without step costs, the chain's own memory")
+    budgets.add_argument("--activation-budget", default=None, metavar="SIZE",
+                         help="memory of the chain alone (its activations, their gradients and overheads; the "
+                              "ROTOR paper's M), e.g. 512MiB")
     plan.add_argument("--algorithm", default="rotor", help="solver (default rotor; see planner.ALGORITHMS)")
     plan.add_argument("--container", default=None,
                       help="run directories only: the module whose children form the chain (default: found)")
@@ -41,13 +49,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     export = subparsers.add_parser(
         "export", help="write a schedule as JSON or as a standalone Python file that applies it",
         description="Write a schedule (from memprof plan) as JSON, or as a Python file that needs only torch: "
-                    "`from apply_schedule import apply_schedule; model = apply_schedule(model)`.",
+                    "`from apply_schedule import apply_schedule; apply_schedule(model)`.",
     )
     export.add_argument("schedule", help="a schedule JSON file written by memprof plan")
     export.add_argument("--out", required=True, help="the file to write (.py or .json)")
     export.add_argument("--format", default=None, help="json or python (default: from the --out extension)")
-    export.add_argument("--mode", default="auto",
-                        help="python only: checkpoint (nested torch.utils.checkpoint), executor, or auto")
     export.set_defaults(func=run_export)
 
 
@@ -58,38 +64,37 @@ def run_plan(args: argparse.Namespace) -> int:
     from planner.solve import solve, solver
     from planner.solvers.store_all import store_all_ops
 
-    budget_bytes = parse_bytes(args.budget)
+    activations_only = args.activation_budget is not None
+    budget_bytes = parse_bytes(args.activation_budget if activations_only else args.budget)
     slots = _positive_int(args.slots, "--slots")
     solver(args.algorithm)  # an unknown name fails before the chain is read
     chain = load_chain(args.source, args.container)
-    schedule = solve(chain, budget_bytes, algorithm=args.algorithm, slots=slots)
-    prediction = simulate(chain, schedule)
+    step = chain.step
+    solved = chain.activations_only() if activations_only else chain
+    schedule = solve(solved, budget_bytes, algorithm=args.algorithm, slots=slots)
+    prediction = simulate(solved, schedule)
     schedule = schedule.with_prediction(prediction.peak_bytes, prediction.makespan_ms)
-    baseline = simulate(chain, store_all_ops(chain))
+    baseline = simulate(solved, store_all_ops(solved))
     out = write_atomically(args.out, export_json(schedule) + "\n")
-    print(summary(schedule, baseline.peak_bytes, baseline.makespan_ms, out))
+    print(summary(schedule, baseline.peak_bytes, baseline.makespan_ms, out, step=step))
     return 0
 
 
 def run_export(args: argparse.Namespace) -> int:
     """Writes the schedule as JSON or Python."""
-    from planner.export import export_json, export_python, nested_plan
+    from planner.export import export_json, export_python
 
     fmt = _format(args.format, args.out)
-    if args.mode not in EXPORT_MODES:
-        raise PlannerError(f"--mode must be one of {', '.join(EXPORT_MODES)}, found {args.mode!r}")
     schedule = Schedule.from_json(Path(args.schedule))
     if fmt == "json":
         out = write_atomically(args.out, export_json(schedule) + "\n")
         print(f"wrote {out}: {schedule.algorithm} schedule, {len(schedule.ops)} operations")
         return 0
-    text = export_python(schedule, mode=args.mode)
+    text = export_python(schedule)
     out = write_atomically(args.out, text)
-    nested = args.mode != "executor" and nested_plan(schedule) is not None
-    how = "nested torch.utils.checkpoint" if nested else "the embedded executor"
-    print(f"wrote {out}: {schedule.algorithm} schedule run with {how}; in the training script add")
+    print(f"wrote {out}: {schedule.algorithm} schedule (needs only torch); in the training script add")
     print(f"    from {out.stem} import apply_schedule")
-    print("    model = apply_schedule(model)")
+    print("    apply_schedule(model)")
     return 0
 
 
@@ -117,23 +122,54 @@ def load_chain(source: str | Path, container: str | None = None) -> Chain:
     return Chain.from_json(path)
 
 
-def summary(schedule: Schedule, store_all_peak_bytes: int, store_all_makespan_ms: float, out: Path) -> str:
-    """A few lines: algorithm, budget, predicted peak and makespan against store-all, recomputations."""
+def summary(schedule: Schedule, store_all_peak_bytes: int, store_all_makespan_ms: float, out: Path,
+            step: StepCosts | None = None) -> str:
+    """A few lines: algorithm, budget, predicted peaks and makespan against store-all, recomputations.
+
+    Args:
+        schedule: the schedule, with its prediction.
+        store_all_peak_bytes: store-all's simulated peak of the chain (chain-only, the paper's M).
+        store_all_makespan_ms: store-all's makespan.
+        out: where the schedule was written.
+        step: the step costs of the chain it was made for (defaults to the schedule chain's); with them the
+            whole step's predicted peak is printed beside the chain's.
+    """
+    step = step if step is not None else schedule.chain.step
+    whole_step = schedule.chain.step is not None  # the budget was the whole step's
     peak = int(schedule.predicted_peak_bytes or 0)
     makespan = float(schedule.predicted_makespan_ms or 0.0)
     forwards = sum(op.kind is not OpKind.B for op in schedule.ops)
     recomputations = forwards - (schedule.chain.length + 1)
-    budget = "none" if schedule.budget_bytes is None else format_bytes(schedule.budget_bytes)
-    return "\n".join([
+    if schedule.budget_bytes is None:
+        budget = "none"
+    elif whole_step:
+        budget = (f"{format_bytes(schedule.budget_bytes)} for the whole step (leaves the chain "
+                  f"{format_bytes(max(step.chain_budget_bytes(schedule.budget_bytes), 0))})")
+    else:
+        budget = f"{format_bytes(schedule.budget_bytes)} for the chain only (activations, their gradients, overheads)"
+    lines = [
         f"{schedule.algorithm} schedule for chain {schedule.chain.name!r} ({schedule.chain.length} stages + loss)",
         f"  budget           {budget}",
-        f"  predicted peak   {format_bytes(peak)} (store-all {format_bytes(store_all_peak_bytes)}, "
+    ]
+    if step is not None:
+        step_peak, step_store_all = step.step_peak_bytes(peak), step.step_peak_bytes(store_all_peak_bytes)
+        lines += [
+            f"  step peak        {format_bytes(step_peak)} predicted for the whole step (store-all "
+            f"{format_bytes(step_store_all)}, {_change(step_peak, step_store_all)})",
+            f"  beside chain     {format_bytes(step.base_bytes)} (model and optimizer state "
+            f"{format_bytes(step.model_state_bytes)}, batch {format_bytes(step.inputs_bytes)}, other activations "
+            f"{format_bytes(step.outside_bytes)}); no schedule goes below {format_bytes(step.floor_bytes)}",
+        ]
+    label = "chain peak      " if step is not None else "predicted peak  "
+    lines += [
+        f"  {label} {format_bytes(peak)} (store-all {format_bytes(store_all_peak_bytes)}, "
         f"{_change(peak, store_all_peak_bytes)})",
         f"  makespan         {makespan:.3f} ms (store-all {store_all_makespan_ms:.3f} ms, "
         f"{_change(makespan, store_all_makespan_ms)})",
         f"  operations       {len(schedule.ops)} ({recomputations} recomputed forwards)",
         f"wrote {out}",
-    ])
+    ]
+    return "\n".join(lines)
 
 
 def _change(value: float, reference: float) -> str:

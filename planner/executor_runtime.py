@@ -113,7 +113,7 @@ class _Run:
         self.executor = executor
         self.program = executor.program
         self.acts: dict[int, torch.Tensor] = {}
-        self.recs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.recs: dict[int, tuple[torch.Tensor, Any]] = {}  # (leaf, output or _Recorded)
         self.calls: dict[int, StageCall] = {}
         self.shapes: dict[int, torch.Size] = {}
         self.delta: torch.Tensor | None = None
@@ -141,7 +141,13 @@ class _Run:
         kind = self.program.forward_kinds[stage - 1]
         raw = self._forward(kind, stage)
         self.next_stage = stage + 1
-        return self._output(stage), raw
+        y = self._output(stage)
+        if stage == self.program.length and stage in self.recs:
+            # What follows the chain (head, loss) may free a^L early, as in plain autograd: keep only what
+            # B(L) needs, the recorded graph's gradient edge.
+            leaf, out = self.recs[stage]
+            self.recs[stage] = (leaf, _Recorded.of(out))
+        return y, raw
 
     def backward(self, stage: int, grad: torch.Tensor) -> torch.Tensor | None:
         """Runs the operations up to ``B(stage)`` with ``grad`` as delta^stage; returns delta^{stage-1}."""
@@ -151,7 +157,8 @@ class _Run:
         self.done.add(stage)
         if stage == self.program.length:
             self.acts.pop(stage, None)  # B(L+1) consumed a^L
-        self.delta = grad
+        self.delta = _steal(grad)
+        del grad
         for kind, index in self.program.segments[stage]:
             if kind == B:
                 self._backward(index)
@@ -184,7 +191,9 @@ class _Run:
             if leaf.is_floating_point() and (stage > 1 or self.input_requires_grad):
                 leaf.requires_grad_(True)
             with torch.enable_grad():
-                y, raw = self._call(stage, leaf, keep)
+                # Through a view, the gradients of the stage's input are summed in autograd's buffer and handed
+                # over once, as in plain autograd; on the leaf itself, its first part would be copied and kept.
+                y, raw = self._call(stage, leaf.view_as(leaf) if leaf.requires_grad else leaf, keep)
             self.recs[stage] = (leaf, y)
             self.acts.pop(stage, None)
         else:
@@ -220,15 +229,72 @@ class _Run:
         leaf, out = self.recs.pop(stage)
         delta, self.delta = self.delta, None
         self.acts.pop(stage - 1, None)  # B(l) consumes a^{l-1}
-        if out.requires_grad:
-            root, shape = _root(out), out.shape
-            del out  # with a gradient edge as root, autograd frees a-bar^l as soon as it is used, as in plain
+        recorded = out if isinstance(out, _Recorded) else _Recorded.of(out)
+        del out  # with a gradient edge as root, autograd frees a-bar^l as soon as it is used, as in plain
+        if recorded.root is not None:
             # delta^l is shaped as the next stage received a^l (a view between stages may reshape it)
-            torch.autograd.backward(root, delta.reshape(shape))
+            root_grad = delta.reshape(recorded.shape)
+            del delta
+            _backward_freeing_grad(recorded.root, root_grad)
+        else:
+            del delta
         grad = leaf.grad if leaf.requires_grad else None
         if grad is None and stage > 1:
             grad = torch.zeros_like(leaf)  # the stage's output does not depend on its input
         self.delta = grad
+
+
+def _steal(grad: torch.Tensor) -> torch.Tensor:
+    """A tensor holding ``grad``'s memory, ``grad`` itself left empty.
+
+    Autograd and Python frames keep references to the gradients a backward receives until it returns; plain
+    autograd frees delta^l as soon as the stage's first operation has used it. Moving the storage to a new
+    tensor that only the next consumer holds frees it as early here.
+    """
+    base = grad._base
+    if not grad.is_contiguous() or (base is not None and (base._base is not None or base.numel() != grad.numel())):
+        return grad  # part of a larger tensor: that one holds the memory anyway
+    moved = grad.detach()
+    grad.set_()
+    if base is not None:
+        base.set_()
+    return moved
+
+
+def _backward_freeing_grad(root: object, grad: torch.Tensor) -> None:
+    """``torch.autograd.backward(root, grad)``, with ``grad``'s memory freed once its first consumer ran."""
+    node = getattr(root, "node", None)
+    handle = None
+    if node is not None and hasattr(node, "register_hook"):
+        # after the first node has used the gradient, nothing else needs it: empty it where it is held
+        handle = node.register_hook(_free_used_grads)
+    try:
+        torch.autograd.backward(root, grad)
+    finally:
+        if handle is not None:
+            handle.remove()
+
+
+def _free_used_grads(grad_inputs: Sequence[torch.Tensor | None], grad_outputs: Sequence[torch.Tensor | None]) -> None:
+    """Empties the gradients a node has used, unless it passed them on (an addition hands its own through)."""
+    passed = {g.untyped_storage().data_ptr() for g in grad_inputs if g is not None}
+    for grad in grad_outputs:
+        if grad is not None and grad.untyped_storage().data_ptr() not in passed:
+            _steal(grad)
+
+
+class _Recorded:
+    """What ``B(l)`` needs of a recorded output: the root to run backward from (``None``: no gradient) and
+    its shape. Holding a gradient edge instead of the tensor lets the tensor be freed when its users are done."""
+
+    __slots__ = ("root", "shape")
+
+    def __init__(self, root: object, shape: torch.Size) -> None:
+        self.root, self.shape = root, shape
+
+    @classmethod
+    def of(cls, out: torch.Tensor) -> _Recorded:
+        return cls(_root(out) if out.requires_grad else None, out.shape)
 
 
 def _root(out: torch.Tensor) -> object:

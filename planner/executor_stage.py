@@ -39,14 +39,20 @@ class StageRunner:
             m for m in everything
             if getattr(m, "track_running_stats", False) and getattr(m, "running_mean", None) is not None
         ]
-        self.inplace = [m for m in everything if getattr(m, "inplace", False) is True]
+        self.inplace = [m for m in everything if _is_inplace(m)]
 
     def __call__(self, x: torch.Tensor, call: StageCall) -> tuple[torch.Tensor, Any]:
         """Runs the stage on ``x`` with the model's other arguments; returns the output and the raw result."""
         with _guard_input(self.inplace, x):
-            raw = self.forwards[0](*call.args_with(x), **call.kwargs)
+            # The modules' own forwards are called directly (not through their hooks), so the guard above only
+            # reaches their submodules: an in-place module that is itself in the stage gets a copy here.
+            first_input = x.clone() if _is_inplace(self.modules[0]) else x
+            call = call.bind(first_input)
+            raw = self.forwards[0](*call.args_with(first_input), **call.kwargs)
             y = first_tensor(raw)
-            for forward in self.forwards[1:]:
+            for module, forward in zip(self.modules[1:], self.forwards[1:]):
+                if y is not None and _is_inplace(module) and same_storage(y, x):
+                    y = y.clone()
                 y = first_tensor(forward(y))
         if y is None:
             raise TypeError("a stage must return a tensor (alone, or first in a tuple or ModelOutput)")
@@ -185,6 +191,10 @@ def _guard_input(modules: Sequence[nn.Module], protected: torch.Tensor) -> Itera
     finally:
         for handle in handles:
             handle.remove()
+
+
+def _is_inplace(module: nn.Module) -> bool:
+    return getattr(module, "inplace", False) is True
 
 
 def _copy_if_protected(protected: torch.Tensor, module: nn.Module, args: tuple) -> tuple | None:

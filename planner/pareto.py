@@ -3,6 +3,11 @@
 One DP solve for the largest useful budget (store-all's peak) yields the optimum of every smaller
 budget, since the table holds every memory 0..slots. :class:`ParetoFront` keeps that table, so the
 dashboard's budget slider calls :meth:`ParetoFront.schedule_at`, which only reads a schedule out of it.
+
+For a chain built from a trace (``chain.step`` set) every budget and peak here is the whole training
+step's memory, as in :func:`planner.solve.solve`: the table is solved on the chain's own grid once, and its
+budgets are converted with :class:`planner.step.StepCosts` (a chain budget ``m`` is the step budget
+``max(floor, m + base)``, and a step budget ``B`` leaves the chain ``B - base``).
 """
 
 from __future__ import annotations
@@ -13,13 +18,15 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from memprof.units import format_bytes
 from planner.chain import Chain
 from planner.discretize import DEFAULT_SLOTS
-from planner.errors import UnknownAlgorithmError
+from planner.errors import InfeasibleBudgetError, UnknownAlgorithmError
 from planner.schedule import Schedule
 from planner.simulator import predict
 from planner.solvers import periodic, rotor, rotor_optimal, sqrt, store_all
 from planner.solvers.common import infeasible
+from planner.step import StepCosts
 
 FRONT_ALGORITHMS = ("rotor", "revolve", "rotor_optimal")
 POINT_COLUMNS = ("algorithm", "budget_bytes", "peak_bytes", "makespan_ms", "params")
@@ -30,6 +37,9 @@ _RELATIVE_STEP = 1e-6  # float32 tables: smaller makespan differences are roundi
 class ParetoFront:
     """Every optimum of one DP algorithm over budgets, from one table.
 
+    Budgets and peaks are the whole training step's memory when the chain carries step costs
+    (``chain.step``), the chain's own memory (the ROTOR paper's M) otherwise.
+
     Attributes:
         chain: the chain.
         algorithm: ``"rotor"``, ``"revolve"`` or ``"rotor_optimal"``.
@@ -39,7 +49,7 @@ class ParetoFront:
             precision for rotor/revolve; :meth:`schedule_at` gives the simulator's exact value).
         min_feasible_bytes: the smallest budget with a schedule (``budgets_bytes[0]``).
         max_budget_bytes: store-all's peak: no budget above it changes anything.
-        table: the DP table the schedules are read from.
+        table: the DP table the schedules are read from (on the chain's own budgets).
     """
 
     chain: Chain
@@ -51,6 +61,16 @@ class ParetoFront:
     max_budget_bytes: int
     table: rotor.RotorTable | rotor_optimal.OptimalTable
 
+    @property
+    def step(self) -> StepCosts | None:
+        """The step costs the budgets include (``None``: budgets are the chain's own)."""
+        return self.chain.step
+
+    def chain_budget_bytes(self, budget_bytes: int) -> int:
+        """The chain's own budget (the paper's M) inside ``budget_bytes`` (the same number without step costs)."""
+        step = self.chain.step
+        return int(budget_bytes) if step is None else step.chain_budget_bytes(int(budget_bytes))
+
     def makespan_at(self, budget_bytes: int) -> float:
         """The optimal makespan within ``budget_bytes`` (from the front, no rebuild).
 
@@ -59,23 +79,39 @@ class ParetoFront:
         """
         position = int(np.searchsorted(self.budgets_bytes, budget_bytes, side="right")) - 1
         if position < 0:
-            raise infeasible(self.algorithm, int(budget_bytes), self.min_feasible_bytes)
+            raise self._infeasible(int(budget_bytes))
         return float(self.makespans_ms[position])
 
     def schedule_at(self, budget_bytes: int) -> Schedule:
         """The optimal schedule within ``budget_bytes``, read from the stored table (no new DP).
 
+        For a chain with step costs, ``budget_bytes`` is the whole step's memory; the schedule's
+        ``budget_bytes`` is that budget and ``predicted_step_peak_bytes`` its whole-step peak.
+
         Raises:
-            InfeasibleBudgetError: below the minimum feasible budget (named in the message).
+            InfeasibleBudgetError: below the minimum feasible budget (named in the message, with what the
+                step needs outside the chain when that is what dominates).
         """
         budget = int(budget_bytes)
+        step = self.chain.step
+        if step is not None and budget < self.min_feasible_bytes:
+            raise self._infeasible(budget)
+        inner = self.chain_budget_bytes(budget)
         if isinstance(self.table, rotor.RotorTable):
-            ops = rotor.rebuild(self.table, budget)
+            ops = rotor.rebuild(self.table, inner)
         else:
-            ops = rotor_optimal.rebuild(self.table, budget)
+            ops = rotor_optimal.rebuild(self.table, inner)
         peak, makespan = predict(self.chain, ops)
         params = {"slots": self.slots, "slot_bytes": self.table.grid.slot_bytes}
-        return Schedule(self.algorithm, budget, ops, self.chain, peak, makespan, params)
+        step_peak = step.step_peak_bytes(peak) if step is not None else None
+        return Schedule(self.algorithm, budget, ops, self.chain, peak, makespan, params,
+                        predicted_step_peak_bytes=step_peak)
+
+    def _infeasible(self, budget: int) -> InfeasibleBudgetError:
+        step = self.chain.step
+        if step is None:
+            return infeasible(self.algorithm, budget, self.min_feasible_bytes)
+        return step_infeasible(step, self.algorithm, budget, self.min_feasible_bytes)
 
     def to_frame(self) -> pd.DataFrame:
         """The front as a table with columns ``budget_bytes`` and ``makespan_ms``."""
@@ -109,9 +145,43 @@ def pareto_front(chain: Chain, algorithm: str = "rotor", slots: int = DEFAULT_SL
             budgets.append(peak)
             makespans.append(store_all_ms)
     if not budgets:
-        raise infeasible(algorithm, peak, None, f"{slots} slots")
+        top = peak if chain.step is None else chain.step.step_peak_bytes(peak)
+        raise infeasible(algorithm, top, None, f"{slots} slots")
+    if chain.step is not None:
+        budgets, makespans = _in_step_terms(chain.step, budgets, makespans)
+        peak = chain.step.step_peak_bytes(peak)
     return ParetoFront(chain, algorithm, slots, np.array(budgets, dtype=np.int64), np.array(makespans),
                        budgets[0], peak, table)
+
+
+def _in_step_terms(step: StepCosts, budgets: list[int], makespans: list[float]) -> tuple[list[int], list[float]]:
+    """Chain budgets as whole-step budgets: shifted by ``base``, clipped at the floor (the best optimum kept)."""
+    out_budgets: list[int] = []
+    out_makespans: list[float] = []
+    for budget, makespan in zip(budgets, makespans):
+        shifted = max(step.floor_bytes, budget + step.base_bytes)
+        if out_budgets and out_budgets[-1] == shifted:
+            out_makespans[-1] = makespan  # several chain optima fit under the floor: the best one is reached there
+        else:
+            out_budgets.append(shifted)
+            out_makespans.append(makespan)
+    return out_budgets, out_makespans
+
+
+def step_infeasible(step: StepCosts, algorithm: str, budget_bytes: int, min_bytes: int) -> InfeasibleBudgetError:
+    """The error for a whole-step budget below ``min_bytes``, saying what dominates the minimum."""
+    budget = int(budget_bytes)
+    named = f"{format_bytes(min_bytes)} ({min_bytes} bytes)"
+    if budget < step.floor_bytes:
+        message = (f"budget {format_bytes(budget)} ({budget} bytes) is below what the training step needs outside "
+                   f"the chain: {step.explain_floor()}; the smallest budget for {algorithm} is {named}")
+    else:
+        message = (f"budget {format_bytes(budget)} ({budget} bytes) for the whole step is too small for {algorithm}: "
+                   f"the step holds {format_bytes(step.base_bytes)} besides the chain (model and optimizer state "
+                   f"{format_bytes(step.model_state_bytes)}, batch {format_bytes(step.inputs_bytes)}, activations "
+                   f"outside the chain {format_bytes(step.outside_bytes)}), leaving the chain "
+                   f"{format_bytes(max(budget - step.base_bytes, 0))}; the smallest budget is {named}")
+    return InfeasibleBudgetError(message, budget_bytes=budget, min_feasible_bytes=int(min_bytes))
 
 
 def _distinct_optima(
@@ -136,23 +206,28 @@ def algorithm_points(chain: Chain, slots: int = DEFAULT_SLOTS, sweep: int = 12) 
     store_all and sqrt give one point each, periodic one per segment count (2..L), and revolve and rotor
     ``sweep`` budgets evenly spaced from their minimum feasible budget to store-all's peak. ``peak_bytes``
     and ``makespan_ms`` are simulated; ``budget_bytes`` is the budget solved for (the peak itself for the
-    algorithms that take no budget); ``params`` is a JSON string.
+    algorithms that take no budget); ``params`` is a JSON string. For a chain with step costs, budgets and
+    peaks are the whole step's (:meth:`planner.step.StepCosts.step_peak_bytes` of the simulated chain peak).
 
     Returns:
         A DataFrame with columns ``POINT_COLUMNS``.
     """
     rows: list[tuple] = []
+    step = chain.step
+
+    def whole(chain_bytes: int) -> int:
+        return int(chain_bytes) if step is None else step.step_peak_bytes(int(chain_bytes))
 
     def add(algorithm: str, budget: int, ops: tuple, params: dict) -> None:
         peak, makespan = predict(chain, ops)
-        rows.append((algorithm, int(budget), peak, makespan, json.dumps(params, sort_keys=True)))
+        rows.append((algorithm, int(budget), whole(peak), makespan, json.dumps(params, sort_keys=True)))
 
     all_ops = store_all.store_all_ops(chain)
-    add("store_all", store_all.store_all_peak_bytes(chain), all_ops, {})
+    add("store_all", whole(store_all.store_all_peak_bytes(chain)), all_ops, {})
     for segments, peak, _ in periodic.candidates(chain)[1:]:
-        add("periodic", peak, periodic.periodic_ops(chain, segments), {"segments": segments})
+        add("periodic", whole(peak), periodic.periodic_ops(chain, segments), {"segments": segments})
     sqrt_ops = sqrt.sqrt_ops(chain)
-    add("sqrt", predict(chain, sqrt_ops)[0], sqrt_ops, {"segment_length": sqrt.segment_length(chain)})
+    add("sqrt", whole(predict(chain, sqrt_ops)[0]), sqrt_ops, {"segment_length": sqrt.segment_length(chain)})
     for algorithm in ("revolve", "rotor"):
         front = pareto_front(chain, algorithm, slots)
         for budget in np.unique(np.linspace(front.min_feasible_bytes, front.max_budget_bytes, sweep).astype(np.int64)):

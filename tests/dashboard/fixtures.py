@@ -5,7 +5,7 @@
 - ``mlp``: a profiled run of a 5-layer chain (``features.0`` .. ``features.4``) with 3 iterations.
   One layer is named ``<img src=x onerror=alert(1)>`` to prove names are shown as text.
 - ``mlp-measured``: a measured run: its ``meta.json`` holds a schedule (a hand-written store-all
-  schedule of a hand-written chain) and ``source_run = "mlp"``.
+  schedule of a hand-written chain with the step costs :data:`STEP`) and ``source_run = "mlp"``.
 - ``ddp/rank=0`` and ``ddp/rank=1``: the two ranks of a distributed run.
 - ``corrupt``: ``meta.json`` is not JSON.
 - ``foreign``: ``meta.json`` belongs to another tool.
@@ -143,25 +143,42 @@ def write_profiled_run(run_dir: Path, run_id: str, iterations: int = 3, scale: i
     write_meta(run_dir, meta(run_id, **extra))
 
 
-def store_all_schedule_dict() -> dict:
-    """A hand-written chain of 3 stages and its store-all schedule, as ``Schedule.to_dict`` writes it."""
+#: Step costs of the hand-written measured chain, as the synthetic events hold them: the weights and the
+#: batch beside the chain, the optimizer step (weights, gradients, state, batch) after it.
+STEP_COSTS = {"model_state_bytes": WEIGHTS_BYTES, "inputs_bytes": INPUT_BYTES, "outside_bytes": 0,
+              "before_peak_bytes": WEIGHTS_BYTES + INPUT_BYTES + TRANSIENT_BYTES,
+              "after_peak_bytes": 3 * WEIGHTS_BYTES + INPUT_BYTES + TRANSIENT_BYTES,
+              "optimizer_step_bytes": TRANSIENT_BYTES}
+
+
+def store_all_schedule_dict(step: bool = True) -> dict:
+    """A hand-written chain of 3 stages and its store-all schedule, as ``Schedule.to_dict`` writes it.
+
+    With ``step`` the chain carries :data:`STEP_COSTS` (as a chain found in a run does), so its budgets and
+    predicted peak are the whole step's; without, it is a chain-only schedule.
+    """
     from planner.chain import Chain, Stage
     from planner.schedule import Op, OpKind, Schedule
+    from planner.simulator import simulate
+    from planner.step import StepCosts
 
     stages = [Stage(1.0, 2.0, 1000, 1500, 1000, name=f"features.{i}") for i in range(3)]
-    chain = Chain("features", 500, (*stages, Stage(0.5, 0.5, 10, 10, 10, name="loss")))
+    chain = Chain("features", 500, (*stages, Stage(0.5, 0.5, 10, 10, 10, name="loss")),
+                  step=StepCosts(**STEP_COSTS) if step else None)
     ops = [Op(OpKind.F_ALL, s) for s in range(1, 5)] + [Op(OpKind.B, s) for s in range(4, 0, -1)]
-    return Schedule("store_all", None, tuple(ops), chain).to_dict()
+    schedule = Schedule("store_all", None, tuple(ops), chain)
+    prediction = simulate(chain, schedule)
+    return schedule.with_prediction(prediction.peak_bytes, prediction.makespan_ms).to_dict()
 
 
-def write_measured_run(run_dir: Path, run_id: str, source_run: str) -> None:
+def write_measured_run(run_dir: Path, run_id: str, source_run: str, step: bool = True) -> None:
     """A run that executed :func:`store_all_schedule_dict` (one iteration)."""
     writer = TraceWriter(run_dir)
     events = event_rows(0, activation_profile(1))
     writer.append(EVENTS, events)
     writer.append(ITERATIONS, [iteration_row(0, events)])
     writer.append(LAYERS, layer_rows(0))
-    write_meta(run_dir, meta(run_id, schedule=store_all_schedule_dict(), source_run=source_run))
+    write_meta(run_dir, meta(run_id, schedule=store_all_schedule_dict(step), source_run=source_run))
 
 
 def make_traces(root: Path, with_measured: bool = True) -> Traces:
@@ -188,6 +205,16 @@ def measured_expectations() -> tuple[int, float]:
     # From the first forward "enter" to the backward "end", one STEP_NS per event.
     span_ms = (inside[-1] - inside[0]) * STEP_NS / 1e6
     return peak, span_ms
+
+
+def measured_step_expectations() -> tuple[int, list[int], list[float]]:
+    """The measured run's whole-step peak (the allocator's, over every event of its one iteration), and its
+    allocated bytes and times (ms since the first forward event) over forward, backward and the optimizer."""
+    events = event_rows(0, activation_profile(1))
+    inside = [r for r in events if r["phase"] in ("forward", "backward", "optimizer")]
+    origin = inside[0]["time_ns"]
+    return (max(r["peak_bytes"] for r in events), [r["allocated_bytes"] for r in inside],
+            [(r["time_ns"] - origin) / 1e6 for r in inside])
 
 
 def write_big_events(run_dir: Path, num_events: int, seed: int = 0) -> None:

@@ -1,4 +1,7 @@
-"""Planner and Export callbacks: slider bounds from the front, no re-solve, downloads, measured overlay."""
+"""Planner and Export callbacks: slider bounds from the front, no re-solve, downloads, measured overlay.
+
+The synthetic run's chain carries step costs, so the slider, texts and figures are in whole-step bytes.
+"""
 
 from __future__ import annotations
 
@@ -10,10 +13,19 @@ import pytest
 import planner
 from dashboard import callbacks_planner as cp
 from dashboard.data import UnsafeRunPathError
-from dashboard.planning import planner_model
+from dashboard.planning import PlannerModel, planner_model
 from memprof import load_trace
 from memprof.units import format_bytes
-from tests.dashboard.fixtures import HTML_NAME, event_rows, iteration_row, layer_rows, meta
+from planner.step import StepCosts
+from tests.dashboard.fixtures import (
+    HTML_NAME,
+    WEIGHTS_BYTES,
+    event_rows,
+    iteration_row,
+    layer_rows,
+    meta,
+    write_measured_run,
+)
 
 
 def test_container_of():
@@ -48,19 +60,45 @@ def test_bad_runs_give_messages(store, name):
 def test_slider_bounds_are_the_fronts(store):
     from planner.from_trace import chain_from_trace
 
-    front = planner.pareto_front(chain_from_trace(load_trace(store.path("mlp"))))
+    chain = chain_from_trace(load_trace(store.path("mlp")))
+    front = planner.pareto_front(chain)
     low, high, step, marks, value, disabled, message = cp.planner_bounds(store, ["mlp"], cp.AUTO)
+    # whole-step budgets: from the least the step can run in to store-all's whole-step peak
     assert (low, high) == (front.min_feasible_bytes, front.max_budget_bytes)
+    assert (low, high) == (planner.min_feasible_budget(chain), planner.store_all_budget(chain))
     assert not disabled and low <= value <= high
     assert step == pytest.approx((high - low) / 100)
     assert marks == {str(low): format_bytes(low), str(high): format_bytes(high)}
-    assert message.startswith("Chain features: features.0, features.1, features." + HTML_NAME)
+    assert message.startswith(f"Chain {chain.name}: features.0, features.1, features." + HTML_NAME)
+    assert (f"Budgets are the whole training step's memory: {format_bytes(chain.step.base_bytes)} stays beside "
+            "the chain") in message
+    assert f"no schedule goes below {format_bytes(chain.step.floor_bytes)}" in message
     assert message.endswith(f"Budgets from {format_bytes(low)} (the minimum feasible) to {format_bytes(high)} "
                             "(store-all).")
 
 
+def test_slider_says_when_the_step_outside_the_chain_sets_the_minimum(store, monkeypatch):
+    found = planner_model(store, "mlp", None)
+    step = found.step
+    floor = found.max_budget_bytes - 1000  # the optimizer step outgrows almost every schedule
+    chain = found.chain.with_step(StepCosts(**{**step.to_dict(), "after_peak_bytes": floor}))
+    front = planner.pareto_front(chain)
+    model = PlannerModel(chain, front, planner.algorithm_points(chain), 0, found.pareto)
+    monkeypatch.setattr(cp, "planner_model", lambda *a: model)
+    low, high, *_, disabled, message = cp.planner_bounds(store, ["mlp"], cp.AUTO)
+    assert low == floor and not disabled
+    assert message.endswith(f" The minimum is set outside the chain: {chain.step.explain_floor()}.")
+    # the floor above store-all: one budget, the floor
+    higher = chain.with_step(StepCosts(**{**step.to_dict(), "after_peak_bytes": found.max_budget_bytes + 1}))
+    model = PlannerModel(higher, planner.pareto_front(higher), model.points, 0, found.pareto)
+    low, high, *_, disabled, message = cp.planner_bounds(store, ["mlp"], cp.AUTO)
+    assert low == high == found.max_budget_bytes + 1 and disabled
+    assert "Store-all is already the minimum. The minimum is set outside the chain: " in message
+
+
 def test_slider_reads_the_front_and_simulates(store, monkeypatch):
     model = planner_model(store, "mlp", None)
+    step = model.step
     # Moving the slider must not solve again.
     monkeypatch.setattr(planner, "pareto_front", lambda *a, **k: pytest.fail("pareto_front called again"))
     monkeypatch.setattr(planner, "solve", lambda *a, **k: pytest.fail("solve called"))
@@ -72,14 +110,23 @@ def test_slider_reads_the_front_and_simulates(store, monkeypatch):
         schedule_fig, memory_fig, pareto_fig = (go.Figure(f) for f in figures)
         schedule = model.front.schedule_at(int(round(budget)))
         prediction = planner.simulate(model.chain, schedule)
+        step_peak = step.step_peak_bytes(prediction.peak_bytes)
         assert ops_text == " ".join(str(op) for op in schedule.ops)
         assert makespan_text.startswith(f"predicted makespan {prediction.makespan_ms:.3f} ms")
-        assert peak_text == f"predicted peak {format_bytes(prediction.peak_bytes)}"
-        assert prediction.peak_bytes <= int(round(budget))
-        assert budget_text.startswith(f"budget {format_bytes(int(round(budget)))} for activations")
-        assert max(memory_fig.data[0].y) == prediction.peak_bytes
+        assert peak_text == (f"predicted step peak {format_bytes(step_peak)} (the chain's own "
+                             f"{format_bytes(prediction.peak_bytes)})")
+        assert step_peak == schedule.predicted_step_peak_bytes <= int(round(budget))
+        left = step.chain_budget_bytes(int(round(budget)))
+        assert budget_text == (f"budget {format_bytes(int(round(budget)))} for the whole step "
+                               f"({format_bytes(step.base_bytes)} beside the chain leaves it {format_bytes(left)})")
+        # the predicted timeline is the simulator's chain timeline plus what the step holds beside the chain
+        assert max(memory_fig.data[0].y) == prediction.peak_bytes + step.base_bytes
+        assert memory_fig.data[0].name == f"predicted (chain + {format_bytes(step.base_bytes)} beside it)"
+        assert [s.y0 for s in memory_fig.layout.shapes] == [int(round(budget)), step.floor_bytes]
         star = pareto_fig.data[-1]
-        assert (star.x[0], star.y[0]) == (prediction.peak_bytes, pytest.approx(prediction.makespan_ms))
+        assert (star.x[0], star.y[0]) == (step_peak, pytest.approx(prediction.makespan_ms))
+        assert pareto_fig.layout.shapes[0].x0 == int(round(budget))
+        assert pareto_fig.layout.xaxis.title.text == "whole-step peak memory (bytes)"
         assert sum(len(t.x) for t in schedule_fig.data) == len(schedule.ops)
         assert choice == {"run": "mlp", "container": None, "budget_bytes": int(round(budget))}
         seen.append(makespan_text)
@@ -97,10 +144,26 @@ def test_measured_view_states_errors(store):
     blocks = cp.measured_view(store, ["mlp"])
     assert len(blocks) == 1
     sentence = blocks[0].children[0].children
-    assert sentence.startswith("mlp-measured: peak predicted ")
-    assert "%); time predicted " in sentence
+    comparison = cp.compare_measured(store, "mlp-measured")
+    assert sentence.startswith(f"mlp-measured: whole-step peak predicted {format_bytes(comparison.predicted_peak_bytes)}"
+                               f", measured {format_bytes(comparison.measured_peak_bytes)} "
+                               f"({comparison.peak_error:+.1%}); time predicted ")
     graph = go.Figure(blocks[0].children[1].figure)
-    assert [t.name for t in graph.data][:2] == ["predicted", "measured (mlp-measured)"]
+    base = format_bytes(comparison.base_bytes)
+    assert [t.name for t in graph.data][:2] == [f"predicted (chain + {base} beside it)", "measured (mlp-measured)"]
+    assert list(graph.data[1].y) == comparison.measured["memory_bytes"].tolist()
+    assert graph.layout.title.text == "store_all schedule: predicted and measured (whole training step)"
+
+
+def test_measured_view_of_a_chain_only_schedule(store, traces):
+    write_measured_run(traces.root / "mlp-chain-only", "mlp-chain-only", source_run="mlp", step=False)
+    blocks = {b.children[0].children.split(":")[0]: b for b in cp.measured_view(store, ["mlp"])}
+    assert set(blocks) == {"mlp-measured", "mlp-chain-only"}
+    block = blocks["mlp-chain-only"]
+    assert block.children[0].children.startswith("mlp-chain-only: activation peak predicted ")
+    graph = go.Figure(block.children[1].figure)
+    assert [t.name for t in graph.data] == ["predicted", "measured (mlp-chain-only)"]
+    assert graph.layout.title.text.endswith("(activations)")
 
 
 def test_current_schedule_measured_is_overlaid(store, traces):
@@ -117,12 +180,26 @@ def test_current_schedule_measured_is_overlaid(store, traces):
     writer.append("iterations", [iteration_row(0, events)])
     writer.append("layers", layer_rows(0))
     write_meta(run_dir, meta("mlp-measured-rotor", schedule=schedule.to_dict(), source_run="mlp"))
+    # The same operations solved for the chain alone: measured as activations, so not drawn in whole-step terms.
+    other = traces.root / "mlp-measured-chain-only"
+    writer = TraceWriter(other)
+    writer.append("events", events)
+    writer.append("iterations", [iteration_row(0, events)])
+    writer.append("layers", layer_rows(0))
+    alone = planner.pareto_front(model.chain.activations_only()).schedule_at(10**12)
+    assert alone.ops == schedule.ops
+    write_meta(other, meta("mlp-measured-chain-only", schedule=alone.to_dict(), source_run="mlp"))
     _, peak_text, makespan_text, _, _, memory_fig, _, _ = cp.planner_view(store, ["mlp"], cp.AUTO,
                                                                           model.max_budget_bytes)
-    assert "; measured " in peak_text and "; measured " in makespan_text
+    comparison = cp.compare_measured(store, "mlp-measured-rotor")
+    assert peak_text.endswith(f"; measured {format_bytes(comparison.measured_peak_bytes)} "
+                              f"({comparison.peak_error:+.1%})")
+    assert "; measured " in makespan_text
     memory_fig = go.Figure(memory_fig)
-    assert [t.name for t in memory_fig.data] == ["predicted", "measured (mlp-measured-rotor)"]
-    assert list(memory_fig.data[1].y)[-1] == 300
+    assert [t.name for t in memory_fig.data] == [f"predicted (chain + {format_bytes(model.step.base_bytes)} beside it)",
+                                                 "measured (mlp-measured-rotor)"]
+    # whole-step allocated memory: the weights and their gradients are not taken away
+    assert list(memory_fig.data[1].y)[-1] == 300 + 2 * WEIGHTS_BYTES
 
 
 def test_exports(store):
@@ -132,14 +209,18 @@ def test_exports(store):
     assert download["filename"].endswith(".json")
     schedule = planner.Schedule.from_json(json.loads(download["content"]))
     expected = model.front.schedule_at(model.min_budget_bytes)
-    assert schedule.ops == expected.ops
+    assert schedule.ops == expected.ops and schedule.budget_bytes == model.min_budget_bytes
     assert schedule.predicted_peak_bytes == planner.simulate(model.chain, expected).peak_bytes
+    assert schedule.predicted_step_peak_bytes == model.step.step_peak_bytes(schedule.predicted_peak_bytes)
+    assert schedule.chain.step == model.step
     python = cp.export_python(store, choice, ["mlp"])
     assert python["filename"] == "apply_schedule.py"  # the name its usage lines import
     compile(python["content"], python["filename"], "exec")
     summary = cp.export_summary(store, choice, ["mlp"])
-    assert summary.startswith("rotor schedule of run mlp, chain features, at budget ")
-    assert f"{len(expected.ops)} operations" in summary
+    assert summary.startswith(f"rotor schedule of run mlp, chain {model.chain.name}, at budget "
+                              f"{format_bytes(model.min_budget_bytes)} for the whole step: ")
+    assert (f"{len(expected.ops)} operations, predicted peak {format_bytes(schedule.predicted_step_peak_bytes)} "
+            f"for the whole step (the chain's own {format_bytes(schedule.predicted_peak_bytes)})") in summary
 
 
 def test_export_without_a_choice_uses_the_default_budget(store):

@@ -118,6 +118,14 @@ def test_byte_ticks_use_binary_units():
     assert byte_ticks(0) == {} and byte_ticks(float("nan")) == {}
 
 
+def test_byte_ticks_over_a_window_far_from_zero():
+    # whole-step budgets: a narrow window above the model state still gets ticks inside it
+    ticks = byte_ticks(3.4 * 1024**3, bottom_bytes=3.1 * 1024**3)
+    assert ticks["ticktext"][0] == "3.1 GiB" and ticks["ticktext"][-1] == "3.4 GiB"
+    assert len([v for v in ticks["tickvals"] if 3.1 * 1024**3 <= v <= 3.4 * 1024**3]) >= 4
+    assert byte_ticks(500, bottom_bytes=-5) == byte_ticks(500) == byte_ticks(500, bottom_bytes=900)
+
+
 def test_nothing_reserved_is_not_drawn():
     frame = _iterations([1000, 3000], [0, 0], weights=[1000, 3000])
     assert [t.name for t in peaks_figure(frame).data] == ["peak allocated"]

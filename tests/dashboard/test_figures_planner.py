@@ -56,14 +56,37 @@ def test_predicted_line_shows_peak_during_and_memory_after():
 
 
 def test_memory_figure_overlays_measured_and_budget():
-    measured = pd.DataFrame({"time_ms": [0.0, 5.0, 10.0], "activation_bytes": [5, 38, 1]})
+    measured = pd.DataFrame({"time_ms": [0.0, 5.0, 10.0], "memory_bytes": [5, 38, 1], "peak_bytes": [6, 39, 2]})
     fig = go.Figure(memory_figure(_prediction(), budget_bytes=45, measured=[("<b>run</b>", measured)]))
     predicted, overlay = fig.data
-    assert max(predicted.y) == 40
+    assert predicted.name == "predicted" and max(predicted.y) == 40
     assert list(overlay.y) == [5, 38, 1] and list(overlay.x) == [0.0, 5.0, 10.0]
     assert overlay.name == "measured (&lt;b&gt;run&lt;/b&gt;)"
-    assert fig.layout.shapes[0].y0 == 45
+    assert fig.layout.shapes[0].y0 == 45 and len(fig.layout.shapes) == 1
     assert fig.layout.annotations[0].text == "budget 45 B"
+    assert fig.layout.yaxis.title.text == "activation memory (bytes)"
+
+
+def test_whole_step_memory_figure_adds_what_lies_beside_the_chain():
+    # the step holds 1000 B beside the chain, and peaks at 1100 B outside it (the optimizer step)
+    measured = pd.DataFrame({"time_ms": [0.0, 5.0, 12.0], "memory_bytes": [1005, 1038, 1090],
+                             "peak_bytes": [1006, 1039, 1100]})
+    fig = go.Figure(memory_figure(_prediction(), budget_bytes=1045, measured=[("run", measured)],
+                                  base_bytes=1000, floor_bytes=1100))
+    predicted, overlay = fig.data
+    x, y = predicted_line(_prediction())
+    assert list(predicted.y) == (y + 1000).tolist() and list(predicted.x) == x.tolist()
+    assert predicted.name == "predicted (chain + 1000 B beside it)"
+    assert list(overlay.y) == [1005, 1038, 1090]
+    assert [s.y0 for s in fig.layout.shapes] == [1045, 1100]
+    assert [a.text for a in fig.layout.annotations] == ["budget 1.0 KiB",
+                                                       "step peak outside the chain: 1.1 KiB (no schedule's peak goes below)"]
+    assert fig.layout.yaxis.title.text == "whole-step memory (bytes)"
+    assert "whole training step" in fig.layout.title.text and "1000 B held beside it" in fig.layout.title.text
+    assert min(fig.layout.yaxis.tickvals) <= 1000 and sum(1000 <= v <= 1100 for v in fig.layout.yaxis.tickvals) >= 3
+    # a step holding nothing beside the chain is still a whole-step figure
+    empty = go.Figure(memory_figure(_prediction(), base_bytes=0))
+    assert max(empty.data[0].y) == 40 and empty.layout.yaxis.title.text == "whole-step memory (bytes)"
 
 
 def test_pareto_figure_has_every_algorithm_the_front_and_the_current_point():
@@ -78,6 +101,11 @@ def test_pareto_figure_has_every_algorithm_the_front_and_the_current_point():
     assert list(fig.data[-1].x) == [50] and list(fig.data[-1].y) == [12.5]
     assert list(fig.data[0].x) == [40, 50, 100]
     assert fig.layout.shapes[0].x0 == 52
+    assert fig.layout.xaxis.title.text == "activation memory (bytes)"
+    whole = go.Figure(pareto_figure(points, [40, 50, 100], [20.0, 12.5, 10.0], whole_step=True))
+    assert whole.layout.xaxis.title.text == "whole-step peak memory (bytes)"
+    assert whole.layout.xaxis.tickvals[0] <= 40 and len(whole.layout.xaxis.tickvals) >= 4
+    assert whole.layout.title.text.startswith("Whole-step memory vs time")
 
 
 def test_schedule_text():

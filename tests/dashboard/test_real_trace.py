@@ -13,6 +13,7 @@ from dashboard import callbacks_planner as cp
 from dashboard.data import TraceStore
 from memprof import MemoryProfiler, load_trace, zoo
 from memprof.categories import CATEGORY_COLUMNS
+from memprof.units import format_bytes
 from planner.from_trace import chain_from_trace
 from planner.measure import measure_schedule
 
@@ -70,8 +71,14 @@ def test_planner_and_measured_schedule(real):
     assert ops_text == " ".join(str(op) for op in schedule.ops)
     # The measured run executed exactly this schedule, so it is drawn over the prediction.
     assert "; measured " in peak_text and "; measured " in makespan_text
-    assert [t.name for t in go.Figure(memory).data] == ["predicted", "measured (mlp-rotor)"]
+    # whole-step memory: the simulator's chain timeline plus what the step holds beside the chain
+    base = format_bytes(chain.step.base_bytes)
+    assert [t.name for t in go.Figure(memory).data] == [f"predicted (chain + {base} beside it)", "measured (mlp-rotor)"]
     blocks = cp.measured_view(store, ["mlp"])
     sentence = blocks[0].children[0].children
-    expected = comparison.measured_peak_bytes / comparison.predicted_peak_bytes - 1
-    assert sentence.startswith("mlp-rotor: peak predicted ") and f"({expected:+.1%})" in sentence
+    # the dashboard compares the same quantities as planner.measure: the whole step's peak, both sides
+    assert comparison.predicted_step_peak_bytes == schedule.predicted_step_peak_bytes is not None
+    expected = comparison.measured_step_peak_bytes / comparison.predicted_step_peak_bytes - 1
+    assert expected == pytest.approx(comparison.peak_error)
+    assert sentence.startswith(f"mlp-rotor: whole-step peak predicted {format_bytes(comparison.predicted_step_peak_bytes)}"
+                               f", measured {format_bytes(comparison.measured_step_peak_bytes)} ({expected:+.1%})")

@@ -67,6 +67,39 @@ def transformer(vocab: int = 11, dim: int = 8, heads: int = 2, layers: int = 3, 
     )
 
 
+class LoopBlock(nn.Module):
+    """A residual MLP block taking a keyword side input and returning ``(x, None)``, as Hugging Face blocks do."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(dim, dim)
+        self.dropout = nn.Dropout(0.2)
+
+    def forward(self, x: torch.Tensor, scale: torch.Tensor | None = None) -> tuple[torch.Tensor, None]:
+        return x + self.dropout(torch.tanh(self.linear(x))) * scale, None
+
+
+class LoopModel(nn.Module):
+    """Blocks in an ``nn.ModuleList`` called in a Python loop with a keyword argument (a buffer).
+
+    The chain's stages are ``blocks.0`` .. ``blocks.{n-1}``.
+    """
+
+    def __init__(self, dim: int = 6, blocks: int = 4, seed: int = 0) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.embed = nn.Linear(dim, dim)
+        self.blocks = nn.ModuleList([LoopBlock(dim) for _ in range(blocks)])
+        self.head = nn.Linear(dim, 2)
+        self.register_buffer("scale_tensor", torch.full((dim,), 0.5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.embed(x)
+        for block in self.blocks:
+            x, _ = block(x, scale=self.scale_tensor)
+        return self.head(x)
+
+
 def chain(length: int, names: list[list[str]] | None = None) -> Chain:
     """A chain of ``length`` stages plus the loss; sizes are placeholders (the executor ignores them)."""
     stages = [
@@ -122,13 +155,20 @@ def random_persistent(length: int, rng: random.Random) -> list[Op]:
 
 
 def with_wasted_recomputations(ops: list[Op], rng: random.Random, count: int) -> list[Op]:
-    """Inserts ``count`` extra F_ck operations where their input is held: still valid, not persistent."""
+    """Inserts ``count`` extra F_ck operations where their input is held: still valid, not persistent.
+
+    They go after the loss's B(L+1) only, on stages no higher than the next B's: the executor runs stages 1..L
+    once each, in order, before the loss (as the model's forward calls them), and runs the operations up to
+    B(l) when autograd reaches stage l, so a stage is never recomputed after its B was due.
+    """
     ops = list(ops)
     length = max(op.stage for op in ops) - 1
+    loss_backward = ops.index(Op(B, length + 1))
     for _ in range(count):
-        position = rng.randrange(len(ops) + 1)
+        position = rng.randrange(loss_backward + 1, len(ops) + 1)
         held = _held_before(ops, position)
-        candidates = [s for s in range(1, length + 1) if s - 1 in held]
+        due = next((op.stage for op in ops[position:] if op.kind is B), 0)  # the B ending this backward segment
+        candidates = [s for s in range(1, due + 1) if s - 1 in held]
         if candidates:
             ops.insert(position, Op(CK, rng.choice(candidates)))
     return ops

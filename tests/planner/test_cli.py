@@ -10,13 +10,20 @@ from pathlib import Path
 import pytest
 
 from dashboard.cli import main
+from memprof import load_trace
+from memprof.units import format_bytes
+from planner.chain import Chain
+from planner.from_trace import chain_from_trace
 from planner.schedule import Schedule
 from planner.simulator import simulate
+from planner.solve import min_feasible_budget
 from planner.solvers.store_all import store_all_ops
+from planner.step import StepCosts
 from tests.planner import models as M
 
 TOY = Path(__file__).with_name("toy_chain.json")
 EXAMPLE_RUN = Path(__file__).parents[2] / "traces" / "example"
+MIB = 2**20
 
 
 def _one_line_error(capsys: pytest.CaptureFixture[str], *fragments: str) -> str:
@@ -52,8 +59,100 @@ def test_plan_reads_a_run_directory(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert main(["plan", str(EXAMPLE_RUN), "--budget", "1GiB", "--algorithm", "store_all", "--out", str(out)]) == 0
     schedule = Schedule.from_json(out)
     assert schedule.ops == store_all_ops(schedule.chain)
-    assert schedule.chain.stages[0].modules == ("stem",)
+    found = chain_from_trace(load_trace(EXAMPLE_RUN))
+    assert schedule.chain.fingerprint() == found.fingerprint() and schedule.chain.step == found.step
+    assert schedule.chain.stages[0].modules and schedule.chain.step is not None
     assert "store_all schedule" in capsys.readouterr().out
+
+
+def test_plan_budget_of_a_run_is_the_whole_step(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "schedule.json"
+    assert main(["plan", str(EXAMPLE_RUN), "--budget", "10MiB", "--out", str(out)]) == 0
+    schedule = Schedule.from_json(out)
+    step = schedule.chain.step
+    assert schedule.budget_bytes == 10 * MIB
+    assert schedule.predicted_step_peak_bytes == step.step_peak_bytes(schedule.predicted_peak_bytes) <= 10 * MIB
+    assert schedule.predicted_peak_bytes <= step.chain_budget_bytes(10 * MIB)
+    text = capsys.readouterr().out
+    assert "budget           10.0 MiB for the whole step (leaves the chain " in text
+    assert f"step peak        {format_bytes(schedule.predicted_step_peak_bytes)} predicted for the whole step" in text
+    assert f"chain peak       {format_bytes(schedule.predicted_peak_bytes)} (store-all " in text
+    assert f"no schedule goes below {format_bytes(step.floor_bytes)}" in text
+
+
+def test_plan_activation_budget_counts_the_chain_only(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "schedule.json"
+    step = chain_from_trace(load_trace(EXAMPLE_RUN)).step
+    assert main(["plan", str(EXAMPLE_RUN), "--activation-budget", "9MiB", "--out", str(out)]) == 0
+    schedule = Schedule.from_json(out)
+    assert schedule.chain.step is None and schedule.predicted_step_peak_bytes is None
+    assert schedule.budget_bytes == 9 * MIB and schedule.predicted_peak_bytes <= 9 * MIB
+    text = capsys.readouterr().out
+    assert "budget           9.0 MiB for the chain only" in text
+    # the whole step it implies, from the run's step costs, beside the chain's own peak
+    assert f"step peak        {format_bytes(step.step_peak_bytes(schedule.predicted_peak_bytes))} predicted" in text
+    assert f"chain peak       {format_bytes(schedule.predicted_peak_bytes)}" in text
+    # the same number as --budget solves a different (larger) problem: the step holds more than the chain
+    whole = tmp_path / "whole.json"
+    assert main(["plan", str(EXAMPLE_RUN), "--budget", "9MiB", "--out", str(whole)]) == 0
+    assert Schedule.from_json(whole).predicted_peak_bytes <= step.chain_budget_bytes(9 * MIB) < 9 * MIB
+
+
+def _toy_with_step(tmp_path: Path) -> tuple[Path, StepCosts]:
+    step = StepCosts(model_state_bytes=40 * MIB, inputs_bytes=2 * MIB, outside_bytes=8 * MIB,
+                     before_peak_bytes=51 * MIB, after_peak_bytes=143 * MIB, optimizer_step_bytes=3 * MIB)
+    path = tmp_path / "toy_step.json"
+    Chain.from_json(TOY).with_step(step).to_json(path)
+    return path, step
+
+
+def test_plan_chain_file_with_step_costs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    source, step = _toy_with_step(tmp_path)
+    out = tmp_path / "schedule.json"
+    # 90 MiB for the chain alone is 140 MiB of the step, below the optimizer step's 143 MiB: 150 MiB leaves 100.
+    assert main(["plan", str(source), "--budget", "150MiB", "--out", str(out)]) == 0
+    schedule = Schedule.from_json(out)
+    assert schedule.chain.step == step and schedule.budget_bytes == 150 * MIB
+    assert schedule.predicted_step_peak_bytes == step.step_peak_bytes(schedule.predicted_peak_bytes) <= 150 * MIB
+    assert "for the whole step (leaves the chain 100.0 MiB)" in capsys.readouterr().out
+    assert main(["plan", str(source), "--activation-budget", "90MiB", "--out", str(out)]) == 0
+    assert Schedule.from_json(out).budget_bytes == 90 * MIB
+    assert "for the chain only" in capsys.readouterr().out
+
+
+def test_plan_infeasible_step_budget_names_the_minimum(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    source, step = _toy_with_step(tmp_path)
+    minimum = min_feasible_budget(Chain.from_json(source))
+    out = tmp_path / "schedule.json"
+    out.write_text("previous content")
+    assert main(["plan", str(source), "--budget", "100MiB", "--out", str(out)]) == 2
+    _one_line_error(capsys, "memprof plan: error:", "below what the training step needs outside the chain",
+                    "the optimizer step needs 3.0 MiB above the model state",
+                    f"no schedule can go below {format_bytes(step.floor_bytes)}",
+                    f"the smallest budget for rotor is {format_bytes(minimum)}")
+    assert out.read_text() == "previous content"
+    # a run: the same one-line error, in the run's own numbers
+    found = chain_from_trace(load_trace(EXAMPLE_RUN))
+    assert main(["plan", str(EXAMPLE_RUN), "--budget", str(found.step.floor_bytes - 1), "--out", str(out)]) == 2
+    _one_line_error(capsys, found.step.explain_floor(), format_bytes(min_feasible_budget(found)))
+    assert out.read_text() == "previous content"
+
+
+@pytest.mark.parametrize(("extra", "fragment"), [
+    (["--budget", "1GiB", "--activation-budget", "1GiB"], "not allowed with argument"),
+    ([], "one of the arguments --budget --activation-budget is required"),
+    (["--activation-budget", "1KiB"], "minimum"),
+])
+def test_plan_budget_options(tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str],
+                             fragment: str) -> None:
+    out = tmp_path / "schedule.json"
+    try:
+        code = main(["plan", str(TOY), "--out", str(out), *extra])
+    except SystemExit as exc:  # usage errors exit from the argument parser
+        code = exc.code
+    assert code == 2
+    _one_line_error(capsys, "memprof plan: error:", fragment)
+    assert not out.exists()
 
 
 def test_every_algorithm_plans_and_exports(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -65,7 +164,7 @@ def test_every_algorithm_plans_and_exports(tmp_path: Path, capsys: pytest.Captur
                      "--slots", "200"]) == 0, capsys.readouterr().err
         script = tmp_path / f"apply_{algorithm}.py"
         assert main(["export", str(out), "--out", str(script)]) == 0
-        assert "def apply_schedule(model, container=CONTAINER):" in script.read_text()
+        assert 'def apply_schedule(model, container=""):' in script.read_text()
         assert f"from apply_{algorithm} import apply_schedule" in capsys.readouterr().out
 
 
@@ -77,10 +176,8 @@ def test_export_formats(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     data = json.loads((tmp_path / "out.json").read_text())
     assert data["predicted_peak_bytes"] == simulate(schedule.chain, schedule).peak_bytes
     assert main(["export", str(source), "--out", str(tmp_path / "plain.txt"), "--format", "python"]) == 0
-    assert "PLAN = [[[1], 2], [3]]" in (tmp_path / "plain.txt").read_text()
-    assert main(["export", str(source), "--out", str(tmp_path / "ex.py"), "--mode", "executor"]) == 0
-    assert "OPS = [['F_ck', 1]," in (tmp_path / "ex.py").read_text()
-    assert "the embedded executor" in capsys.readouterr().out
+    assert "OPS = [['F_ck', 1]," in (tmp_path / "plain.txt").read_text()
+    assert "needs only torch" in capsys.readouterr().out
 
 
 PLAN_ERRORS = [
@@ -126,8 +223,9 @@ def test_plan_refuses_missing_and_foreign_inputs(tmp_path: Path, capsys: pytest.
 
 def test_export_bad_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     source = tmp_path / "in.json"
-    wasted = M.with_wasted_recomputations(M.revolve(3), __import__("random").Random(0), 3)
-    M.schedule(wasted, M.chain(3)).to_json(source)
+    M.schedule(M.revolve(3), M.chain(3)).to_json(source)
+    early = [M.Op(M.CK, 1), *M.revolve(3)]  # valid, but recomputes stage 1 before the loss
+    M.schedule(early, M.chain(3)).to_json(tmp_path / "wasted.json")
     out = tmp_path / "apply.py"
     out.write_text("previous")
     cases = [
@@ -135,8 +233,7 @@ def test_export_bad_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixt
         ([str(TOY), "--out", str(out)], "not a memprof schedule"),
         ([str(source), "--out", str(tmp_path / "apply.txt")], "cannot tell the format"),
         ([str(source), "--out", str(out), "--format", "yaml"], "--format must be one of json, python"),
-        ([str(source), "--out", str(out), "--mode", "fast"], "--mode must be one of"),
-        ([str(source), "--out", str(out), "--mode", "checkpoint"], "not persistent"),
+        ([str(tmp_path / "wasted.json"), "--out", str(out)], "the executor cannot run this schedule"),
     ]
     for args, fragment in cases:
         assert main(["export", *args]) == 2

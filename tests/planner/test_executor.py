@@ -15,7 +15,13 @@ from torch.nn import functional as F
 
 from planner.chain import Chain, Stage
 from planner.errors import InvalidScheduleError, ScheduleMismatchError
-from planner.executor import CheckpointedSequential, apply_schedule, schedule_layout
+from planner.executor import (
+    CheckpointedSequential,
+    apply_schedule,
+    remove_schedule,
+    stage_modules,
+    validate_ops,
+)
 from planner.schedule import Op
 from planner.simulator import simulate
 from planner.solve import ALGORITHMS, min_feasible_budget, solve, store_all_budget
@@ -97,7 +103,8 @@ def test_training_steps_keep_batchnorm_statistics_and_dropout_masks() -> None:
     before = int(model.features[1].num_batches_tracked)
     scheduled = apply_schedule(copy.deepcopy(model), M.schedule(M.revolve(len(model.features)),
                                                                 _chain_for(model.features, "features.")))
-    assert isinstance(scheduled.features, CheckpointedSequential)
+    assert type(scheduled.features) is nn.Sequential  # changed in place, not replaced
+    assert "forward" in scheduled.features[0].__dict__ and "forward" not in model.features[0].__dict__
     states = []
     for net in (model, scheduled):
         torch.manual_seed(5)
@@ -145,12 +152,13 @@ def test_any_valid_schedule_gives_plain_gradients(seed: int, wasted: int) -> Non
 
 
 def test_each_stage_runs_exactly_as_often_as_the_schedule_says() -> None:
-    model = M.mlp(width=5, depth=4)
+    # Recomputations call a stage module's own forward (not through its hooks): count its inner layer's calls.
+    model = nn.Sequential(*[nn.Sequential(layer) for layer in M.mlp(width=5, depth=4)])
     ops = M.with_wasted_recomputations(M.revolve(len(model)), random.Random(2), 4)
     scheduled = CheckpointedSequential(model, M.schedule(ops, M.chain(len(model))))
     calls: Counter[int] = Counter()
     for index, child in enumerate(scheduled):
-        child.register_forward_hook(lambda *_, index=index: calls.update([index + 1]))
+        child[0].register_forward_hook(lambda *_, index=index: calls.update([index + 1]))
     loss = scheduled(torch.randn(3, 5)).sum()
     expected = Counter(op.stage for op in ops if op.kind is not M.B and op.stage <= len(model))
     forward_part = Counter(calls)
@@ -167,7 +175,8 @@ def test_stages_may_group_consecutive_children() -> None:
     x = torch.randn(2, 4)
     reference = _step(model, x, lambda out: out.sum())
     scheduled = CheckpointedSequential(copy.deepcopy(model), schedule)
-    assert scheduled.stage_groups == (("0", "1"), ("2", "3", "4"), ("5",))
+    groups = stage_modules(scheduled, schedule)
+    assert [[id(m) for m in g] for g in groups] == [[id(scheduled[int(n)]) for n in g] for g in (("0", "1"), ("2", "3", "4"), ("5",))]
     _assert_same_step(reference, _step(scheduled, x, lambda out: out.sum()))
 
 
@@ -205,8 +214,17 @@ def test_backward_twice_with_retain_graph_is_refused() -> None:
     scheduled = CheckpointedSequential(model, M.schedule(M.revolve(len(model)), M.chain(len(model))))
     loss = scheduled(torch.randn(2, 4)).sum()
     loss.backward(retain_graph=True)
-    with pytest.raises(RuntimeError, match="retain_graph"):
+    with pytest.raises(RuntimeError, match="already ran"):
         loss.backward()
+
+
+def test_autograd_grad_through_a_scheduled_model_is_refused() -> None:
+    model = M.mlp(width=4, depth=2)
+    scheduled = CheckpointedSequential(model, M.schedule(M.revolve(len(model)), M.chain(len(model))))
+    x = torch.randn(2, 4, requires_grad=True)
+    loss = scheduled(x).sum()
+    with pytest.raises(RuntimeError, match=r"loss\.backward\(\) only"):
+        torch.autograd.grad(loss, [x])
 
 
 class _AddOneInPlace(nn.Module):
@@ -233,81 +251,188 @@ def test_in_place_modules_at_a_stage_start_work_on_a_copy() -> None:
 
 
 class _Pair(nn.Module):
+    """Returns ``(output, side)``: the first tensor is the activation, the second comes back detached."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(3, 3)
+
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return x, x
+        y = torch.tanh(self.linear(x))
+        return y, y * 2
 
 
-def test_a_stage_returning_a_tuple_is_refused() -> None:
-    scheduled = CheckpointedSequential([nn.Linear(2, 2), _Pair()], M.schedule(M.store_all(2), M.chain(2)))
-    with pytest.raises(TypeError, match="one tensor"):
-        scheduled(torch.randn(1, 2))
+class _PairNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.blocks = nn.ModuleList([_Pair() for _ in range(4)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x, side = block(x)
+        return x + side.detach()
+
+
+def test_a_stage_returning_a_tuple_works() -> None:
+    model = _PairNet()
+    x = torch.randn(2, 3)
+    reference = _step(model, x, lambda out: out.square().sum())
+    chain = M.chain(4, [[f"blocks.{i}"] for i in range(4)])
+    for ops in (M.store_all(4), M.revolve(4), M.with_wasted_recomputations(M.revolve(4), random.Random(1), 3)):
+        scheduled = apply_schedule(copy.deepcopy(model), M.schedule(ops, chain))
+        _assert_same_step(reference, _step(scheduled, x, lambda out: out.square().sum()))
+        torch.manual_seed(0)
+        y, side = scheduled.blocks[0](torch.randn(2, 3, requires_grad=True))
+        assert y.requires_grad and not side.requires_grad  # secondary outputs come back detached
+
+
+def test_a_model_calling_its_blocks_in_a_loop_with_keyword_arguments() -> None:
+    model = M.LoopModel()
+    x = torch.randn(5, 6)
+    reference = _step(model, x, lambda out: out.square().mean())
+    chain = M.chain(4, [[f"blocks.{i}"] for i in range(4)])
+    for ops in (M.store_all(4), M.periodic(4, 2), M.revolve(4), M.random_persistent(4, random.Random(3))):
+        scheduled = apply_schedule(copy.deepcopy(model), M.schedule(ops, chain))
+        _assert_same_step(reference, _step(scheduled, x, lambda out: out.square().mean()))
+    relative = M.schedule(M.revolve(4), M.chain(4, [[str(i)] for i in range(4)]))
+    scheduled = apply_schedule(copy.deepcopy(model), relative, container="blocks")
+    _assert_same_step(reference, _step(scheduled, x, lambda out: out.square().mean()))
+    unnamed = apply_schedule(copy.deepcopy(model), M.schedule(M.revolve(4), M.chain(4)), container="blocks")
+    _assert_same_step(reference, _step(unnamed, x, lambda out: out.square().mean()))
+
+
+def test_remove_schedule_gives_the_modules_their_own_forward_back() -> None:
+    model = M.LoopModel()
+    scheduled = apply_schedule(model, M.schedule(M.revolve(4), M.chain(4, [[f"blocks.{i}"] for i in range(4)])))
+    assert scheduled is model and all("forward" in block.__dict__ for block in model.blocks)
+    assert remove_schedule(model) is model
+    assert not any("forward" in block.__dict__ for block in model.blocks)
+    assert remove_schedule(model) is model  # a no-op the second time
+    reference = _step(M.LoopModel(), torch.ones(2, 6), lambda out: out.sum())
+    _assert_same_step(reference, _step(model, torch.ones(2, 6), lambda out: out.sum()))
 
 
 def test_schedule_for_another_length_is_refused() -> None:
-    with pytest.raises(ScheduleMismatchError, match=r"3 stages but the container has 4 children"):
+    with pytest.raises(ScheduleMismatchError, match=r"3 stages but the model has 4 children"):
         CheckpointedSequential(M.mlp(depth=2), M.schedule(M.store_all(3), M.chain(3)))
 
 
 def test_schedule_naming_other_modules_is_refused() -> None:
     schedule = M.schedule(M.store_all(2), M.chain(2, [["0"], ["2"]]))
-    with pytest.raises(ScheduleMismatchError, match=r"run modules \[0, 2\].*children are \[0, 1\]"):
+    with pytest.raises(ScheduleMismatchError, match=r"the model has no module '2'"):
         CheckpointedSequential(nn.Sequential(nn.Linear(2, 2), nn.ReLU()), schedule)
 
 
-def test_names_under_several_parents_or_partly_missing_are_refused() -> None:
-    with pytest.raises(ScheduleMismatchError, match="several parents"):
-        schedule_layout(M.schedule(M.store_all(2), M.chain(2, [["a.0"], ["b.1"]])))
+class _TwoParents(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.a = nn.Sequential(nn.Linear(3, 3), nn.Tanh())
+        self.b = nn.Sequential(nn.Linear(3, 3), nn.Tanh())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(self.a(x))
+
+
+def test_names_under_several_parents_work_and_partly_missing_names_are_refused() -> None:
+    model = _TwoParents()
+    x = torch.randn(2, 3)
+    reference = _step(model, x, lambda out: out.sum())
+    chain = M.chain(4, [["a.0"], ["a.1"], ["b.0"], ["b.1"]])
+    scheduled = apply_schedule(copy.deepcopy(model), M.schedule(M.revolve(4), chain))
+    _assert_same_step(reference, _step(scheduled, x, lambda out: out.sum()))
+    twice = M.chain(2, [["a.0"], ["a.0"]])
+    with pytest.raises(ScheduleMismatchError, match="one module in two places"):
+        apply_schedule(copy.deepcopy(model), M.schedule(M.store_all(2), twice))
     chain = M.chain(2, [["0"], ["1"]])
     mixed = Chain(chain.name, chain.input_bytes, (chain.stages[0], Stage(1.0, 1.0, 1, 1, 1), chain.stages[2]))
     with pytest.raises(ScheduleMismatchError, match=r"stages \[2\] name no modules"):
-        schedule_layout(M.schedule(M.store_all(2), mixed))
+        apply_schedule(M.mlp(depth=1), M.schedule(M.store_all(2), mixed))
 
 
 def test_invalid_operations_are_refused_naming_the_first_bad_one() -> None:
     model = M.mlp(width=2, depth=1)
     ops = [Op(M.CK, 1), Op(M.NONE, 2), Op(M.A, 3), Op(M.B, 3), Op(M.B, 2), Op(M.A, 1), Op(M.B, 1)]
-    with pytest.raises(InvalidScheduleError, match=r"operation 4 \(B\(2\)\) needs a\^1 and a-bar\^2"):
+    with pytest.raises(InvalidScheduleError, match=r"op 4 B\(2\): needs a-bar\^2"):
         CheckpointedSequential(model, M.schedule(ops, M.chain(2)))
+    with pytest.raises(InvalidScheduleError, match=r"op 4 B\(2\): needs a-bar\^2"):
+        validate_ops(ops, 2)
     loss_twice = [Op(M.A, 1), Op(M.A, 2), Op(M.A, 3), Op(M.CK, 3), Op(M.B, 3), Op(M.B, 2), Op(M.B, 1)]
     with pytest.raises(InvalidScheduleError, match=r"the loss \(stage 3\) must appear as F_all\(3\) then B\(3\)"):
         CheckpointedSequential(model, M.schedule(loss_twice, M.chain(2)))
 
 
-def test_apply_schedule_finds_the_container_and_converts_in_place() -> None:
+def test_a_schedule_recomputing_a_stage_before_the_loss_is_refused() -> None:
+    ops = [Op(M.CK, 1), Op(M.CK, 2), Op(M.CK, 2), Op(M.A, 3), Op(M.A, 4), Op(M.B, 4), Op(M.B, 3), Op(M.A, 2),
+           Op(M.B, 2), Op(M.A, 1), Op(M.B, 1)]
+    schedule = M.schedule(ops, M.chain(3))
+    simulate(schedule.chain, schedule)  # valid for the simulator
+    with pytest.raises(InvalidScheduleError, match="the executor cannot run this schedule: before the loss"):
+        apply_schedule(M.mlp(width=3, depth=2)[:3], schedule)
+    with pytest.raises(InvalidScheduleError, match="the executor cannot run this schedule"):
+        validate_ops(ops, 3)
+
+
+def test_apply_schedule_works_in_place_with_qualified_relative_and_positional_names() -> None:
     model, container, _, _, _ = _cnn_case()
     features = model.features
     schedule = M.schedule(M.store_all(len(container)), _chain_for(container, "features."))
     assert apply_schedule(model, schedule) is model
-    assert model.features is features and isinstance(features, CheckpointedSequential)
-    assert features.schedule is schedule
+    assert model.features is features and type(features) is nn.Sequential
+    assert "forward" in features[0].__dict__ and "forward" in features[-1].__dict__
+    assert "forward" not in model.head[0].__dict__
     root = M.mlp(depth=2)
     relative = M.schedule(M.store_all(4), _chain_for(root))
-    assert apply_schedule(root, relative) is root and isinstance(root, CheckpointedSequential)
+    assert apply_schedule(root, relative) is root and type(root) is nn.Sequential
     nested = nn.Module()
     nested.body = M.mlp(depth=2)
-    apply_schedule(nested, relative, container="body")
-    assert isinstance(nested.body, CheckpointedSequential)
+    body = nested.body
+    assert apply_schedule(nested, relative, container="body") is nested and nested.body is body
+    assert all("forward" in child.__dict__ for child in body)
+    unnamed = nn.Module()
+    unnamed.body = M.mlp(depth=2)
+    apply_schedule(unnamed, M.schedule(M.store_all(4), M.chain(4)), container="body")
+    assert all("forward" in child.__dict__ for child in unnamed.body)
 
 
 def test_apply_schedule_refuses_wrong_containers() -> None:
     model, container, _, _, _ = _cnn_case()
     schedule = M.schedule(M.store_all(len(container)), _chain_for(container, "features."))
-    with pytest.raises(ScheduleMismatchError, match="live under 'features', but container 'head'"):
-        apply_schedule(model, schedule, container="head")
+    with pytest.raises(ScheduleMismatchError, match="the model has no module 'features.0'"):
+        apply_schedule(model.head, schedule)
     with pytest.raises(ScheduleMismatchError, match="no submodule 'missing'"):
         apply_schedule(model, M.schedule(M.store_all(2), M.chain(2)), container="missing")
-    with pytest.raises(ScheduleMismatchError, match="is a CNN; expected an nn.Sequential"):
+    with pytest.raises(ScheduleMismatchError, match="the model, which must be an nn.Sequential; found a CNN"):
         apply_schedule(model, M.schedule(M.store_all(2), M.chain(2)))
+    with pytest.raises(ScheduleMismatchError, match="2 stages but head has 3 children"):
+        apply_schedule(model, M.schedule(M.store_all(2), M.chain(2)), container="head")
 
 
-def test_a_sequential_subclass_root_is_replaced_with_a_warning() -> None:
+def test_a_sequential_subclass_is_scheduled_in_place() -> None:
     class Net(nn.Sequential):
         pass
 
+    torch.manual_seed(0)
     model = Net(nn.Linear(2, 2), nn.ReLU())
-    with pytest.warns(UserWarning, match="not changed in place"):
-        result = apply_schedule(model, M.schedule(M.store_all(2), M.chain(2)))
-    assert isinstance(result, CheckpointedSequential) and result[0] is model[0]
+    x = torch.randn(3, 2)
+    reference = _step(model, x, lambda out: out.sum())
+    scheduled = copy.deepcopy(model)
+    assert apply_schedule(scheduled, M.schedule(M.revolve(2), M.chain(2))) is scheduled
+    assert type(scheduled) is Net
+    _assert_same_step(reference, _step(scheduled, x, lambda out: out.sum()))
+
+
+def test_applying_twice_replaces_the_previous_schedule() -> None:
+    model = M.mlp(width=3, depth=2)
+    x = torch.randn(2, 3)
+    reference = _step(model, x, lambda out: out.sum())
+    scheduled = copy.deepcopy(model)
+    apply_schedule(scheduled, M.schedule(M.revolve(4), M.chain(4)))
+    first = scheduled[0].__dict__["forward"]
+    apply_schedule(scheduled, M.schedule(M.store_all(4), M.chain(4)))
+    assert scheduled[0].__dict__["forward"] is not first
+    _assert_same_step(reference, _step(scheduled, x, lambda out: out.sum()))
 
 
 def test_measured_peak_matches_the_simulator() -> None:
@@ -339,7 +464,9 @@ def test_every_algorithm_runs_with_plain_gradients_and_its_predicted_memory(algo
         _assert_same_step(reference, _step(scheduled, x, lambda out: (out * target).sum()))
         scheduled.zero_grad(set_to_none=False)
         measured = M.peak_cpu_bytes(lambda net=scheduled: (net(x) * target).sum().backward()) + chain.input_bytes
-        assert abs(measured - schedule.predicted_peak_bytes) <= 0.02 * schedule.predicted_peak_bytes
+        # the executor frees delta^l once the stage's first backward operation used it, as plain autograd does;
+        # the paper's rules hold it through B(l), so the prediction may be a little high, never low
+        assert 0.95 * schedule.predicted_peak_bytes <= measured <= 1.02 * schedule.predicted_peak_bytes
         assert measured <= 1.02 * budget
 
 

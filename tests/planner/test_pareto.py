@@ -1,4 +1,7 @@
-"""The Pareto front from one DP solve, schedules read from it, and every algorithm's points."""
+"""The Pareto front from one DP solve, schedules read from it, and every algorithm's points.
+
+Chains with step costs (built from a trace) speak whole-step bytes; the same table answers both.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +10,7 @@ import json
 import numpy as np
 import pytest
 
+from memprof.units import format_bytes
 from planner import (
     Chain,
     InfeasibleBudgetError,
@@ -20,6 +24,7 @@ from planner import (
 from planner.pareto import POINT_COLUMNS
 from planner.solve import min_feasible_budget, store_all_budget
 from planner.solvers import rotor_fill
+from planner.step import StepCosts
 from tests.planner.chain_strategies import MIB, random_chain, toy_chain
 
 
@@ -102,3 +107,99 @@ def test_revolve_front_may_start_at_store_alls_peak() -> None:
     assert front.budgets_bytes.tolist() == [store_all_budget(chain)] == [29]
     assert front.makespans_ms.tolist() == [4.0]
     assert front.schedule_at(29).predicted_makespan_ms == 4.0
+
+
+def _with_step(chain: Chain, floor_bytes: int, base_bytes: int = 50 * MIB) -> Chain:
+    """``chain`` inside a training step holding ``base_bytes`` beside it, whose optimizer step peaks at
+    ``floor_bytes``."""
+    return chain.with_step(StepCosts(
+        model_state_bytes=base_bytes - 10 * MIB, inputs_bytes=2 * MIB, outside_bytes=8 * MIB,
+        before_peak_bytes=base_bytes + MIB, after_peak_bytes=floor_bytes, optimizer_step_bytes=3 * MIB,
+    ))
+
+
+def test_step_front_is_the_chain_front_shifted_and_clipped_at_the_floor() -> None:
+    # The toy chain's optima sit at about 82.4, 87.3, 92.0, 97.0, 98.0 and 107.0 MiB (chain only); 50 MiB
+    # beside the chain and an optimizer step peaking at 143 MiB fold the first three into one at 143 MiB.
+    plain = toy_chain()
+    chain = _with_step(plain, floor_bytes=143 * MIB)
+    base, floor = chain.step.base_bytes, chain.step.floor_bytes
+    alone, front = pareto_front(plain), pareto_front(chain)
+    expected = sorted({max(floor, int(b) + base) for b in alone.budgets_bytes})
+    assert front.budgets_bytes.tolist() == expected and len(expected) == len(alone.budgets_bytes) - 2
+    assert front.budgets_bytes[0] == floor
+    for budget, makespan in zip(front.budgets_bytes, front.makespans_ms):
+        assert makespan == alone.makespan_at(int(budget) - base)
+    assert front.min_feasible_bytes == min_feasible_budget(chain) == floor
+    assert front.max_budget_bytes == store_all_budget(chain) == alone.max_budget_bytes + base
+    assert front.makespan_at(front.max_budget_bytes) == pytest.approx(37.38)
+    assert front.step is chain.step and front.chain_budget_bytes(200 * MIB) == 150 * MIB
+    assert pareto_front(plain).budgets_bytes.tolist() == alone.budgets_bytes.tolist()  # chain-only unchanged
+
+
+@pytest.mark.parametrize("clipped", [False, True])
+def test_step_schedules_read_from_the_front_are_the_solved_ones(clipped: bool) -> None:
+    plain = random_chain(seed=6, length=25)
+    alone = pareto_front(plain)
+    # the floor either below every optimum, or half-way up the front (the lower half folds into one)
+    floor = 60 * MIB if not clipped else 50 * MIB + int(alone.budgets_bytes[len(alone.budgets_bytes) // 2]) + 1
+    chain = _with_step(plain, floor_bytes=floor)
+    step = chain.step
+    front = pareto_front(chain)
+    assert (len(front.budgets_bytes) < len(alone.budgets_bytes)) == clipped
+    for budget in np.linspace(front.min_feasible_bytes, front.max_budget_bytes * 1.1, 9).astype(int):
+        read, solved = front.schedule_at(int(budget)), solve(chain, int(budget))
+        assert read.ops == solved.ops
+        assert read.budget_bytes == solved.budget_bytes == int(budget)
+        assert read.predicted_peak_bytes == solved.predicted_peak_bytes == simulate(chain, read.ops).peak_bytes
+        assert read.predicted_step_peak_bytes == solved.predicted_step_peak_bytes
+        assert read.predicted_step_peak_bytes == step.step_peak_bytes(read.predicted_peak_bytes) <= budget
+        assert read.predicted_makespan_ms == pytest.approx(front.makespan_at(int(budget)), rel=1e-5)
+    assert pareto_front(chain.activations_only()).schedule_at(front.min_feasible_bytes).predicted_step_peak_bytes is None
+
+
+def test_step_budget_below_the_floor_names_the_minimum_and_what_dominates() -> None:
+    chain = _with_step(toy_chain(), floor_bytes=143 * MIB)
+    front = pareto_front(chain)
+    for ask in (front.schedule_at, front.makespan_at):
+        with pytest.raises(InfeasibleBudgetError) as excinfo:
+            ask(front.min_feasible_bytes - 1)
+        assert excinfo.value.min_feasible_bytes == front.min_feasible_bytes
+        message = str(excinfo.value)
+        assert chain.step.explain_floor() in message and "the optimizer step needs 3.0 MiB" in message
+        assert f"the smallest budget for rotor is {format_bytes(front.min_feasible_bytes)}" in message
+    # A floor below what the chain itself needs: the chain dominates, and the message says what surrounds it.
+    low = _with_step(toy_chain(), floor_bytes=100 * MIB)
+    front = pareto_front(low)
+    assert front.min_feasible_bytes == min_feasible_budget(low) > low.step.floor_bytes
+    with pytest.raises(InfeasibleBudgetError, match="for the whole step is too small for rotor") as excinfo:
+        front.schedule_at(front.min_feasible_bytes - 1)
+    assert excinfo.value.min_feasible_bytes == front.min_feasible_bytes
+    assert format_bytes(low.step.base_bytes) + " besides the chain" in str(excinfo.value)
+    with pytest.raises(InfeasibleBudgetError, match="is below what the training step needs outside the chain"):
+        front.schedule_at(99 * MIB)
+
+
+def test_algorithm_points_of_a_step_chain_are_whole_step() -> None:
+    plain = toy_chain()
+    chain = _with_step(plain, floor_bytes=95 * MIB + 50 * MIB)
+    step = chain.step
+    alone, points = algorithm_points(plain, sweep=6), algorithm_points(chain, sweep=6)
+    assert tuple(points.columns) == POINT_COLUMNS
+    assert (points["peak_bytes"] <= points["budget_bytes"]).all()
+    assert (points["peak_bytes"] >= step.floor_bytes).all()
+    store_all_row = points[points["algorithm"] == "store_all"].iloc[0]
+    assert store_all_row["peak_bytes"] == store_all_row["budget_bytes"] == store_all_budget(chain)
+    fixed = ["store_all", "periodic", "sqrt"]  # no budget: the same schedules, their peaks in step terms
+    mine = points[points["algorithm"].isin(fixed)].reset_index(drop=True)
+    theirs = alone[alone["algorithm"].isin(fixed)].reset_index(drop=True)
+    assert mine["peak_bytes"].tolist() == [step.step_peak_bytes(p) for p in theirs["peak_bytes"]]
+    assert mine["makespan_ms"].tolist() == theirs["makespan_ms"].tolist()
+    front = pareto_front(chain)
+    rotor_rows = points[points["algorithm"] == "rotor"]
+    assert rotor_rows["budget_bytes"].min() == front.min_feasible_bytes
+    assert rotor_rows["budget_bytes"].max() == front.max_budget_bytes
+    for _, row in rotor_rows.iterrows():
+        solved = solve(chain, int(row["budget_bytes"]))
+        assert row["peak_bytes"] == solved.predicted_step_peak_bytes
+        assert row["makespan_ms"] == pytest.approx(solved.predicted_makespan_ms)
