@@ -61,7 +61,8 @@ def solve(chain: Chain, budget_bytes: int, algorithm: str = "rotor", slots: int 
         budget_bytes: the memory budget (what the ROTOR paper's M counts: input, activations, their
             gradients and overheads).
         algorithm: one of ``SOLVABLE``.
-        slots: memory slots spanning store-all's peak, for the dynamic programs.
+        slots: memory slots of the dynamic programs, spanning the budget (capped at store-all's peak): the
+            paper's M/S. ``pareto_front`` instead reads every budget from one table on store-all's grid.
 
     Raises:
         UnknownAlgorithmError: unknown ``algorithm``.
@@ -82,10 +83,16 @@ def solve(chain: Chain, budget_bytes: int, algorithm: str = "rotor", slots: int 
 
 
 def min_feasible_budget(chain: Chain, algorithm: str = "rotor", slots: int = DEFAULT_SLOTS) -> int:
-    """The smallest budget in bytes for which ``solve(chain, budget, algorithm, slots)`` succeeds.
+    """The minimum feasible budget in bytes of ``solve(chain, budget, algorithm, slots)``.
+
+    ``solve`` succeeds at it and at every budget above it, and one byte below it raises
+    ``InfeasibleBudgetError`` naming it. For the dynamic programs, whose grid follows the budget, it is
+    found by bisection (see ``planner/solvers/budget_grid.py``); a few budgets below it may also be solved.
 
     Raises:
         UnknownAlgorithmError: unknown ``algorithm``.
+        InfeasibleBudgetError: ``revolve`` finds no schedule at any budget.
+        TableTooLargeError: ``rotor_optimal`` on a chain too long for its tables.
     """
     module = solver(algorithm)
     check_slots(slots)
