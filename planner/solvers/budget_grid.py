@@ -27,7 +27,7 @@ from planner.discretize import slot_bytes_for
 from planner.errors import InfeasibleBudgetError
 from planner.solvers.common import Plan, infeasible
 
-Threshold = Callable[[int], "int | None"]
+Threshold = Callable[[int], int | None]
 """``threshold(reference_bytes)``: the smallest budget in bytes that the grid spanning ``reference_bytes``
 solves (``None``: none up to its top)."""
 
@@ -65,7 +65,7 @@ def solved_on_own_grid(threshold: Threshold, budget_bytes: int, top_bytes: int) 
     return found is not None and found <= budget_bytes
 
 
-def lowest_budget(threshold: Threshold, top_bytes: int, slots: int) -> Minimum | None:
+def lowest_budget(threshold: Threshold, top_bytes: int, slots: int, floor_bytes: int = 0) -> Minimum | None:
     """The minimum feasible budget: bisection from store-all's grid down to an own-grid boundary.
 
     Invariants: every budget up to ``lo`` fails on its own grid; ``best`` is solved (on its own grid, or on
@@ -76,6 +76,8 @@ def lowest_budget(threshold: Threshold, top_bytes: int, slots: int) -> Minimum |
         threshold: the DP's feasibility test, per grid reference.
         top_bytes: store-all's peak, the largest reference.
         slots: slots per grid.
+        floor_bytes: a budget below which no grid has a schedule, where the bisection starts: the DP's
+            minimum on 1-byte slots (:func:`exact_floor`), since rounding sizes up only adds memory.
 
     Returns:
         The minimum, or ``None`` when store-all's grid has no schedule at all (so no budget has one).
@@ -83,7 +85,7 @@ def lowest_budget(threshold: Threshold, top_bytes: int, slots: int) -> Minimum |
     first = threshold(top_bytes)
     if first is None:
         return None
-    lo, best = -1, Minimum(first, top_bytes)
+    lo, best = min(max(floor_bytes, 0), first) - 1, Minimum(first, top_bytes)
     while best.budget_bytes - lo > 1:
         probe = (lo + best.budget_bytes) // 2
         low, high = same_grid_budgets(probe, top_bytes, slots)
@@ -109,13 +111,23 @@ def lowest_budget_reference(threshold: Threshold, top_bytes: int) -> list[int]:
     return [budget for budget in range(first + 1) if solved[budget] and (budget == 0 or not solved[budget - 1])]
 
 
+def exact_floor(threshold_on: Callable[[int, int], int | None], top_bytes: int) -> int:
+    """The DP's minimum on 1-byte slots up to store-all's peak (0 when it has none there).
+
+    ``threshold_on(slots, reference_bytes)`` is the DP's feasibility test on any grid. Every size rounds
+    up to at least itself, so no grid solves a budget this grid does not: a floor for :func:`lowest_budget`.
+    """
+    width = max(int(top_bytes), 1)
+    return threshold_on(width, width) or 0
+
+
 def plan_on_own_grid(
     algorithm: str,
     budget_bytes: int,
     top_bytes: int,
-    slots: int,
     solve_on: Callable[[int, int], Plan],
-    threshold: Threshold,
+    minimum: Callable[[], Minimum | None],
+    detail: str,
 ) -> Plan:
     """The DP's plan for ``budget_bytes`` on its own grid, else the minimum's when the budget is above it.
 
@@ -123,10 +135,10 @@ def plan_on_own_grid(
         algorithm: the name, for the error.
         budget_bytes: the budget.
         top_bytes: store-all's peak.
-        slots: slots per grid.
         solve_on: ``solve_on(reference_bytes, budget_bytes)``: the plan on that grid, raising
             ``InfeasibleBudgetError`` when it has none within the budget.
-        threshold: the DP's feasibility test (see :func:`lowest_budget`).
+        minimum: the minimum feasible budget (:func:`lowest_budget`), computed only when needed.
+        detail: how the grids are made, for the error.
 
     Raises:
         InfeasibleBudgetError: the budget is below the minimum feasible budget, which the message names.
@@ -134,8 +146,8 @@ def plan_on_own_grid(
     try:
         return solve_on(grid_reference(budget_bytes, top_bytes), budget_bytes)
     except InfeasibleBudgetError:
-        lowest = lowest_budget(threshold, top_bytes, slots)
+        lowest = minimum()
         if lowest is None or budget_bytes < lowest.budget_bytes:
             found = None if lowest is None else lowest.budget_bytes
-            raise infeasible(algorithm, int(budget_bytes), found, f"{slots} slots spanning each budget") from None
+            raise infeasible(algorithm, int(budget_bytes), found, detail) from None
     return solve_on(lowest.reference_bytes, lowest.budget_bytes)

@@ -16,6 +16,7 @@ simulator.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
@@ -24,7 +25,7 @@ from planner.chain import Chain
 from planner.discretize import DEFAULT_SLOTS, DiscreteChain, discretize
 from planner.schedule import Op, OpKind
 from planner.solvers import rotor_fill
-from planner.solvers.budget_grid import Minimum, Threshold, lowest_budget, plan_on_own_grid
+from planner.solvers.budget_grid import Minimum, exact_floor, lowest_budget, plan_on_own_grid
 from planner.solvers.common import Plan, infeasible
 from planner.solvers.rotor_fill import Arrays
 from planner.solvers.store_all import store_all_ops, store_all_peak_bytes
@@ -182,11 +183,11 @@ def threshold_bytes(grid: DiscreteChain, mode: str, store_all_bytes: int) -> int
 def minimum(chain: Chain, slots: int = DEFAULT_SLOTS, mode: str = "rotor") -> Minimum | None:
     """The minimum feasible budget with each budget on its own grid (see :mod:`budget_grid`); ``None``: none."""
     top = store_all_peak_bytes(chain)
-    return lowest_budget(_threshold(chain, slots, mode, top), top, slots)
 
+    def threshold_on(count: int, reference: int) -> int | None:
+        return threshold_bytes(discretize(chain, count, reference), mode, top)
 
-def _threshold(chain: Chain, slots: int, mode: str, top: int) -> Threshold:
-    return lambda reference: threshold_bytes(discretize(chain, slots, reference), mode, top)
+    return lowest_budget(partial(threshold_on, slots), top, slots, exact_floor(threshold_on, top))
 
 
 def min_budget_bytes(chain: Chain, slots: int = DEFAULT_SLOTS) -> int:
@@ -201,13 +202,12 @@ def plan_mode(chain: Chain, budget_bytes: int, slots: int = DEFAULT_SLOTS, mode:
     Raises:
         InfeasibleBudgetError: the budget is below the minimum feasible one (named).
     """
-    top = store_all_peak_bytes(chain)
-
     def solve_on(reference: int, budget: int) -> Plan:
         table = compute_table(chain, mode=mode, grid=discretize(chain, slots, reference))
         return Plan(rebuild(table, budget), {"slots": slots, "slot_bytes": table.grid.slot_bytes})
 
-    return plan_on_own_grid(mode, budget_bytes, top, slots, solve_on, _threshold(chain, slots, mode, top))
+    return plan_on_own_grid(mode, budget_bytes, store_all_peak_bytes(chain), solve_on,
+                            partial(minimum, chain, slots, mode), f"{slots} slots spanning each budget")
 
 
 def plan(chain: Chain, budget_bytes: int, slots: int = DEFAULT_SLOTS) -> Plan:

@@ -17,6 +17,7 @@ choice beyond. Values are float64.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
@@ -25,7 +26,7 @@ from planner.chain import Chain
 from planner.discretize import DEFAULT_SLOTS, DiscreteChain, discretize
 from planner.errors import PlannerError
 from planner.schedule import Op, OpKind
-from planner.solvers.budget_grid import Minimum, Threshold, lowest_budget, plan_on_own_grid
+from planner.solvers.budget_grid import Minimum, exact_floor, lowest_budget, plan_on_own_grid
 from planner.solvers.common import Plan, infeasible
 from planner.solvers.store_all import store_all_ops, store_all_peak_bytes
 
@@ -88,6 +89,19 @@ class OptimalTable:
         return min(found, self.store_all_bytes)
 
 
+def _hops(grid: DiscreteChain) -> np.ndarray:
+    """``hop[j] = a^{j-1} + a^j + o_f^j``: the memory of ``F_none(j)`` (0 at index 0)."""
+    hop = np.zeros_like(grid.a)
+    hop[1:] = grid.a[:-1] + grid.a[1:] + grid.forward_overhead[1:]
+    return hop
+
+
+def _split_needs(grid: DiscreteChain, hop: np.ndarray, s: int, last: int) -> np.ndarray:
+    """For ``s' = s+1 .. l``: memory of ``F_ck(s) F_none(s+1) .. F_none(s'-1)`` beside ``delta^l``."""
+    inner = np.maximum.accumulate(np.concatenate([[0], hop[s + 1 : last]]))
+    return grid.delta[last] + np.maximum(grid.a[s] + grid.forward_overhead[s], inner)
+
+
 class _Filler:
     """Fills the tables one ``(s, l)`` pair at a time, by increasing ``l - s``."""
 
@@ -98,8 +112,7 @@ class _Filler:
         self.of, self.ob = grid.forward_overhead, grid.backward_overhead
         self.uf, self.ub = grid.forward_ms, grid.backward_ms
         self.prefix = np.concatenate([[0.0], np.cumsum(grid.forward_ms[1:])])
-        self.hop = np.zeros_like(self.a)
-        self.hop[1:] = self.a[:-1] + self.a[1:] + self.of[1:]
+        self.hop = _hops(grid)
         self.cost: dict[_Key, np.ndarray] = {}
         self.right: dict[_Key, np.ndarray] = {}
         self.by_end: dict[_Key, np.ndarray] = {}  # C(s', t', l, m - a^{s'-1}) + U(s'-1)
@@ -113,8 +126,7 @@ class _Filler:
 
     def split_needs(self, s: int, last: int) -> np.ndarray:
         """For ``s' = s+1 .. l``: memory of ``F_ck(s) F_none(s+1) .. F_none(s'-1)`` beside ``delta^l``."""
-        inner = np.maximum.accumulate(np.concatenate([[0], self.hop[s + 1 : last]]))
-        return self.delta[last] + np.maximum(self.a[s] + self.of[s], inner)
+        return _split_needs(self.grid, self.hop, s, last)
 
     def fill(self) -> None:
         top = self.grid.top
@@ -238,10 +250,11 @@ def least_memory(grid: DiscreteChain) -> np.ndarray:
     condition is ``m >= x``, so the memories where ``C(s, t, l, .)`` is finite are ``need .. slots``. A
     shift by a negative amount (``F_none(s)`` when ``a^s < a^{s-1}``) reads the table's top, so an entry
     above ``slots`` is infinite before its parents read it. Each ``(s, l)`` pair is vectorised over the
-    ends and splits: ``O(L^2)`` NumPy calls. Its reference is the table (the tests compare every entry).
+    ends and splits: ``O(L^2)`` NumPy calls, nothing as wide as the memory axis (``slots`` may be huge).
+    Its reference is the table (the tests compare every entry).
     """
-    filler = _Filler(grid)
-    a, abar, delta, of, ob = filler.a, filler.abar, filler.delta, filler.of, filler.ob
+    a, abar, delta = grid.a, grid.abar, grid.delta
+    of, ob, hop = grid.forward_overhead, grid.backward_overhead, _hops(grid)
     top = grid.top
     need = np.full((top + 2, top + 2, top + 2), np.inf)
     for d in range(top):
@@ -253,7 +266,7 @@ def least_memory(grid: DiscreteChain) -> np.ndarray:
             if last > s:
                 # G(s, t', l, .): min over s' <= t' of max(split need, a^{s'-1} + need[s', t', l])
                 after = a[ends - 1][None, :] + need[ends[None, :], ends[:, None], last]  # [t', s']
-                by_split = np.maximum(filler.split_needs(s, last)[None, :], after)
+                by_split = np.maximum(_split_needs(grid, hop, s, last)[None, :], after)
                 by_split[ends[None, :] > ends[:, None]] = np.inf
                 right = by_split.min(axis=1)
                 pieces = np.maximum(right[None, :], need[s, starts[:, None], ends[None, :] - 1])
@@ -284,11 +297,12 @@ def minimum(chain: Chain, slots: int = DEFAULT_SLOTS) -> Minimum:
     """
     check_table_size(chain.length, slots)
     top = store_all_peak_bytes(chain)
-    return lowest_budget(_threshold(chain, slots, top), top, slots)  # store-all's peak always has a schedule
 
+    def threshold_on(count: int, reference: int) -> int:
+        return threshold_bytes(discretize(chain, count, reference), top)
 
-def _threshold(chain: Chain, slots: int, top: int) -> Threshold:
-    return lambda reference: threshold_bytes(discretize(chain, slots, reference), top)
+    # store-all's peak always has a schedule
+    return lowest_budget(partial(threshold_on, slots), top, slots, exact_floor(threshold_on, top))
 
 
 def min_budget_bytes(chain: Chain, slots: int = DEFAULT_SLOTS) -> int:
@@ -308,10 +322,9 @@ def plan(chain: Chain, budget_bytes: int, slots: int = DEFAULT_SLOTS) -> Plan:
         InfeasibleBudgetError: the budget is below the minimum feasible one (named).
         TableTooLargeError: the tables would not fit ``MAX_TABLE_BYTES``.
     """
-    top = store_all_peak_bytes(chain)
-
     def solve_on(reference: int, budget: int) -> Plan:
         table = compute_table(chain, grid=discretize(chain, slots, reference))
         return Plan(rebuild(table, budget), {"slots": slots, "slot_bytes": table.grid.slot_bytes})
 
-    return plan_on_own_grid("rotor_optimal", budget_bytes, top, slots, solve_on, _threshold(chain, slots, top))
+    return plan_on_own_grid("rotor_optimal", budget_bytes, store_all_peak_bytes(chain), solve_on,
+                            partial(minimum, chain, slots), f"{slots} slots spanning each budget")

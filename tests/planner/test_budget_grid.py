@@ -14,9 +14,10 @@ from planner import Chain, InfeasibleBudgetError, Stage, pareto_front, solve
 from planner.discretize import discretize, slot_bytes_for
 from planner.simulator import simulate
 from planner.solve import min_feasible_budget, store_all_budget
-from planner.solvers import exact, rotor, rotor_fill
+from planner.solvers import exact, rotor, rotor_fill, rotor_optimal
 from planner.solvers.budget_grid import (
     Minimum,
+    exact_floor,
     lowest_budget,
     lowest_budget_reference,
     same_grid_budgets,
@@ -101,18 +102,24 @@ def test_minimum_is_a_boundary_and_every_budget_above_it_fits(
 
 
 def test_a_budget_whose_own_grid_finds_nothing_gets_the_minimums_schedule() -> None:
-    # 21 slots: 1575 bytes has slots of 75 bytes and a schedule; 1576 has slots of 76 and none
+    # 21 slots: 1533 bytes has slots of 73 bytes and a schedule; 1534 to 1553 have slots of 74 and none
     chain = Chain("coarse", 176, (
         Stage(5.0, 6.0, 37, 148, 37, 23, 31), Stage(8.0, 1.0, 258, 410, 258, 12, 200),
         Stage(5.0, 6.0, 103, 290, 103, 60, 291), Stage(4.0, 1.0, 87, 260, 87, 20, 82),
     ))
-    assert min_feasible_budget(chain, "rotor", 21) == 1575
-    threshold = rotor._threshold(chain, 21, "rotor", store_all_budget(chain))
-    assert solved_on_own_grid(threshold, 1575, store_all_budget(chain))
-    assert not solved_on_own_grid(threshold, 1576, store_all_budget(chain))
-    at_minimum, above = solve(chain, 1575, "rotor", 21), solve(chain, 1576, "rotor", 21)
-    assert above.ops == at_minimum.ops and above.params == {"slots": 21, "slot_bytes": 75}
-    assert above.predicted_peak_bytes <= 1575
+    top = store_all_budget(chain)
+
+    def threshold(reference: int) -> int | None:
+        return rotor.threshold_bytes(discretize(chain, 21, reference), "rotor", top)
+
+    assert min_feasible_budget(chain, "rotor", 21) == 1533
+    own = [budget for budget in range(1500, 1600) if solved_on_own_grid(threshold, budget, top)]
+    assert own == [1533, 1554, 1575, 1596]  # the top of each 21-byte run of one slot size
+    at_minimum = solve(chain, 1533, "rotor", 21)
+    for budget in (1534, 1553):
+        above = solve(chain, budget, "rotor", 21)
+        assert above.ops == at_minimum.ops and above.params == {"slots": 21, "slot_bytes": 73}
+        assert above.predicted_peak_bytes <= 1533
 
 
 def test_minimum_tests_feasibility_without_filling_a_table(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -122,6 +129,19 @@ def test_minimum_tests_feasibility_without_filling_a_table(monkeypatch: pytest.M
     monkeypatch.setattr(rotor_fill, "fill", no_table)
     chain = random_chain(seed=2, length=30)
     assert 0 < min_feasible_budget(chain, "rotor") < store_all_budget(chain)
+
+
+@pytest.mark.parametrize(("module", "persistent"), [(rotor, True), (rotor_optimal, False)])
+@given(chain=small_chains(max_length=3, max_size=4))
+@settings(max_examples=20, deadline=None)
+def test_floor_is_the_exact_minimum(module: object, persistent: bool, chain: Chain) -> None:
+    """The bisection starts at the DP's minimum on 1-byte slots: exhaustive search's minimum."""
+    top = store_all_budget(chain)
+    if module is rotor:
+        floor = exact_floor(lambda count, ref: rotor.threshold_bytes(discretize(chain, count, ref), "rotor", top), top)
+    else:
+        floor = exact_floor(lambda count, ref: rotor_optimal.threshold_bytes(discretize(chain, count, ref), top), top)
+    assert floor == exact.min_budget_bytes(chain, persistent=persistent)
 
 
 def test_same_grid_budgets() -> None:
@@ -134,12 +154,13 @@ def test_same_grid_budgets() -> None:
 
 
 @st.composite
-def thresholds(draw: st.DrawFn) -> tuple[int, int, object]:
+def thresholds(draw: st.DrawFn) -> tuple[int, int, int, object]:
     """A store-all peak, a slot count and a random threshold per grid: roughly ``base`` plus a few slots of
     rounding, sometimes none, sometimes capped at the peak as rotor's is by store-all."""
     top, slots = draw(st.integers(0, 4000)), draw(st.integers(1, 40))
     base, seed = draw(st.integers(0, max(top, 0))), draw(st.integers(0, 2**32))
     capped, empty = draw(st.booleans()), draw(st.floats(0, 0.3))
+    floor = draw(st.integers(0, base))  # every threshold is at least `base`
 
     @functools.cache
     def by_slot(slot: int) -> int | None:
@@ -148,26 +169,27 @@ def thresholds(draw: st.DrawFn) -> tuple[int, int, object]:
         found = None if count > slots or rng.random() < empty else count * slot
         return (top if found is None else min(found, top)) if capped else found
 
-    return top, slots, lambda reference: by_slot(slot_bytes_for(reference, slots))
+    return top, slots, floor, lambda reference: by_slot(slot_bytes_for(reference, slots))
 
 
 @given(case=thresholds())
 @settings(max_examples=300, deadline=None)
-def test_lowest_budget_is_a_boundary_found_in_few_tests(case: tuple[int, int, object]) -> None:
-    top, slots, threshold = case
+def test_lowest_budget_is_a_boundary_found_in_few_tests(case: tuple[int, int, int, object]) -> None:
+    top, slots, floor, threshold = case
     calls = []
 
     def counted(reference: int) -> int | None:
         calls.append(reference)
         return threshold(reference)
 
-    found = lowest_budget(counted, top, slots)
+    found = lowest_budget(counted, top, slots, floor)
     first = threshold(top)
     if first is None:
         assert found is None
         return
-    assert isinstance(found, Minimum) and found.budget_bytes <= first
-    assert len(calls) <= 2 * max(first, 1).bit_length() + 2
+    assert isinstance(found, Minimum) and floor <= found.budget_bytes <= first
+    assert len(calls) <= 2 * max(first - floor, 1).bit_length() + 2
+    assert lowest_budget(threshold, top, slots) == found or floor > 0  # the floor only saves tests
     boundaries = lowest_budget_reference(threshold, top)
     if solved_on_own_grid(threshold, found.budget_bytes, top):
         assert found.budget_bytes in boundaries
