@@ -10,8 +10,9 @@ Every budget between ``(k-1) * slots + 1`` and ``k * slots`` bytes has slots of 
 its threshold, the smallest budget that grid solves (a :data:`Threshold`). Across grids it is not: a
 budget one byte larger can have one byte larger slots, round a size up by one slot more and miss a
 schedule the smaller budget fits. :func:`lowest_budget` therefore defines the minimum feasible budget by
-a search: it starts from store-all's grid (whose threshold is the Pareto front's minimum) and bisects down,
-one feasibility test per probe, to a budget ``B`` that its own grid solves while ``B - 1``'s does not.
+a search: it bisects between the DP's minimum on 1-byte slots (:func:`exact_floor`; no grid solves less)
+and store-all's grid's threshold (the Pareto front's minimum), one feasibility test per probe, to a
+budget ``B`` that its own grid solves while ``B - 1``'s does not.
 Budgets above that minimum whose own grid finds nothing are given the minimum's schedule, which fits
 (:func:`plan_on_own_grid`), so every budget from the minimum up is solved and every budget below it that
 its own grid cannot solve names it.
