@@ -3,6 +3,7 @@
 from planner.chain import Chain, Stage
 from planner.errors import (
     ChainError,
+    ChainWarning,
     InfeasibleBudgetError,
     InvalidScheduleError,
     NotAChainError,
@@ -25,6 +26,7 @@ __all__ = [
     "ALGORITHMS",
     "Chain",
     "ChainError",
+    "ChainWarning",
     "InfeasibleBudgetError",
     "InvalidScheduleError",
     "NotAChainError",

@@ -1,11 +1,11 @@
 """Memory discretised into slots for the dynamic programs (ROTOR paper, section 5.2).
 
-A slot is a whole number of bytes, at least 1. The grid is fixed per chain: ``slots`` slots span the
-reference budget (by default store-all's simulated peak, the largest budget worth solving for), so that
-every budget of one chain is solved on the same grid and one DP table serves them all. Sizes and
-overheads are rounded *up* to whole slots and budgets *down*, so a schedule that fits in slots never
-exceeds its budget in bytes. A chain whose reference budget is at most ``slots`` bytes gets 1-byte
-slots and is solved exactly.
+A slot is a whole number of bytes, at least 1: ``slots`` slots span a reference budget. ``solve`` uses
+the budget itself (capped at store-all's simulated peak), the paper's M/S (see
+``solvers/budget_grid.py``); the Pareto front uses store-all's peak, the default, so that one DP table
+serves every budget. Sizes and overheads are rounded *up* to whole slots and budgets *down*, so a
+schedule that fits in slots never exceeds its budget in bytes. A reference of at most ``slots`` bytes
+gets 1-byte slots and is solved exactly.
 """
 
 from __future__ import annotations

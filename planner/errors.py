@@ -13,6 +13,10 @@ class ChainError(PlannerError, ValueError):
     """A chain's costs are malformed (wrong lengths, negative, NaN or infinite values)."""
 
 
+class ChainWarning(UserWarning):
+    """A chain's costs were accepted after a correction (e.g. a-bar measured slightly below a)."""
+
+
 class NotAChainError(PlannerError):
     """No sequential chain could be found in a trace or model."""
 

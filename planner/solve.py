@@ -63,7 +63,8 @@ def solve(chain: Chain, budget_bytes: int, algorithm: str = "rotor", slots: int 
             training step's memory, what the device has; for a hand-written chain it is the ROTOR paper's M
             (input, activations, their gradients and overheads). ``chain.activations_only()`` asks for M.
         algorithm: one of ``SOLVABLE``.
-        slots: memory slots for the dynamic programs.
+        slots: memory slots of the dynamic programs, spanning the budget (capped at store-all's peak): the
+            paper's M/S. ``pareto_front`` instead reads every budget from one table on store-all's grid.
 
     Raises:
         UnknownAlgorithmError: unknown ``algorithm``.
@@ -126,12 +127,18 @@ def _as_step_error(chain: Chain, exc: InfeasibleBudgetError, budget: int, algori
 
 
 def min_feasible_budget(chain: Chain, algorithm: str = "rotor", slots: int = DEFAULT_SLOTS) -> int:
-    """The smallest budget in bytes for which ``solve(chain, budget, algorithm, slots)`` succeeds.
+    """The minimum feasible budget in bytes of ``solve(chain, budget, algorithm, slots)``.
+
+    ``solve`` succeeds at it and at every budget above it, and one byte below it raises
+    ``InfeasibleBudgetError`` naming it. For the dynamic programs, whose grid follows the budget, it is
+    found by bisection (see ``planner/solvers/budget_grid.py``); a few budgets below it may also be solved.
 
     For a chain with step costs it is the whole step's memory (see :func:`solve`).
 
     Raises:
         UnknownAlgorithmError: unknown ``algorithm``.
+        InfeasibleBudgetError: ``revolve`` finds no schedule at any budget.
+        TableTooLargeError: ``rotor_optimal`` on a chain too long for its tables.
     """
     module = solver(algorithm)
     check_slots(slots)

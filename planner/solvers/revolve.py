@@ -13,33 +13,32 @@ from __future__ import annotations
 from planner.chain import Chain
 from planner.discretize import DEFAULT_SLOTS
 from planner.solvers.common import Plan, infeasible
-from planner.solvers.rotor import RotorTable, compute_table, rebuild
+from planner.solvers.rotor import RotorTable, compute_table, minimum, plan_mode
+from planner.solvers.store_all import store_all_peak_bytes
 
 
 def revolve_table(chain: Chain, slots: int = DEFAULT_SLOTS) -> RotorTable:
-    """The revolve DP's table for every memory 0..slots."""
+    """The revolve DP's table on store-all's grid, for every memory 0..slots (one table for every budget)."""
     return compute_table(chain, slots, mode="revolve")
 
 
 def min_budget_bytes(chain: Chain, slots: int = DEFAULT_SLOTS) -> int:
-    """The smallest budget for which revolve finds a schedule on this grid.
+    """The smallest budget for which revolve finds a schedule (each budget on its own grid).
 
     Raises:
-        InfeasibleBudgetError: revolve finds none up to the grid's top (possible only when some
+        InfeasibleBudgetError: revolve finds none up to store-all's grid's top (possible only when some
             ``F_all`` beside its ``delta`` needs more than store-all's peak).
     """
-    table = revolve_table(chain, slots)
-    found = table.min_feasible_bytes()
+    found = minimum(chain, slots, "revolve")
     if found is None:
-        raise infeasible("revolve", table.grid.to_bytes(table.grid.slots), None, f"{slots} slots")
-    return found
+        raise infeasible("revolve", store_all_peak_bytes(chain), None, f"{slots} slots")
+    return found.budget_bytes
 
 
 def plan(chain: Chain, budget_bytes: int, slots: int = DEFAULT_SLOTS) -> Plan:
-    """The optimal revolve schedule within ``budget_bytes``.
+    """The optimal revolve schedule within ``budget_bytes``, on the budget's own grid.
 
     Raises:
         InfeasibleBudgetError: the budget is below the minimum feasible one.
     """
-    table = revolve_table(chain, slots)
-    return Plan(rebuild(table, budget_bytes), {"slots": slots, "slot_bytes": table.grid.slot_bytes})
+    return plan_mode(chain, budget_bytes, slots, "revolve")

@@ -3,7 +3,9 @@
 ``C(s, t, m)`` is the fastest memory-persistent way to go from ``a^{s-1}`` and ``delta^t`` to
 ``delta^{s-1}`` within ``m`` memory slots, ``a^{s-1}`` not counted (see ``rotor_reference.py`` for the
 recurrence written plainly). The table holds ``C`` for every ``(s, t)`` and every ``m`` in 0..slots, so
-one computation answers every budget: :func:`rebuild` reads a schedule out of it for any budget.
+one computation answers every budget of its grid: :func:`rebuild` reads a schedule out of it (the Pareto
+front keeps one table on store-all's grid). :func:`plan` solves each budget on its own grid, ``slots``
+slots spanning the budget (see ``budget_grid.py``).
 
 The fill is vectorised and prunes work that cannot change any value (see ``rotor_fill.py``).
 
@@ -14,6 +16,7 @@ simulator.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
@@ -22,6 +25,7 @@ from planner.chain import Chain
 from planner.discretize import DEFAULT_SLOTS, DiscreteChain, discretize
 from planner.schedule import Op, OpKind
 from planner.solvers import rotor_fill
+from planner.solvers.budget_grid import Minimum, exact_floor, lowest_budget, plan_on_own_grid
 from planner.solvers.common import Plan, infeasible
 from planner.solvers.rotor_fill import Arrays
 from planner.solvers.store_all import store_all_ops, store_all_peak_bytes
@@ -164,16 +168,52 @@ def rebuild(table: RotorTable, budget_bytes: int) -> tuple[Op, ...]:
     return tuple(ops)
 
 
+def threshold_bytes(grid: DiscreteChain, mode: str, store_all_bytes: int) -> int | None:
+    """The smallest budget with a schedule on ``grid``: :meth:`RotorTable.min_feasible_bytes`, without the table.
+
+    From :func:`rotor_fill.least_memory`, the DP's feasibility alone; in rotor mode store-all caps it.
+    """
+    root = int(grid.a[0]) + rotor_fill.least_memory(grid, mode)[1, grid.top]
+    found = grid.to_bytes(int(root)) if root <= grid.slots else None
+    if mode == "rotor":
+        return store_all_bytes if found is None else min(found, store_all_bytes)
+    return found
+
+
+def minimum(chain: Chain, slots: int = DEFAULT_SLOTS, mode: str = "rotor") -> Minimum | None:
+    """The minimum feasible budget with each budget on its own grid (see :mod:`budget_grid`); ``None``: none."""
+    top = store_all_peak_bytes(chain)
+
+    def threshold_on(count: int, reference: int) -> int | None:
+        return threshold_bytes(discretize(chain, count, reference), mode, top)
+
+    return lowest_budget(partial(threshold_on, slots), top, slots, exact_floor(threshold_on, top))
+
+
 def min_budget_bytes(chain: Chain, slots: int = DEFAULT_SLOTS) -> int:
-    """The smallest budget for which the persistent DP finds a schedule on this grid."""
-    return compute_table(chain, slots).min_feasible_bytes()
+    """The smallest budget for which :func:`plan` finds a schedule (each budget on its own grid)."""
+    return minimum(chain, slots).budget_bytes  # store-all's peak always has one
+
+
+def plan_mode(chain: Chain, budget_bytes: int, slots: int = DEFAULT_SLOTS, mode: str = "rotor") -> Plan:
+    """The optimal persistent (``mode="revolve"``: revolve) schedule within ``budget_bytes``, on the budget's
+    own grid: ``slots`` slots spanning the budget, capped at store-all's peak.
+
+    Raises:
+        InfeasibleBudgetError: the budget is below the minimum feasible one (named).
+    """
+    def solve_on(reference: int, budget: int) -> Plan:
+        table = compute_table(chain, mode=mode, grid=discretize(chain, slots, reference))
+        return Plan(rebuild(table, budget), {"slots": slots, "slot_bytes": table.grid.slot_bytes})
+
+    return plan_on_own_grid(mode, budget_bytes, store_all_peak_bytes(chain), solve_on,
+                            partial(minimum, chain, slots, mode), f"{slots} slots spanning each budget")
 
 
 def plan(chain: Chain, budget_bytes: int, slots: int = DEFAULT_SLOTS) -> Plan:
-    """The optimal persistent schedule within ``budget_bytes``.
+    """The optimal persistent schedule within ``budget_bytes``, on the budget's own grid.
 
     Raises:
-        InfeasibleBudgetError: the budget is below the minimum feasible one.
+        InfeasibleBudgetError: the budget is below the minimum feasible one (named).
     """
-    table = compute_table(chain, slots)
-    return Plan(rebuild(table, budget_bytes), {"slots": slots, "slot_bytes": table.grid.slot_bytes})
+    return plan_mode(chain, budget_bytes, slots, "rotor")

@@ -244,3 +244,40 @@ class _Bounds:
     def all_ms(self, s: np.ndarray, t: np.ndarray) -> np.ndarray:
         """Store-all time of each sub-chain ``s..t``, as float32."""
         return (self.both64[t] - self.both64[s - 1]).astype(_F32)
+
+
+def least_memory(grid: DiscreteChain, mode: str) -> np.ndarray:
+    """``need[s, t]``: the fewest slots ``m`` for which ``C(s, t, m)`` is finite (inf: none up to ``grid.slots``).
+
+    The DP's feasibility alone, without the memory axis. Every condition of the recurrence is ``m >= x``,
+    so the memories where ``C(s, t, .)`` is finite are exactly ``need[s, t] .. slots``, with
+
+    * ``s == t``: the memory of ``F_all(s)`` beside ``delta^t`` and of ``B(s)`` (``need_all``);
+    * ``F_all(s)`` first (rotor mode): ``max(need_all(s, t), abar^s + need[s+1, t])``;
+    * ``F_ck(s) F_none(s+1) .. F_none(s'-1)`` first: ``max(delta^t + max(a^s + o_f^s, hop^{s+1..s'-1}),
+      a^{s'-1} + need[s', t], need[s, s'-1])``.
+
+    ``O(L^3)`` scalars, vectorised over ``s`` and ``s'`` per diagonal: a few ms at L = 100, against a
+    table fill's hundreds. Its reference is the table itself (the tests compare it with the first finite
+    column of every row of both the fast and the slow table).
+    """
+    arr = Arrays.of_grid(grid)
+    top = grid.top
+    need = np.full((top + 2, top + 1), np.inf)
+    starts = np.arange(1, top + 1)
+    need[starts, starts] = arr.need_all(starts, starts)
+    for d in range(1, top):
+        s = starts[: top - d]
+        t = s + d
+        splits = s[:, None] + np.arange(1, d + 1)[None, :]  # s' = s+1 .. t
+        inner = np.full(splits.shape, -np.inf)  # max of hop[s+1 .. s'-1]
+        inner[:, 1:] = np.maximum.accumulate(arr.hop[splits[:, :-1]], axis=1)
+        forward = arr.delta[t][:, None] + np.maximum((arr.a[s] + arr.of[s])[:, None], inner)
+        right = arr.a[splits - 1] + need[splits, t[:, None]]
+        left = need[s[:, None], splits - 1]
+        best = np.maximum(np.maximum(forward, right), left).min(axis=1)
+        if mode == "rotor":
+            np.minimum(best, np.maximum(arr.need_all(s, t), arr.abar[s] + need[s + 1, t]), out=best)
+        need[s, t] = best
+    need[need > grid.slots] = np.inf
+    return need

@@ -17,6 +17,7 @@ choice beyond. Values are float64.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
@@ -25,6 +26,7 @@ from planner.chain import Chain
 from planner.discretize import DEFAULT_SLOTS, DiscreteChain, discretize
 from planner.errors import PlannerError
 from planner.schedule import Op, OpKind
+from planner.solvers.budget_grid import Minimum, exact_floor, lowest_budget, plan_on_own_grid
 from planner.solvers.common import Plan, infeasible
 from planner.solvers.store_all import store_all_ops, store_all_peak_bytes
 
@@ -40,6 +42,17 @@ def table_bytes_estimate(stages: int, slots: int) -> int:
     """Bytes of the three float64 tables for ``stages`` stages plus the loss: one row per ``(s, t, l)``."""
     top = stages + 1
     return 3 * (top * (top + 1) * (top + 2) // 6) * (slots + 1) * 8
+
+
+def check_table_size(stages: int, slots: int) -> None:
+    """Raises :class:`TableTooLargeError` when the tables would take more than ``MAX_TABLE_BYTES``."""
+    needed = table_bytes_estimate(stages, slots)
+    if needed > MAX_TABLE_BYTES:
+        raise TableTooLargeError(
+            f"rotor_optimal needs about {format_bytes(needed)} of tables for {stages} stages and "
+            f"{slots} slots (they grow as L^3 * slots; at most {format_bytes(MAX_TABLE_BYTES)} allowed); "
+            f"use rotor, whose schedules are the same on most chains, or fewer slots"
+        )
 
 
 @dataclass(frozen=True, eq=False)
@@ -76,6 +89,19 @@ class OptimalTable:
         return min(found, self.store_all_bytes)
 
 
+def _hops(grid: DiscreteChain) -> np.ndarray:
+    """``hop[j] = a^{j-1} + a^j + o_f^j``: the memory of ``F_none(j)`` (0 at index 0)."""
+    hop = np.zeros_like(grid.a)
+    hop[1:] = grid.a[:-1] + grid.a[1:] + grid.forward_overhead[1:]
+    return hop
+
+
+def _split_needs(grid: DiscreteChain, hop: np.ndarray, s: int, last: int) -> np.ndarray:
+    """For ``s' = s+1 .. l``: memory of ``F_ck(s) F_none(s+1) .. F_none(s'-1)`` beside ``delta^l``."""
+    inner = np.maximum.accumulate(np.concatenate([[0], hop[s + 1 : last]]))
+    return grid.delta[last] + np.maximum(grid.a[s] + grid.forward_overhead[s], inner)
+
+
 class _Filler:
     """Fills the tables one ``(s, l)`` pair at a time, by increasing ``l - s``."""
 
@@ -86,8 +112,7 @@ class _Filler:
         self.of, self.ob = grid.forward_overhead, grid.backward_overhead
         self.uf, self.ub = grid.forward_ms, grid.backward_ms
         self.prefix = np.concatenate([[0.0], np.cumsum(grid.forward_ms[1:])])
-        self.hop = np.zeros_like(self.a)
-        self.hop[1:] = self.a[:-1] + self.a[1:] + self.of[1:]
+        self.hop = _hops(grid)
         self.cost: dict[_Key, np.ndarray] = {}
         self.right: dict[_Key, np.ndarray] = {}
         self.by_end: dict[_Key, np.ndarray] = {}  # C(s', t', l, m - a^{s'-1}) + U(s'-1)
@@ -101,8 +126,7 @@ class _Filler:
 
     def split_needs(self, s: int, last: int) -> np.ndarray:
         """For ``s' = s+1 .. l``: memory of ``F_ck(s) F_none(s+1) .. F_none(s'-1)`` beside ``delta^l``."""
-        inner = np.maximum.accumulate(np.concatenate([[0], self.hop[s + 1 : last]]))
-        return self.delta[last] + np.maximum(self.a[s] + self.of[s], inner)
+        return _split_needs(self.grid, self.hop, s, last)
 
     def fill(self) -> None:
         top = self.grid.top
@@ -146,13 +170,7 @@ def compute_table(chain: Chain, slots: int = DEFAULT_SLOTS, *, grid: DiscreteCha
         TableTooLargeError: the tables would take more than ``MAX_TABLE_BYTES`` (they grow as ``L^3 * slots``).
     """
     grid = grid if grid is not None else discretize(chain, slots)
-    needed = table_bytes_estimate(chain.length, grid.slots)
-    if needed > MAX_TABLE_BYTES:
-        raise TableTooLargeError(
-            f"rotor_optimal needs about {format_bytes(needed)} of tables for {chain.length} stages and "
-            f"{grid.slots} slots (they grow as L^3 * slots; at most {format_bytes(MAX_TABLE_BYTES)} allowed); "
-            f"use rotor, whose schedules are the same on most chains, or fewer slots"
-        )
+    check_table_size(chain.length, grid.slots)
     filler = _Filler(grid)
     filler.fill()
     return OptimalTable(grid, filler.cost, filler.right, filler.by_end, store_all_peak_bytes(chain))
@@ -224,16 +242,89 @@ def rebuild(table: OptimalTable, budget_bytes: int) -> tuple[Op, ...]:
     return tuple(ops)
 
 
+def least_memory(grid: DiscreteChain) -> np.ndarray:
+    """``need[s, t, l]``: the fewest slots ``m`` for which ``C(s, t, l, m)`` is finite (inf: none up to
+    ``grid.slots``).
+
+    The DP's feasibility alone, without the memory axis, following :class:`_Filler` case by case: every
+    condition is ``m >= x``, so the memories where ``C(s, t, l, .)`` is finite are ``need .. slots``. A
+    shift by a negative amount (``F_none(s)`` when ``a^s < a^{s-1}``) reads the table's top, so an entry
+    above ``slots`` is infinite before its parents read it. Each ``(s, l)`` pair is vectorised over the
+    ends and splits: ``O(L^2)`` NumPy calls, nothing as wide as the memory axis (``slots`` may be huge).
+    Its reference is the table (the tests compare every entry).
+    """
+    a, abar, delta = grid.a, grid.abar, grid.delta
+    of, ob, hop = grid.forward_overhead, grid.backward_overhead, _hops(grid)
+    top = grid.top
+    need = np.full((top + 2, top + 2, top + 2), np.inf)
+    for d in range(top):
+        for s in range(1, top - d + 1):
+            last = s + d
+            ends = np.arange(s + 1, last + 1)  # t' in the F_ck case, also the splits s'
+            starts = np.arange(s, last + 1)  # t
+            best = np.full(len(starts), np.inf)
+            if last > s:
+                # G(s, t', l, .): min over s' <= t' of max(split need, a^{s'-1} + need[s', t', l])
+                after = a[ends - 1][None, :] + need[ends[None, :], ends[:, None], last]  # [t', s']
+                by_split = np.maximum(_split_needs(grid, hop, s, last)[None, :], after)
+                by_split[ends[None, :] > ends[:, None]] = np.inf
+                right = by_split.min(axis=1)
+                pieces = np.maximum(right[None, :], need[s, starts[:, None], ends[None, :] - 1])
+                pieces[ends[None, :] <= starts[:, None]] = np.inf
+                best = pieces.min(axis=1)
+                moved = np.maximum(delta[last] + a[s] + of[s], (a[s] - a[s - 1]) + need[s + 1, starts[1:], last])
+                np.minimum(best[1:], moved, out=best[1:])
+            recorded = max(delta[last] + abar[s] + of[s], abar[s] + delta[s] + delta[s - 1] + ob[s])
+            if last > s:
+                recorded = max(recorded, abar[s] + need[s + 1, s + 1, last])
+            best[0] = min(best[0], recorded)
+            best[best > grid.slots] = np.inf
+            need[s, starts, last] = best
+    return need
+
+
+def threshold_bytes(grid: DiscreteChain, store_all_bytes: int) -> int:
+    """The smallest budget with a schedule on ``grid``: :meth:`OptimalTable.min_feasible_bytes`, without the table."""
+    root = int(grid.a[0]) + least_memory(grid)[1, 1, grid.top]
+    return min(grid.to_bytes(int(root)), store_all_bytes) if root <= grid.slots else store_all_bytes
+
+
+def minimum(chain: Chain, slots: int = DEFAULT_SLOTS) -> Minimum:
+    """The minimum feasible budget with each budget on its own grid (see :mod:`budget_grid`).
+
+    Raises:
+        TableTooLargeError: :func:`plan` could not solve it (its tables would not fit ``MAX_TABLE_BYTES``).
+    """
+    check_table_size(chain.length, slots)
+    top = store_all_peak_bytes(chain)
+
+    def threshold_on(count: int, reference: int) -> int:
+        return threshold_bytes(discretize(chain, count, reference), top)
+
+    # store-all's peak always has a schedule
+    return lowest_budget(partial(threshold_on, slots), top, slots, exact_floor(threshold_on, top))
+
+
 def min_budget_bytes(chain: Chain, slots: int = DEFAULT_SLOTS) -> int:
-    """The smallest budget for which the weak-persistent DP finds a schedule on this grid."""
-    return compute_table(chain, slots).min_feasible_bytes()
+    """The smallest budget for which :func:`plan` finds a schedule (each budget on its own grid).
+
+    Raises:
+        TableTooLargeError: the tables would not fit ``MAX_TABLE_BYTES``.
+    """
+    return minimum(chain, slots).budget_bytes
 
 
 def plan(chain: Chain, budget_bytes: int, slots: int = DEFAULT_SLOTS) -> Plan:
-    """The optimal weak-persistent schedule within ``budget_bytes``.
+    """The optimal weak-persistent schedule within ``budget_bytes``, on the budget's own grid: ``slots``
+    slots spanning the budget, capped at store-all's peak.
 
     Raises:
-        InfeasibleBudgetError: the budget is below the minimum feasible one.
+        InfeasibleBudgetError: the budget is below the minimum feasible one (named).
+        TableTooLargeError: the tables would not fit ``MAX_TABLE_BYTES``.
     """
-    table = compute_table(chain, slots)
-    return Plan(rebuild(table, budget_bytes), {"slots": slots, "slot_bytes": table.grid.slot_bytes})
+    def solve_on(reference: int, budget: int) -> Plan:
+        table = compute_table(chain, grid=discretize(chain, slots, reference))
+        return Plan(rebuild(table, budget), {"slots": slots, "slot_bytes": table.grid.slot_bytes})
+
+    return plan_on_own_grid("rotor_optimal", budget_bytes, store_all_peak_bytes(chain), solve_on,
+                            partial(minimum, chain, slots), f"{slots} slots spanning each budget")

@@ -31,7 +31,7 @@ from tests.planner.chain_strategies import MIB, random_chain, toy_chain
 def test_toy_front() -> None:
     chain = toy_chain()
     front = pareto_front(chain)
-    assert front.min_feasible_bytes == front.budgets_bytes[0] == min_feasible_budget(chain, "rotor")
+    assert front.min_feasible_bytes == front.budgets_bytes[0] >= min_feasible_budget(chain, "rotor")
     assert front.max_budget_bytes == store_all_budget(chain) == front.budgets_bytes[-1]
     assert (np.diff(front.budgets_bytes) > 0).all() and (np.diff(front.makespans_ms) < 0).all()
     assert front.makespans_ms[-1] == pytest.approx(37.38)
@@ -46,8 +46,40 @@ def test_schedules_read_from_the_front_are_the_solved_ones() -> None:
         schedule = front.schedule_at(int(budget))
         assert schedule.predicted_peak_bytes <= budget
         assert schedule.predicted_makespan_ms == pytest.approx(makespan, rel=1e-5)
-    for budget in np.linspace(front.min_feasible_bytes, front.max_budget_bytes * 1.1, 7).astype(int):
-        assert front.schedule_at(int(budget)).ops == solve(chain, int(budget)).ops
+    for budget in (front.max_budget_bytes, int(front.max_budget_bytes * 1.1)):
+        assert front.schedule_at(budget).ops == solve(chain, budget).ops  # store-all
+
+
+def test_front_and_solve_are_within_one_slot_per_size_of_each_other() -> None:
+    """The front reads one table on store-all's grid; solve divides each budget into its own slots.
+
+    Either rounds each size up by less than one slot of its grid, so each is at least as fast as the other
+    at a budget smaller by one slot per size the memory counts at once (at most L + 6, plus one for the
+    budget's own rounding down): ``solve(B) <= front(B - n * slot(B))`` and ``front(B) <= solve(B - n *
+    slot(top))``.
+    """
+    chain = random_chain(seed=6, length=25)
+    front = pareto_front(chain)
+    lowest, sizes = min_feasible_budget(chain), chain.length + 7
+    top_slot = -(-front.max_budget_bytes // 500)
+    for budget in np.linspace(lowest, front.max_budget_bytes, 9).astype(int)[1:]:
+        solved, read = solve(chain, int(budget)), front.schedule_at(int(budget))
+        assert solved.predicted_peak_bytes <= budget and read.predicted_peak_bytes <= budget
+        smaller = int(budget) - sizes * solved.params["slot_bytes"]
+        if smaller >= front.min_feasible_bytes:
+            assert solved.predicted_makespan_ms <= front.schedule_at(smaller).predicted_makespan_ms + 1e-9
+        smaller = int(budget) - sizes * top_slot
+        if smaller >= lowest:
+            assert read.predicted_makespan_ms <= solve(chain, smaller).predicted_makespan_ms + 1e-9
+
+
+def test_front_is_solve_when_both_have_1_byte_slots() -> None:
+    chain = Chain("ints", 3, (Stage(1.0, 2.0, 4, 6, 5, 1, 2), Stage(2.0, 1.0, 3, 4, 3, 0, 1),
+                              Stage(0.5, 3.0, 5, 5, 5, 2, 0), Stage(0.0, 0.0, 1, 1, 1)))
+    front = pareto_front(chain)
+    assert front.table.grid.slot_bytes == 1 and front.min_feasible_bytes == min_feasible_budget(chain)
+    for budget in range(front.min_feasible_bytes, front.max_budget_bytes + 2):
+        assert front.schedule_at(budget).ops == solve(chain, budget).ops
 
 
 def test_schedule_at_reads_the_table_without_solving(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -96,8 +128,9 @@ def test_algorithm_points() -> None:
     assert store_all_row["peak_bytes"] == store_all_budget(chain) and store_all_row["makespan_ms"] == pytest.approx(37.38)
     assert sorted(json.loads(p)["segments"] for p in points[points["algorithm"] == "periodic"]["params"]) == [2, 3, 4, 5, 6]
     rotor_rows = points[points["algorithm"] == "rotor"]
+    front = pareto_front(chain)  # the points are the slider's, read from store-all's grid
     for _, row in rotor_rows.iterrows():
-        assert row["makespan_ms"] == pytest.approx(simulate(chain, solve(chain, row["budget_bytes"]).ops).makespan_ms)
+        assert row["makespan_ms"] == pytest.approx(simulate(chain, front.schedule_at(row["budget_bytes"]).ops).makespan_ms)
 
 
 def test_revolve_front_may_start_at_store_alls_peak() -> None:

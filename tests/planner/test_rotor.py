@@ -12,7 +12,7 @@ from planner.discretize import discretize
 from planner.errors import InfeasibleBudgetError
 from planner.schedule import OpKind
 from planner.simulator import simulate
-from planner.solvers import exact, rotor
+from planner.solvers import exact, rotor, rotor_fill
 from planner.solvers.rotor_reference import ReferencePersistent
 from tests.planner.chain_strategies import MIB, exact_grid, random_chain, small_chains, toy_chain
 from tests.planner.test_simulator import PAPER_90MB
@@ -41,6 +41,37 @@ def test_fast_table_equals_reference_exactly_sized(mode: str, chain: Chain) -> N
 def test_fast_table_equals_reference_on_coarse_slots(mode: str, chain: Chain, slots: int) -> None:
     grid = discretize(chain, slots)
     assert_tables_equal(rotor.compute_table(chain, grid=grid, mode=mode), ReferencePersistent(grid, mode))
+
+
+def first_finite(row: np.ndarray) -> float:
+    """The first memory with a finite value (inf: none)."""
+    finite = np.flatnonzero(np.isfinite(row))
+    return float(finite[0]) if finite.size else np.inf
+
+
+@pytest.mark.parametrize("mode", ["rotor", "revolve"])
+@given(chain=small_chains(max_length=7, max_size=5000), slots=st.integers(3, 40))
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_least_memory_is_where_each_row_becomes_finite(mode: str, chain: Chain, slots: int) -> None:
+    """The feasibility DP against the slow reference table, row by row; every memory above is feasible."""
+    grid = discretize(chain, slots)
+    need = rotor_fill.least_memory(grid, mode)
+    for (s, t), row in ReferencePersistent(grid, mode).cost.items():
+        assert first_finite(np.array(row)) == need[s, t], f"C({s}, {t}, .)"
+        assert np.isinf(need[s, t]) or np.isfinite(row[int(need[s, t]):]).all()
+    table = rotor.compute_table(chain, grid=grid, mode=mode)
+    assert rotor.threshold_bytes(grid, mode, table.store_all_bytes) == table.min_feasible_bytes()
+
+
+def test_least_memory_on_a_longer_chain() -> None:
+    chain = random_chain(seed=3, length=30)
+    for slots in (60, 500):
+        grid = discretize(chain, slots)
+        table = rotor.compute_table(chain, grid=grid)
+        need = rotor_fill.least_memory(grid, "rotor")
+        for s in range(1, grid.top + 1):
+            for t in range(s, grid.top + 1):
+                assert first_finite(table.row(s, t)) == need[s, t]
 
 
 def test_fast_table_equals_reference_on_a_longer_chain() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from planner.chain import Chain, Stage
 from planner.discretize import discretize
@@ -36,6 +37,20 @@ def test_fast_table_equals_reference(chain: Chain) -> None:
         assert (np.isinf(expected) == np.isinf(found)).all(), f"feasibility differs at C{key}"
         finite = np.isfinite(expected)
         np.testing.assert_allclose(found[finite], expected[finite], rtol=1e-12, atol=1e-9)
+
+
+@given(chain=small_chains(max_length=5, max_size=5000), slots=st.integers(3, 40))
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_least_memory_is_where_each_entry_becomes_finite(chain: Chain, slots: int) -> None:
+    """The feasibility DP against the table, entry by entry (coarse slots: shifts read the table's top)."""
+    grid = discretize(chain, slots)
+    table = rotor_optimal.compute_table(chain, grid=grid)
+    need = rotor_optimal.least_memory(grid)
+    for key, row in table.cost.items():
+        finite = np.flatnonzero(np.isfinite(row))
+        assert (finite[0] if finite.size else np.inf) == need[key], f"C{key}"
+        assert np.isinf(need[key]) or np.isfinite(row[int(need[key]):]).all()
+    assert rotor_optimal.threshold_bytes(grid, table.store_all_bytes) == table.min_feasible_bytes()
 
 
 @given(chain=small_chains(max_length=5, max_size=3000))

@@ -95,5 +95,7 @@ def test_rotor_optimal_refuses_tables_that_would_not_fit() -> None:
     chain = random_chain(seed=1, length=100)
     with pytest.raises(TableTooLargeError, match=r"about 2\.0 GiB of tables for 100 stages and 500 slots"):
         solve(chain, store_all_budget(chain) // 2, "rotor_optimal")
+    with pytest.raises(TableTooLargeError, match=r"about 2\.0 GiB of tables for 100 stages and 500 slots"):
+        min_feasible_budget(chain, "rotor_optimal")
     shorter = random_chain(seed=1, length=20)
     assert solve(shorter, store_all_budget(shorter) // 2, "rotor_optimal").predicted_peak_bytes > 0
