@@ -34,8 +34,49 @@ def test_mlp_chain_is_every_layer_with_exact_sizes(traces):
 
 def test_views_and_in_place_layers_fold_into_the_previous_stage(traces):
     chain = Chain.from_trace(traces["cnn"])
-    assert [s.modules for s in chain.stages[:-1]] == [("stem",), ("features",), ("pool", "flatten"), ("dropout",),
-                                                      ("head",)]
+    # features (an nn.Sequential) is opened into its blocks; the stem (a Sequential subclass, a block) stays
+    assert [s.modules for s in chain.stages[:-1]] == [("stem",), *((f"features.{i}",) for i in range(4)),
+                                                      ("pool", "flatten"), ("dropout",), ("head",)]
+    assert "saves up to" in chain.source["why"]
+
+
+class _Merge(torch.nn.Module):
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return a + b
+
+
+class _Looped(torch.nn.Module):
+    """Blocks in an nn.ModuleList called in a loop, then a skip connection read by a module."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = torch.nn.Linear(8, 16)
+        self.blocks = torch.nn.ModuleList(torch.nn.Linear(16, 16) for _ in range(4))
+        self.down = torch.nn.Linear(16, 16)
+        self.mid = torch.nn.Linear(16, 16)
+        self.up = torch.nn.Linear(16, 16)
+        self.merge = _Merge()
+        self.head = torch.nn.Linear(16, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.stem(x)
+        for block in self.blocks:
+            h = block(h)
+        skip = self.down(h)  # read again by `merge`: down -> mid is not a link whose input the rules may free
+        return self.head(self.merge(self.up(self.mid(skip)), skip))
+
+
+def test_blocks_called_in_a_loop_are_a_chain_and_a_skip_cuts_one(tmp_path):
+    from planner.chain_finder import ModuleTree, candidates
+    from planner.from_trace import _structure
+
+    torch.manual_seed(0)
+    model = _Looped()
+    trace = profile_steps(model, lambda n: (torch.randn(n, 8), torch.randint(0, 3, (n,))), tmp_path, steps=2)
+    chain = Chain.from_trace(trace)
+    assert [s.modules for s in chain.stages[:-1]][:5] == [("stem",), *((f"blocks.{i}",) for i in range(4))]
+    found = [c.modules for c in candidates(ModuleTree(_structure(trace)))]
+    assert not any("down" in modules and "mid" in modules for modules in found)
 
 
 def test_named_container(traces):
