@@ -148,3 +148,25 @@ def test_minimum_budget_halves_the_activations(profiled, tmp_path) -> None:
         predicted = comparison.predicted_step_peak_bytes
         assert abs(comparison.measured_step_peak_bytes - predicted) <= 0.05 * predicted + MIB
     assert peaks["rotor"] <= 0.5 * peaks["store_all"], peaks
+
+
+def test_exported_file_applies_to_a_fresh_copy(profiled, tmp_path) -> None:
+    import importlib.util
+
+    from planner.export import export_python
+
+    real, chain, extra = profiled
+    if real.name != "gpt2":
+        pytest.skip("one Hugging Face model is enough for the standalone file")
+    schedule = solve(chain, min_feasible_budget(chain), "rotor")
+    path = tmp_path / "apply_gpt2.py"
+    path.write_text(export_python(schedule))
+    spec = importlib.util.spec_from_file_location("apply_gpt2", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    fresh = copy.deepcopy(real.model)
+    ref_loss, ref_grads = _grads(real, copy.deepcopy(fresh), extra["batch"])
+    module.apply_schedule(fresh)
+    loss, grads = _grads(real, fresh, extra["batch"])
+    assert torch.equal(loss, ref_loss) and grads.keys() == ref_grads.keys()
+    assert all(torch.equal(grads[name], ref_grads[name]) for name in grads)
