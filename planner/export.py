@@ -1,7 +1,7 @@
 """Export a schedule: as JSON, or as a standalone Python file that applies it to a model with only ``torch``.
 
 The Python file embeds the pure-torch runtime (:mod:`planner.executor_stage`, :mod:`planner.executor_runtime`,
-which import nothing but ``torch`` and the standard library) verbatim, and the schedule's data: the modules of
+:mod:`planner.executor_install`, which import nothing but ``torch`` and the standard library) verbatim, and the schedule's data: the modules of
 each stage (qualified names in the model) and the operations. A user adds two lines to a training script::
 
     from apply_schedule import apply_schedule
@@ -20,7 +20,7 @@ import textwrap
 from typing import Any
 
 from memprof.units import format_bytes
-from planner import executor_runtime, executor_stage
+from planner import executor_install, executor_runtime, executor_stage
 from planner.executor import validate_ops
 from planner.schedule import Schedule
 
@@ -75,7 +75,7 @@ def _header(schedule: Schedule) -> str:
 def _runtime_body() -> str:
     """The runtime modules' code, in dependency order, without docstrings and imports of each other."""
     parts = ["from __future__ import annotations"]
-    for module in (executor_stage, executor_runtime):
+    for module in (executor_stage, executor_runtime, executor_install):
         source = inspect.getsource(module)
         lines = source.splitlines()
         drop: set[int] = set()

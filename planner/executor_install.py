@@ -1,0 +1,115 @@
+"""Installing a schedule on a model: a wrapper ``forward`` on each stage's first module, where it lives.
+
+Part of the pure-torch runtime (imports only ``torch``, the standard library and its sibling modules, which
+``planner.export`` embeds together in the files it writes). The model's ``forward`` keeps running as written
+(its loop, its keyword arguments) and calls the wrappers in chain order; each wrapper finds the running
+activation among its arguments, keeps the others for recomputations, and runs its stage through
+:class:`planner.executor_runtime._StageFunction`.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from planner.executor_runtime import Program, _Run, _StageFunction
+from planner.executor_stage import StageCall, StageRunner, find_activation, replace_first_tensor
+
+
+class ScheduleExecutor:
+    """A schedule installed on a model: one wrapper ``forward`` per stage, sharing this state.
+
+    Args:
+        stages: for each stage 1..L, its modules in order (the first one is called by the model).
+        ops: the schedule's ``(kind, stage)`` operations.
+
+    Raises:
+        ValueError: the operations cannot be run in the model's forward (see :class:`Program`).
+    """
+
+    def __init__(self, stages: Sequence[Sequence[nn.Module]], ops: Sequence[tuple[str, int]]) -> None:
+        self.program = Program(ops, len(stages))
+        self.modules = [list(group) for group in stages]
+        self.stages: list[StageRunner] = []
+        self.current: _Run | None = None
+        self.last_output: weakref.ref[torch.Tensor] | None = None  # what the folded modules pass through
+        self.dummy = torch.empty(0, requires_grad=True)  # makes outputs require grad when inputs do not
+
+    def install(self) -> None:
+        """Puts the wrappers in place (each module's own ``forward`` is kept and restored by :meth:`remove`)."""
+        for index, group in enumerate(self.modules):
+            if any(isinstance(m.__dict__.get("forward"), _StageForward) for m in group):
+                raise ValueError("a module of this chain already follows a schedule; call remove_schedule first")
+            forwards = [m.forward for m in group]
+            self.stages.append(StageRunner(group, forwards))
+            group[0].forward = _StageForward(self, index + 1, forwards[0])
+            for module, forward in zip(group[1:], forwards[1:]):
+                module.forward = _FoldedForward(self, forward)
+
+    def remove(self) -> None:
+        """Gives every module its own ``forward`` back."""
+        for group in self.modules:
+            for module in group:
+                if isinstance(module.__dict__.get("forward"), (_StageForward, _FoldedForward)):
+                    del module.forward
+        self.stages.clear()
+
+    def active(self, x: object) -> bool:
+        if not isinstance(x, torch.Tensor) or not torch.is_grad_enabled():
+            return False
+        if not self.modules[0][0].training:
+            return False
+        return x.requires_grad or any(p.requires_grad for g in self.modules for m in g for p in m.parameters())
+
+
+class _StageForward:
+    """The wrapper ``forward`` of a stage's first module."""
+
+    def __init__(self, executor: ScheduleExecutor, stage: int, original: Any) -> None:
+        self.executor, self.stage, self.original = executor, stage, original
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        executor = self.executor
+        run = executor.current
+        previous = None
+        if self.stage > 1 and run is not None and run.next_stage == self.stage:
+            previous = run._output(self.stage - 1)
+        x, where = find_activation(args, kwargs, previous)
+        if not executor.active(x):
+            return self._plain(args, kwargs)
+        if self.stage == 1:
+            run = executor.current = _Run(executor, x)
+        elif run is None or run.next_stage != self.stage:
+            expected = "stage 1" if run is None else f"stage {run.next_stage}"
+            raise RuntimeError(
+                f"the model called stage {self.stage} of its schedule where {expected} was due; the schedule needs "
+                "the chain's blocks called once each, in order, in every training forward"
+            )
+        run.calls[self.stage] = StageCall(args, kwargs, where)
+        y = _StageFunction.apply(run, self.stage, x, executor.dummy)
+        raw, run.raw = run.raw, None
+        executor.last_output = weakref.ref(y)
+        if self.stage == executor.program.length:
+            executor.current = None
+        return y if raw is None else replace_first_tensor(raw, y)
+
+    def _plain(self, args: tuple, kwargs: dict[str, Any]) -> Any:
+        self.executor.last_output = None
+        return self.original(*args, **kwargs)
+
+
+class _FoldedForward:
+    """The wrapper ``forward`` of a module folded into a stage: the stage's wrapper already ran it."""
+
+    def __init__(self, executor: ScheduleExecutor, original: Any) -> None:
+        self.executor, self.original = executor, original
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        last = self.executor.last_output() if self.executor.last_output is not None else None
+        if last is not None and args and args[0] is last:
+            return last
+        return self.original(*args, **kwargs)
