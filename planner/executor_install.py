@@ -59,6 +59,7 @@ class ScheduleExecutor:
         self.stages.clear()
 
     def active(self, x: object) -> bool:
+        """Whether a call on ``x`` is a training forward the schedule runs (else the modules just run)."""
         if not isinstance(x, torch.Tensor) or not torch.is_grad_enabled():
             return False
         if not self.modules[0][0].training:
