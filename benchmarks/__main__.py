@@ -28,6 +28,8 @@ SECTIONS = {
     "solver": ("3. Planner solve time (rotor DP, 500 slots)", ["benchmarks.bench_solver"], []),
     "quality": ("4-5. Predicted vs measured; memory saved vs time paid; rotor vs periodic",
                 ["benchmarks.bench_quality"], ["--steps", "3"]),
+    "real_models": ("6. The planner on models written by others (Hugging Face, torchvision-style)",
+                    ["benchmarks.bench_real_models"], ["--repeats", "1"]),
     "dashboard": ("Dashboard responsiveness", ["benchmarks.bench_dashboard"], []),
 }
 

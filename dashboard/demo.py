@@ -81,13 +81,12 @@ def profile_model(spec: DemoModel, out_dir: Path, tag: str, iterations: int) -> 
     torch.manual_seed(0)
     model, make_batch = spec.build()
     optimizer = make_optimizer(model)
-    batches = [make_batch(spec.batch_size) for _ in range(iterations)]
     progress = Progress(f"profiling {spec.name}", iterations)
     # inline: a few steps whose layer times feed the planner; a worker starting beside them would slow them
     with MemoryProfiler(model, optimizer, out_dir=out_dir, run_id=f"{spec.name}-{tag}", print_period=0,
                         background=False) as prof:
-        for batch in batches:
-            zoo.train_step(model, optimizer, batch)
+        for _ in range(iterations):
+            zoo.train_step(model, optimizer, make_batch(spec.batch_size))  # one batch alive at a time
             prof.record_stats()
             progress.step()
     return prof.run_dir

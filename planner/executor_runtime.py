@@ -137,11 +137,13 @@ class _Run:
         raw = self._forward(kind, stage)
         self.next_stage = stage + 1
         y = self._output(stage)
-        if stage == self.program.length and stage in self.recs:
-            # What follows the chain (head, loss) may free a^L early, as in plain autograd: keep only what
-            # B(L) needs, the recorded graph's gradient edge.
-            leaf, out = self.recs[stage]
-            self.recs[stage] = (leaf, _Recorded.of(out))
+        if stage == self.program.length:
+            # What follows the chain (head, loss) decides when a^L is freed, as in plain autograd: the schedule
+            # needs no more of it than the recorded graph's gradient edge (for B(L)).
+            self.acts.pop(stage, None)
+            if stage in self.recs:
+                leaf, out = self.recs[stage]
+                self.recs[stage] = (leaf, _Recorded.of(out))
         return y, raw
 
     def backward(self, stage: int, grad: torch.Tensor) -> torch.Tensor | None:

@@ -101,13 +101,13 @@ def measure_schedule(model: nn.Module, make_batch: Callable[[int], Any], schedul
 
     apply_schedule(model, schedule, container)
     optimizer = optimizer or torch.optim.SGD(model.parameters(), lr=1e-3)
-    batches = [make_batch(batch_size) for _ in range(steps)]
     meta = {"schedule": schedule.to_dict(), "source_run": source_run, "container": container}
     # Inline processing: in a run of a few timed steps the background worker's start-up (about 0.4 s of
     # CPU) would run beside them and, on a machine without an idle core, slow exactly what is measured.
     with MemoryProfiler(model, optimizer, out_dir=out_dir, run_id=run_id, print_period=0, extra_meta=meta,
                         background=False) as prof:
-        for batch in batches:
+        for _ in range(steps):
+            batch = make_batch(batch_size)  # one batch alive at a time, as with a data loader
             if loss is None:
                 train_step(model, optimizer, batch)
             else:

@@ -17,11 +17,12 @@ def profile_steps(model: nn.Module, make_batch, out_dir: Path, steps: int = 3, b
                   background: bool = True) -> Trace:
     """Runs ``steps`` training steps under a MemoryProfiler and returns the trace."""
     optimizer = optimizer or torch.optim.SGD(model.parameters(), lr=0.01)
-    batches = [make_batch(batch_size) for _ in range(steps)]
     with MemoryProfiler(model, optimizer, out_dir=out_dir, print_period=0, background=background) as profiler:
-        for batch in batches:
+        for _ in range(steps):
+            batch = make_batch(batch_size)  # one batch alive at a time, as with a data loader
             zoo.train_step(model, optimizer, batch, set_to_none=set_to_none)
             profiler.record_stats()
+            del batch
     return load_trace(profiler.run_dir)
 
 

@@ -42,12 +42,12 @@ def _train(real: RealModel, model: torch.nn.Module, optimizer: torch.optim.Optim
 def _profile(real: RealModel, out_dir) -> tuple[Chain, dict]:
     model = real.model
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-    batches = [real.make_batch(BATCH) for _ in range(3)]
     with MemoryProfiler(model, optimizer, out_dir=out_dir, print_period=0, background=False) as profiler:
-        for batch in batches:
+        for _ in range(3):
+            batch = real.make_batch(BATCH)  # one batch alive at a time, as with a data loader
             _train(real, model, optimizer, batch)
             profiler.record_stats()
-    return Chain.from_trace(load_trace(profiler.run_dir)), {"optimizer": optimizer, "batch": batches[-1]}
+    return Chain.from_trace(load_trace(profiler.run_dir)), {"optimizer": optimizer, "batch": batch}
 
 
 def _storage_bytes(tensors) -> int:
