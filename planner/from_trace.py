@@ -82,16 +82,16 @@ def _events(trace: Trace) -> pd.DataFrame:
     return events[events.iteration == events.iteration.max()]
 
 
-def _stages(candidate: Candidate, costs: pd.DataFrame, fresh_grads: bool) -> list[Stage]:
+def _stages(candidate: Candidate, costs: pd.DataFrame, fresh_grads: bool, freed: tuple[int, ...]) -> list[Stage]:
     stages = []
-    for group in candidate.groups:
+    for group, freed_bytes in zip(candidate.groups, freed):
         rows = costs.loc[list(group)]
         output = int(rows.output_bytes.iloc[-1])
         stages.append(Stage(
             forward_ms=float(rows.forward_ms.sum()),
             backward_ms=float(rows.backward_ms.sum()),
             output_bytes=output,
-            saved_bytes=max(int(rows.saved_bytes.sum()), output),
+            saved_bytes=max(int(rows.saved_bytes.sum()) - freed_bytes, output),
             grad_bytes=output,
             forward_overhead_bytes=int(rows.forward_overhead_bytes.max()),
             backward_overhead_bytes=int(rows.backward_overhead_bytes.max()),
@@ -104,12 +104,15 @@ def _stages(candidate: Candidate, costs: pd.DataFrame, fresh_grads: bool) -> lis
 
 def _build(trace: Trace, candidate: Candidate, costs: pd.DataFrame, events: pd.DataFrame, auto: bool) -> Chain:
     input_bytes = int(costs.loc[candidate.groups[0][0]].input_bytes)
+    outputs = {m: int(costs.loc[m].output_bytes) for m in candidate.modules}
+    groups, freed = step_costs.fuse_freed_outputs(candidate.groups, events, outputs)
+    candidate = Candidate(candidate.parent, groups)
     bounds = step_costs.boundaries(events, candidate.groups[0], candidate.groups[-1])
     fresh = True
     if bounds is not None:
         start = events[events.seq == bounds.chain_start].iloc[0]
         fresh = int(start.weight_grads) * 2 < int(events.weight_grads.max())
-    stages = _stages(candidate, costs, fresh)
+    stages = _stages(candidate, costs, fresh, freed)
     if bounds is not None:
         stages = step_costs.calibrated(stages, events, candidate.groups, input_bytes)
     step = None

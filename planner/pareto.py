@@ -229,7 +229,10 @@ def algorithm_points(chain: Chain, slots: int = DEFAULT_SLOTS, sweep: int = 12) 
     sqrt_ops = sqrt.sqrt_ops(chain)
     add("sqrt", whole(predict(chain, sqrt_ops)[0]), sqrt_ops, {"segment_length": sqrt.segment_length(chain)})
     for algorithm in ("revolve", "rotor"):
-        front = pareto_front(chain, algorithm, slots)
+        try:
+            front = pareto_front(chain, algorithm, slots)
+        except InfeasibleBudgetError:  # revolve can find no schedule at any budget (a^l too large to keep)
+            continue
         for budget in np.unique(np.linspace(front.min_feasible_bytes, front.max_budget_bytes, sweep).astype(np.int64)):
             schedule = front.schedule_at(int(budget))
             add(algorithm, int(budget), schedule.ops, {"slots": slots})

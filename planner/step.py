@@ -45,6 +45,7 @@ class StepCosts:
         weights_bytes: the weights and buffers alone (part of ``model_state_bytes``), for explanations.
         optimizer_state_bytes: the optimizer's state alone (part of ``model_state_bytes``).
         weight_grad_bytes: all parameter gradients at the end of backward.
+        optimizer_peak_bytes: the step's peak during the optimizer step (0: unknown).
     """
 
     model_state_bytes: int
@@ -56,6 +57,7 @@ class StepCosts:
     weights_bytes: int = 0
     optimizer_state_bytes: int = 0
     weight_grad_bytes: int = 0
+    optimizer_peak_bytes: int = 0
 
     def __post_init__(self) -> None:
         for item in fields(self):
@@ -83,14 +85,16 @@ class StepCosts:
 
     def explain_floor(self) -> str:
         """Which part of the step no schedule can lower, in words."""
-        if self.after_peak_bytes >= self.before_peak_bytes and self.optimizer_step_bytes > 0:
+        if self.after_peak_bytes < self.before_peak_bytes:
+            return (f"the step peaks at {format_bytes(self.floor_bytes)} before the chain (the modules before it), "
+                    "which no schedule changes")
+        if self.optimizer_peak_bytes >= self.after_peak_bytes:
             return (
                 f"the optimizer step needs {format_bytes(self.optimizer_step_bytes)} above the model state "
                 f"and gradients it starts from; no schedule can go below {format_bytes(self.floor_bytes)}"
             )
-        where = "after the chain (the backward of the modules before it)" if (
-            self.after_peak_bytes >= self.before_peak_bytes) else "before the chain (the modules before it)"
-        return f"the step peaks at {format_bytes(self.floor_bytes)} {where}, which no schedule changes"
+        return (f"the step peaks at {format_bytes(self.floor_bytes)} after the chain (the backward of the modules "
+                "before it, beside every parameter gradient), which no schedule changes")
 
     def to_dict(self) -> dict[str, int]:
         """The JSON-compatible form that :meth:`from_dict` reads."""

@@ -88,9 +88,10 @@ def measure(events: pd.DataFrame, bounds: Boundaries, input_bytes: int, grad_byt
     before_peak = int(ev.loc[: bounds.chain_start].peak_bytes.max())
     after_peak = int(ev.loc[bounds.first_backward_end :].peak_bytes.max())
     optimizer = ev[ev.phase == "optimizer"]
-    step_bytes = 0
+    step_bytes = optimizer_peak = 0
     if not optimizer.empty:
-        step_bytes = max(int(optimizer.peak_bytes.max()) - int(optimizer.allocated_bytes.iloc[0]), 0)
+        optimizer_peak = int(optimizer.peak_bytes.max())
+        step_bytes = max(optimizer_peak - int(optimizer.allocated_bytes.iloc[0]), 0)
     end = ev.iloc[-1]
     costs = StepCosts(
         model_state_bytes=state,
@@ -102,6 +103,7 @@ def measure(events: pd.DataFrame, bounds: Boundaries, input_bytes: int, grad_byt
         weights_bytes=int(start.weights) + int(start.buffers),
         optimizer_state_bytes=int(max(start.optimizer_state, end.optimizer_state)),
         weight_grad_bytes=int(ev.weight_grads.max()),
+        optimizer_peak_bytes=optimizer_peak,
     )
     return costs, _loss_stage(ev, bounds, grad_bytes)
 
@@ -166,3 +168,34 @@ def calibrated(stages: list[Stage], events: pd.DataFrame, groups: tuple[tuple[st
                 int(window.peak_bytes.max()) - before - grad_in - stage.weight_grad_bytes, 0)
         out.append(replace(stage, **updates))
     return out
+
+
+def fuse_freed_outputs(groups: tuple[tuple[str, ...], ...], events: pd.DataFrame,
+                       output_bytes: dict[str, int]) -> tuple[tuple[tuple[str, ...], ...], tuple[int, ...]]:
+    """Joins a stage to the next when plain autograd frees its output during the forward.
+
+    A stage's output is a checkpoint only if it outlives the next stage's forward (the next stage saved it, as
+    a Linear or a LayerNorm saves its input). When it does not (a Linear followed by a ReLU, which saves only
+    its own output), the timeline shows it: allocated memory drops by that output once the next stage has
+    returned. Such a pair is one stage, whose saved memory does not count the freed output.
+
+    Returns:
+        The stage groups, and per group the bytes of the outputs freed inside it.
+    """
+    ev = events[events.phase == "forward"].sort_values("seq")
+    exits = ev[ev.event == "exit"].drop_duplicates("module").set_index("module")
+    fused: list[list[str]] = [list(groups[0])]
+    freed = [0]
+    for group in groups[1:]:
+        before = fused[-1][-1]
+        row = exits.loc[group[-1]] if group[-1] in exits.index else None
+        after = ev[ev.seq > row.seq] if row is not None else ev.iloc[:0]
+        drop = int(row.allocated_bytes) - int(after.allocated_bytes.iloc[0]) if not after.empty else 0
+        size = output_bytes.get(before, 0)
+        if size > 0 and drop >= size:
+            fused[-1] += list(group)
+            freed[-1] += size
+        else:
+            fused.append(list(group))
+            freed.append(0)
+    return tuple(tuple(g) for g in fused), tuple(freed)

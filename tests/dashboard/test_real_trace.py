@@ -27,14 +27,14 @@ def real(tmp_path_factory):
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     with MemoryProfiler(model, optimizer, out_dir=root, run_id="mlp", print_period=0) as profiler:
         for _ in range(3):
-            zoo.train_step(model, optimizer, make_batch(16))
+            zoo.train_step(model, optimizer, make_batch(256))
             profiler.record_stats()
     store = TraceStore(root)
     low, high = cp.planner_bounds(store, ["mlp"], cp.AUTO)[:2]
     chain = chain_from_trace(load_trace(root / "mlp"))
     schedule = planner.pareto_front(chain).schedule_at((low + high) // 2)
     measured_model, _ = zoo.mlp(blocks=3, width=64, in_features=32)
-    _, comparison = measure_schedule(measured_model, make_batch, schedule, root, steps=3, batch_size=16,
+    _, comparison = measure_schedule(measured_model, make_batch, schedule, root, steps=3, batch_size=256,
                                      run_id="mlp-rotor", source_run="mlp")
     return TraceStore(root), chain, schedule, comparison
 

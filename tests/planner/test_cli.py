@@ -100,7 +100,8 @@ def test_plan_activation_budget_counts_the_chain_only(tmp_path: Path, capsys: py
 
 def _toy_with_step(tmp_path: Path) -> tuple[Path, StepCosts]:
     step = StepCosts(model_state_bytes=40 * MIB, inputs_bytes=2 * MIB, outside_bytes=8 * MIB,
-                     before_peak_bytes=51 * MIB, after_peak_bytes=143 * MIB, optimizer_step_bytes=3 * MIB)
+                     before_peak_bytes=51 * MIB, after_peak_bytes=143 * MIB, optimizer_step_bytes=3 * MIB,
+                     optimizer_peak_bytes=143 * MIB)
     path = tmp_path / "toy_step.json"
     Chain.from_json(TOY).with_step(step).to_json(path)
     return path, step

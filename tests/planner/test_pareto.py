@@ -148,6 +148,7 @@ def _with_step(chain: Chain, floor_bytes: int, base_bytes: int = 50 * MIB) -> Ch
     return chain.with_step(StepCosts(
         model_state_bytes=base_bytes - 10 * MIB, inputs_bytes=2 * MIB, outside_bytes=8 * MIB,
         before_peak_bytes=base_bytes + MIB, after_peak_bytes=floor_bytes, optimizer_step_bytes=3 * MIB,
+        optimizer_peak_bytes=floor_bytes,
     ))
 
 

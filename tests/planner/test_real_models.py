@@ -14,7 +14,15 @@ import pytest
 import torch
 
 from memprof import MemoryProfiler, load_trace
-from planner import Chain, apply_schedule, min_feasible_budget, solve, store_all_budget
+from planner import (
+    ALGORITHMS,
+    Chain,
+    InfeasibleBudgetError,
+    apply_schedule,
+    min_feasible_budget,
+    solve,
+    store_all_budget,
+)
 from planner.executor import remove_schedule
 from planner.measure import measure_schedule
 from tests.planner.real_models import ALL_BUILDERS, RealModel
@@ -103,11 +111,14 @@ def test_chain_is_found_at_block_level(profiled) -> None:
     assert chain.step is not None and chain.source["auto"]
 
 
-@pytest.mark.parametrize("algorithm", ["store_all", "rotor", "rotor_optimal"])
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_schedules_give_plain_gradients_and_the_predicted_step_peak(profiled, algorithm: str) -> None:
     real, chain, extra = profiled
     model, optimizer, batch = real.model, extra["optimizer"], extra["batch"]
-    budget = store_all_budget(chain) if algorithm == "store_all" else min_feasible_budget(chain, algorithm)
+    try:
+        budget = store_all_budget(chain) if algorithm == "store_all" else min_feasible_budget(chain, algorithm)
+    except InfeasibleBudgetError:
+        pytest.skip(f"{algorithm} has no schedule for this chain at any budget")
     schedule = solve(chain, budget, algorithm)
     assert schedule.predicted_step_peak_bytes is not None and schedule.predicted_step_peak_bytes <= budget
     reference = copy.deepcopy(model)

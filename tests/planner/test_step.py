@@ -26,7 +26,8 @@ MIB = 2**20
 
 def _step(**overrides: int) -> StepCosts:
     values = {"model_state_bytes": 40 * MIB, "inputs_bytes": 2 * MIB, "outside_bytes": 8 * MIB,
-              "before_peak_bytes": 60 * MIB, "after_peak_bytes": 70 * MIB, "optimizer_step_bytes": 3 * MIB}
+              "before_peak_bytes": 60 * MIB, "after_peak_bytes": 70 * MIB, "optimizer_step_bytes": 3 * MIB,
+              "optimizer_peak_bytes": 70 * MIB}
     return StepCosts(**{**values, **overrides})
 
 
@@ -70,6 +71,12 @@ def test_a_budget_under_the_floor_names_what_dominates() -> None:
     with pytest.raises(InfeasibleBudgetError, match="the optimizer step needs 3.0 MiB above the model state") as info:
         solve(chain, 69 * MIB, "rotor")
     assert info.value.min_feasible_bytes == min_feasible_budget(chain)
+
+
+def test_a_floor_set_by_the_backward_before_the_chain_says_so() -> None:
+    step = _step(optimizer_peak_bytes=65 * MIB)
+    assert "after the chain (the backward of the modules before it" in step.explain_floor()
+    assert "before the chain" in _step(before_peak_bytes=80 * MIB).explain_floor()
 
 
 def test_one_byte_under_the_minimum_names_it() -> None:
