@@ -18,7 +18,6 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from memprof.units import format_bytes
 from planner.chain import Chain
 from planner.discretize import DEFAULT_SLOTS
 from planner.errors import InfeasibleBudgetError, UnknownAlgorithmError
@@ -26,7 +25,7 @@ from planner.schedule import Schedule
 from planner.simulator import predict
 from planner.solvers import periodic, rotor, rotor_optimal, sqrt, store_all
 from planner.solvers.common import infeasible
-from planner.step import StepCosts
+from planner.step import StepCosts, step_infeasible
 
 FRONT_ALGORITHMS = ("rotor", "revolve", "rotor_optimal")
 POINT_COLUMNS = ("algorithm", "budget_bytes", "peak_bytes", "makespan_ms", "params")
@@ -166,22 +165,6 @@ def _in_step_terms(step: StepCosts, budgets: list[int], makespans: list[float]) 
             out_budgets.append(shifted)
             out_makespans.append(makespan)
     return out_budgets, out_makespans
-
-
-def step_infeasible(step: StepCosts, algorithm: str, budget_bytes: int, min_bytes: int) -> InfeasibleBudgetError:
-    """The error for a whole-step budget below ``min_bytes``, saying what dominates the minimum."""
-    budget = int(budget_bytes)
-    named = f"{format_bytes(min_bytes)} ({min_bytes} bytes)"
-    if budget < step.floor_bytes:
-        message = (f"budget {format_bytes(budget)} ({budget} bytes) is below what the training step needs outside "
-                   f"the chain: {step.explain_floor()}; the smallest budget for {algorithm} is {named}")
-    else:
-        message = (f"budget {format_bytes(budget)} ({budget} bytes) for the whole step is too small for {algorithm}: "
-                   f"the step holds {format_bytes(step.base_bytes)} besides the chain (model and optimizer state "
-                   f"{format_bytes(step.model_state_bytes)}, batch {format_bytes(step.inputs_bytes)}, activations "
-                   f"outside the chain {format_bytes(step.outside_bytes)}), leaving the chain "
-                   f"{format_bytes(max(budget - step.base_bytes, 0))}; the smallest budget is {named}")
-    return InfeasibleBudgetError(message, budget_bytes=budget, min_feasible_bytes=int(min_bytes))
 
 
 def _distinct_optima(

@@ -5,13 +5,13 @@ from __future__ import annotations
 import numbers
 from types import ModuleType
 
-from memprof.units import format_bytes
 from planner.chain import Chain
 from planner.discretize import DEFAULT_SLOTS, check_slots
 from planner.errors import InfeasibleBudgetError, UnknownAlgorithmError
 from planner.schedule import Schedule
 from planner.simulator import predict
 from planner.solvers import exact, periodic, revolve, rotor, rotor_optimal, sqrt, store_all
+from planner.step import step_infeasible
 
 ALGORITHMS = ("store_all", "periodic", "sqrt", "revolve", "rotor", "rotor_optimal")
 """The algorithms for users; ``solve`` also takes ``"exact"`` (exhaustive search, small chains only)."""
@@ -93,37 +93,19 @@ def solve(chain: Chain, budget_bytes: int, algorithm: str = "rotor", slots: int 
 def _chain_budget(chain: Chain, budget: int, algorithm: str, slots: int) -> int:
     if chain.step is None:
         return budget
-    step = chain.step
-    if budget < step.floor_bytes:
-        minimum = min_feasible_budget(chain, algorithm, slots)
-        raise InfeasibleBudgetError(
-            f"budget {format_bytes(budget)} ({budget} bytes) is below what the training step needs outside "
-            f"the chain: {step.explain_floor()}; the smallest budget for {algorithm} is "
-            f"{format_bytes(minimum)} ({minimum} bytes)",
-            budget_bytes=budget,
-            min_feasible_bytes=minimum,
-        )
-    return step.chain_budget_bytes(budget)
+    if budget < chain.step.floor_bytes:
+        raise step_infeasible(chain.step, algorithm, budget, min_feasible_budget(chain, algorithm, slots))
+    return chain.step.chain_budget_bytes(budget)
 
 
 def _as_step_error(chain: Chain, exc: InfeasibleBudgetError, budget: int, algorithm: str) -> InfeasibleBudgetError:
     """The solver's error in whole-step terms (its numbers are the chain's own budget)."""
     if chain.step is None:
         return exc
-    step = chain.step
     minimum = None
     if exc.min_feasible_bytes is not None:
-        minimum = max(step.floor_bytes, exc.min_feasible_bytes + step.base_bytes)
-    named = "no budget" if minimum is None else f"{format_bytes(minimum)} ({minimum} bytes)"
-    return InfeasibleBudgetError(
-        f"budget {format_bytes(budget)} ({budget} bytes) for the whole step is too small for {algorithm}: the step "
-        f"holds {format_bytes(step.base_bytes)} besides the chain (model and optimizer state "
-        f"{format_bytes(step.model_state_bytes)}, batch {format_bytes(step.inputs_bytes)}, activations outside "
-        f"the chain {format_bytes(step.outside_bytes)}), leaving the chain {format_bytes(budget - step.base_bytes)}; "
-        f"the smallest budget is {named}",
-        budget_bytes=budget,
-        min_feasible_bytes=minimum,
-    )
+        minimum = max(chain.step.floor_bytes, exc.min_feasible_bytes + chain.step.base_bytes)
+    return step_infeasible(chain.step, algorithm, budget, minimum)
 
 
 def min_feasible_budget(chain: Chain, algorithm: str = "rotor", slots: int = DEFAULT_SLOTS) -> int:

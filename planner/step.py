@@ -24,7 +24,7 @@ from dataclasses import MISSING, asdict, dataclass, fields
 from typing import Any
 
 from memprof.units import format_bytes
-from planner.errors import ChainError
+from planner.errors import ChainError, InfeasibleBudgetError
 
 
 @dataclass(frozen=True)
@@ -122,3 +122,28 @@ class StepCosts:
                     raise ChainError(f"step costs: {name} must be a whole number of bytes, found {value!r}")
                 values[name] = int(math.ceil(value))
         return cls(**values)
+
+
+def step_infeasible(step: StepCosts, algorithm: str, budget_bytes: int,
+                    min_bytes: int | None) -> InfeasibleBudgetError:
+    """The error for a whole-step budget below the minimum, saying what dominates it.
+
+    Args:
+        step: the step around the chain.
+        algorithm: the algorithm asked for.
+        budget_bytes: the whole-step budget asked for.
+        min_bytes: the whole-step minimum feasible budget (``None``: no budget works).
+    """
+    budget = int(budget_bytes)
+    named = "none: no budget works" if min_bytes is None else f"{format_bytes(min_bytes)} ({min_bytes} bytes)"
+    if budget < step.floor_bytes:
+        message = (f"budget {format_bytes(budget)} ({budget} bytes) is below what the training step needs outside "
+                   f"the chain: {step.explain_floor()}; the smallest budget for {algorithm} is {named}")
+    else:
+        message = (f"budget {format_bytes(budget)} ({budget} bytes) for the whole step is too small for {algorithm}: "
+                   f"the step holds {format_bytes(step.base_bytes)} besides the chain (model and optimizer state "
+                   f"{format_bytes(step.model_state_bytes)}, batch {format_bytes(step.inputs_bytes)}, activations "
+                   f"outside the chain {format_bytes(step.outside_bytes)}), leaving the chain "
+                   f"{format_bytes(max(budget - step.base_bytes, 0))}; the smallest budget is {named}")
+    return InfeasibleBudgetError(message, budget_bytes=budget,
+                                 min_feasible_bytes=None if min_bytes is None else int(min_bytes))
