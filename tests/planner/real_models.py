@@ -72,12 +72,14 @@ def gpt2(seed: int = 0) -> RealModel:
 
 
 def bert(seed: int = 0) -> RealModel:
-    """BertForMaskedLM, 4 layers; the batch has right padding (attention_mask zeros) and 15% masked labels."""
+    """BertForMaskedLM, 8 layers, a 128-token vocabulary (so the encoder's activations, not the prediction
+    head's, dominate the step, as in a real BERT); the batch has right padding and 15% masked labels."""
     from transformers import BertConfig, BertForMaskedLM
 
     torch.manual_seed(seed)
+    vocab, layers = 128, 8
     config = BertConfig(
-        vocab_size=_VOCAB, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, intermediate_size=128,
+        vocab_size=vocab, hidden_size=64, num_hidden_layers=layers, num_attention_heads=4, intermediate_size=128,
         max_position_embeddings=64, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1,
         pad_token_id=0, attn_implementation="eager",
     )
@@ -86,7 +88,7 @@ def bert(seed: int = 0) -> RealModel:
     mask_token = 1
 
     def make_batch(n: int) -> tuple:
-        input_ids = torch.randint(2, _VOCAB, (n, _SEQ))
+        input_ids = torch.randint(2, vocab, (n, _SEQ))
         lengths = torch.randint(_SEQ // 2, _SEQ + 1, (n,))
         lengths[0] = _SEQ  # one full row, the others usually padded
         attention_mask = (torch.arange(_SEQ)[None, :] < lengths[:, None]).long()
@@ -101,7 +103,7 @@ def bert(seed: int = 0) -> RealModel:
         input_ids, attention_mask, labels = batch
         return model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
 
-    return RealModel("bert", model, make_batch, loss, tuple(f"bert.encoder.layer.{i}" for i in range(4)))
+    return RealModel("bert", model, make_batch, loss, tuple(f"bert.encoder.layer.{i}" for i in range(layers)))
 
 
 def llama(seed: int = 0) -> RealModel:

@@ -33,7 +33,7 @@ BATCH = 2
 MIB = 2**20
 EXPECTED_CHAINS = {
     "gpt2": ["transformer.drop", *(f"transformer.h.{i}" for i in range(4)), "transformer.ln_f"],
-    "bert": [f"bert.encoder.layer.{i}" for i in range(4)],
+    "bert": [f"bert.encoder.layer.{i}" for i in range(8)],
     "llama": [*(f"model.layers.{i}" for i in range(4)), "model.norm"],
     "resnet": ["conv1", "bn1", "maxpool", *(f"layer{s}.{b}" for s in range(1, 5) for b in range(2)), "avgpool", "fc"],
     "mobilenet": [f"features.{i}" for i in range(10)],
@@ -136,9 +136,9 @@ def test_schedules_give_plain_gradients_and_the_predicted_step_peak(profiled, al
     assert abs(measured - predicted) <= 0.05 * predicted + MIB, (measured, predicted)
 
 
-# On bert, llama and resnet at these test sizes the memory outside the chain (embeddings and logits, the
+# On llama and resnet at these test sizes what the chain cannot lower (llama's prediction head and loss, the
 # convolutions' backward workspace) is more than half the activations, so no chain schedule halves them.
-HALVED = ("gpt2", "mobilenet", "vit")
+HALVED = ("bert", "gpt2", "mobilenet", "vit")
 
 
 def test_minimum_budget_halves_the_activations(profiled, tmp_path) -> None:
