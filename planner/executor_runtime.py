@@ -203,7 +203,7 @@ class _Run:
 
     def _call(self, stage: int, x: torch.Tensor, keep: bool) -> tuple[torch.Tensor, Any]:
         runner = self.executor.stages[stage - 1]
-        call = self.calls[stage].bind(x)
+        call = self.calls[stage]
         version = x._version
         if stage not in self.seen:
             self.seen.add(stage)

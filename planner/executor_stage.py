@@ -46,9 +46,8 @@ class StageRunner:
         with _guard_input(self.inplace, x):
             # The modules' own forwards are called directly (not through their hooks), so the guard above only
             # reaches their submodules: an in-place module that is itself in the stage gets a copy here.
-            first_input = x.clone() if _is_inplace(self.modules[0]) else x
-            call = call.bind(first_input)
-            raw = self.forwards[0](*call.args_with(first_input), **call.kwargs)
+            args, kwargs = call.arguments(x.clone() if _is_inplace(self.modules[0]) else x)
+            raw = self.forwards[0](*args, **kwargs)
             y = first_tensor(raw)
             for module, forward in zip(self.modules[1:], self.forwards[1:]):
                 if y is not None and _is_inplace(module) and same_storage(y, x):
@@ -98,20 +97,11 @@ class StageCall:
                         "or choose a chain whose blocks take no trainable side input"
                     )
 
-    def args_with(self, x: torch.Tensor) -> tuple:
-        """The positional arguments with ``x`` as the running activation."""
+    def arguments(self, x: torch.Tensor) -> tuple[tuple, dict[str, Any]]:
+        """The call's positional and keyword arguments with ``x`` as the running activation."""
         if isinstance(self.where, int):
-            return tuple(x if i == self.where else a for i, a in enumerate(self.args))
-        return self.args
-
-    def bind(self, x: torch.Tensor) -> StageCall:
-        """A copy whose keyword activation (if any) is ``x``."""
-        if isinstance(self.where, str):
-            bound = StageCall.__new__(StageCall)
-            bound.where, bound.args = self.where, self.args
-            bound.kwargs = {**self.kwargs, self.where: x}
-            return bound
-        return self
+            return tuple(x if i == self.where else a for i, a in enumerate(self.args)), self.kwargs
+        return self.args, {**self.kwargs, self.where: x}
 
 
 def find_activation(args: tuple, kwargs: dict[str, Any], previous: torch.Tensor | None) -> tuple[torch.Tensor, int | str]:
