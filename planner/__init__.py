@@ -11,16 +11,18 @@ from planner.errors import (
     ScheduleMismatchError,
     UnknownAlgorithmError,
 )
-from planner.executor import CheckpointedSequential, apply_schedule
+from planner.executor import CheckpointedSequential, apply_schedule, remove_schedule
 from planner.export import export_json, export_python
 from planner.pareto import ParetoFront, algorithm_points, pareto_front
 from planner.schedule import Op, OpKind, Schedule
 from planner.simulator import Prediction, TimelinePoint, simulate
 from planner.solve import ALGORITHMS, min_feasible_budget, solve, store_all_budget
+from planner.step import StepCosts
 
 __all__ = [
     "CheckpointedSequential",
     "apply_schedule",
+    "remove_schedule",
     "export_json",
     "export_python",
     "ALGORITHMS",
@@ -36,6 +38,7 @@ __all__ = [
     "Schedule",
     "ScheduleMismatchError",
     "Stage",
+    "StepCosts",
     "UnknownAlgorithmError",
     "ParetoFront",
     "Prediction",
