@@ -152,8 +152,6 @@ class _Run:
             raise RuntimeError("the scheduled backward of this forward call already ran; backward(retain_graph=True) "
                                "twice through a scheduled model is not supported")
         self.done.add(stage)
-        if stage == self.program.length:
-            self.acts.pop(stage, None)  # B(L+1) consumed a^L
         self.delta = _steal(grad)
         del grad
         for kind, index in self.program.segments[stage]:

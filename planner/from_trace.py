@@ -38,16 +38,6 @@ def _structure(trace: Trace) -> pd.DataFrame:
     return layers[layers.iteration == layers.iteration.max()]
 
 
-def find_chain(trace: Trace, container: str | None = None) -> tuple[str, tuple[tuple[str, ...], ...]]:
-    """Returns ``(parent, stage groups)`` of the chain :func:`chain_from_trace` would build.
-
-    Raises:
-        NotAChainError: as :func:`chain_from_trace`.
-    """
-    chain = chain_from_trace(trace, container)
-    return chain.source["container"], tuple(tuple(g) for g in chain.source["modules"])
-
-
 def _candidates(trace: Trace, tree: ModuleTree, container: str | None) -> list[Candidate]:
     if container is None:
         found = [c for c in candidates(tree) if len(c.groups) >= 2] or candidates(tree)
@@ -77,9 +67,9 @@ def _medians(trace: Trace) -> pd.DataFrame:
     return layers.groupby("module")[_COST_COLUMNS].median()
 
 
-def _events(trace: Trace) -> pd.DataFrame:
+def _timeline(trace: Trace) -> step_costs.Timeline:
     events = _complete(trace, trace.read("events"))
-    return events[events.iteration == events.iteration.max()]
+    return step_costs.Timeline(events[events.iteration == events.iteration.max()])
 
 
 def _stages(candidate: Candidate, costs: pd.DataFrame, fresh_grads: bool, freed: tuple[int, ...]) -> list[Stage]:
@@ -102,23 +92,22 @@ def _stages(candidate: Candidate, costs: pd.DataFrame, fresh_grads: bool, freed:
     return stages
 
 
-def _build(trace: Trace, candidate: Candidate, costs: pd.DataFrame, events: pd.DataFrame, auto: bool) -> Chain:
+def _build(trace: Trace, candidate: Candidate, costs: pd.DataFrame, timeline: step_costs.Timeline,
+           auto: bool) -> Chain:
     input_bytes = int(costs.loc[candidate.groups[0][0]].input_bytes)
     outputs = {m: int(costs.loc[m].output_bytes) for m in candidate.modules}
-    groups, freed = step_costs.fuse_freed_outputs(candidate.groups, events, outputs)
+    groups, freed = step_costs.fuse_freed_outputs(candidate.groups, timeline, outputs)
     candidate = Candidate(candidate.parent, groups)
-    bounds = step_costs.boundaries(events, candidate.groups[0], candidate.groups[-1])
-    fresh = True
-    if bounds is not None:
-        start = events[events.seq == bounds.chain_start].iloc[0]
-        fresh = int(start.weight_grads) * 2 < int(events.weight_grads.max())
-    stages = _stages(candidate, costs, fresh, freed)
-    if bounds is not None:
-        stages = step_costs.calibrated(stages, events, candidate.groups, input_bytes)
-    step = None
-    loss = Stage(0.0, 0.0, 0, 0, 0, name="loss")
-    if bounds is not None:
-        step, loss = step_costs.measure(events, bounds, input_bytes, stages[-1].grad_bytes)
+    bounds = step_costs.boundaries(timeline, candidate.groups[0], candidate.groups[-1])
+    step, loss = None, Stage(0.0, 0.0, 0, 0, 0, name="loss")
+    if bounds is None:
+        stages = _stages(candidate, costs, True, freed)
+    else:
+        # gradients already held when the chain starts (zero_grad(set_to_none=False)) are model state
+        fresh = int(timeline.rows.at[bounds.chain_start, "weight_grads"]) * 2 < int(timeline.rows.weight_grads.max())
+        stages = step_costs.calibrated(_stages(candidate, costs, fresh, freed), timeline, candidate.groups,
+                                       input_bytes)
+        step, loss = step_costs.measure(timeline, bounds, input_bytes, stages[-1].grad_bytes)
     return Chain(
         name=candidate.parent or trace.meta.get("model", "model"),
         input_bytes=input_bytes,
@@ -149,8 +138,8 @@ def chain_from_trace(trace: Trace, container: str | None = None) -> Chain:
     """
     tree = ModuleTree(_structure(trace))
     found = _candidates(trace, tree, container)
-    costs, events = _medians(trace), _events(trace)
-    chains = [_build(trace, candidate, costs, events, container is None) for candidate in found]
+    costs, timeline = _medians(trace), _timeline(trace)
+    chains = [_build(trace, candidate, costs, timeline, container is None) for candidate in found]
     if len(chains) == 1:
         return chains[0]
     ranked = [(saving_bytes(chain), chain.length, -index) for index, chain in enumerate(chains)]

@@ -21,12 +21,61 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
+import numpy as np
 import pandas as pd
 
 from planner.chain import Stage
 from planner.step import StepCosts
 
 _STATE = ("weights", "buffers", "optimizer_state", "weight_grads")
+
+
+class Timeline:
+    """One iteration's ``events`` rows, indexed once for the lookups below (shared by every candidate chain).
+
+    Attributes:
+        rows: the rows indexed by ``seq``, in order.
+        forward_enter, forward_exit: ``seq`` of each module's first forward enter and exit.
+        backward_enter: ``seq`` of each module's first backward enter.
+    """
+
+    def __init__(self, events: pd.DataFrame) -> None:
+        self.rows = events.sort_values("seq").set_index("seq")
+        rows = self.rows
+        forward = rows[rows.phase == "forward"]
+        self._forward_seqs = forward.index.to_numpy()
+        self.forward_enter = _first(forward[forward.event == "enter"])
+        self.forward_exit = _first(forward[forward.event == "exit"])
+        self.backward_enter = _first(rows[(rows.phase == "backward") & (rows.event == "enter")])
+        self.names = set(rows.module)
+
+    def subtree(self, modules: Iterable[str]) -> set[str]:
+        """The names of ``modules`` and every module below them that appear in the timeline."""
+        prefixes = tuple(f"{m}." for m in modules)
+        wanted = set(modules)
+        return {n for n in self.names if n in wanted or n.startswith(prefixes)}
+
+    def backward_enters(self, modules: Iterable[str]) -> list[int]:
+        """``seq`` of the first backward enter of every module in ``modules``' subtrees, sorted."""
+        return sorted(self.backward_enter[n] for n in self.subtree(modules) if n in self.backward_enter)
+
+    def peak(self, after: int, upto: int | None = None) -> int | None:
+        """The highest ``peak_bytes`` of the rows after ``after`` up to ``upto`` (inclusive; ``None``: the end)."""
+        window = self.rows.loc[after + 1 : upto] if upto is not None else self.rows.loc[after + 1 :]
+        return int(window.peak_bytes.max()) if not window.empty else None
+
+    def allocated(self, seq: int) -> int:
+        """``allocated_bytes`` right after row ``seq``."""
+        return int(self.rows.at[seq, "allocated_bytes"])
+
+    def next_forward(self, seq: int) -> int | None:
+        """The first forward row after ``seq``."""
+        position = int(np.searchsorted(self._forward_seqs, seq, side="right"))
+        return int(self._forward_seqs[position]) if position < len(self._forward_seqs) else None
+
+
+def _first(rows: pd.DataFrame) -> dict[str, int]:
+    return {module: int(seq) for seq, module in zip(rows.index[::-1], rows.module[::-1])}
 
 
 @dataclass(frozen=True)
@@ -40,100 +89,82 @@ class Boundaries:
     first_backward_end: int  # first backward row after stage 1's backward
 
 
-def _subtree(modules: Iterable[str], names: Iterable[str]) -> set[str]:
-    prefixes = tuple(f"{m}." for m in modules)
-    wanted = set(modules)
-    return {n for n in names if n in wanted or n.startswith(prefixes)}
-
-
-def boundaries(events: pd.DataFrame, first: tuple[str, ...], last: tuple[str, ...]) -> Boundaries | None:
+def boundaries(timeline: Timeline, first: tuple[str, ...], last: tuple[str, ...]) -> Boundaries | None:
     """Finds the boundaries of a chain whose first stage runs ``first`` and last stage ``last``.
 
     Returns ``None`` when the iteration lacks one of them (no backward, a failed step).
     """
-    ev = events.sort_values("seq")
-    names = set(ev.module)
-    first_set, last_set = _subtree(first, names), _subtree(last, names)
-    forward = ev[ev.phase == "forward"]
-    backward = ev[ev.phase == "backward"]
-    starts = forward[(forward.module == first[0]) & (forward.event == "enter")]
-    ends = forward[(forward.module == last[-1]) & (forward.event == "exit")]
-    tops = backward[backward.module.isin(last_set) & (backward.event == "enter")]
-    bottoms = backward[backward.module.isin(first_set) & (backward.event == "enter")]
-    if starts.empty or ends.empty or tops.empty or bottoms.empty or forward.empty:
+    start, end = timeline.forward_enter.get(first[0]), timeline.forward_exit.get(last[-1])
+    tops, bottoms = timeline.backward_enters(last), timeline.backward_enters(first)
+    if start is None or end is None or not tops or not bottoms:
         return None
-    after = backward[(backward.seq > bottoms.seq.max()) & ~backward.module.isin(first_set)
-                     & (backward.event.isin(["enter", "end"]))]
-    tail = ev[(ev.seq > bottoms.seq.max()) & (ev.phase != "backward")]
-    close = int(after.seq.min()) if not after.empty else (int(tail.seq.min()) if not tail.empty else int(ev.seq.max()))
-    return Boundaries(int(starts.seq.iloc[0]), int(ends.seq.iloc[0]), int(forward.seq.max()),
-                      int(tops.seq.min()), close)
+    rows = timeline.rows.loc[bottoms[-1] + 1 :]
+    inside = timeline.subtree(first)
+    after = rows[(rows.phase == "backward") & rows.event.isin(["enter", "end"]) & ~rows.module.isin(inside)]
+    tail = rows[rows.phase != "backward"]
+    close = int(after.index[0]) if not after.empty else (int(tail.index[0]) if not tail.empty else
+                                                          int(timeline.rows.index[-1]))
+    return Boundaries(start, end, int(timeline._forward_seqs[-1]), tops[0], close)
 
 
-def measure(events: pd.DataFrame, bounds: Boundaries, input_bytes: int, grad_bytes: int) -> tuple[StepCosts, Stage]:
+def measure(timeline: Timeline, bounds: Boundaries, input_bytes: int, grad_bytes: int) -> tuple[StepCosts, Stage]:
     """The step costs around a chain and its loss stage (head and loss), from one iteration's events.
 
     Args:
-        events: one iteration's ``events`` rows.
+        timeline: one iteration's events.
         bounds: the chain's boundaries in them.
         input_bytes: a^0, the chain's input.
         grad_bytes: delta^L, the gradient with respect to the chain's output.
     """
-    ev = events.set_index("seq").sort_index()
-    at = ev.loc
-    start = at[bounds.chain_start]
+    ev = timeline.rows
+    start = ev.loc[bounds.chain_start]
     base = max(int(start.allocated_bytes) - input_bytes, 0)
     state = min(sum(int(start[c]) for c in _STATE), base)
     inputs = min(int(start.inputs), base - state)
-    before_peak = int(ev.loc[: bounds.chain_start].peak_bytes.max())
-    after_peak = int(ev.loc[bounds.first_backward_end :].peak_bytes.max())
     optimizer = ev[ev.phase == "optimizer"]
     step_bytes = optimizer_peak = 0
     if not optimizer.empty:
         optimizer_peak = int(optimizer.peak_bytes.max())
         step_bytes = max(optimizer_peak - int(optimizer.allocated_bytes.iloc[0]), 0)
-    end = ev.iloc[-1]
     costs = StepCosts(
         model_state_bytes=state,
         inputs_bytes=inputs,
         outside_bytes=base - state - inputs,
-        before_peak_bytes=before_peak,
-        after_peak_bytes=after_peak,
+        before_peak_bytes=int(ev.loc[: bounds.chain_start].peak_bytes.max()),
+        after_peak_bytes=int(ev.loc[bounds.first_backward_end :].peak_bytes.max()),
         optimizer_step_bytes=step_bytes,
         weights_bytes=int(start.weights) + int(start.buffers),
-        optimizer_state_bytes=int(max(start.optimizer_state, end.optimizer_state)),
+        optimizer_state_bytes=int(max(start.optimizer_state, ev.iloc[-1].optimizer_state)),
         weight_grad_bytes=int(ev.weight_grads.max()),
         optimizer_peak_bytes=optimizer_peak,
     )
-    return costs, _loss_stage(ev, bounds, grad_bytes)
+    return costs, _loss_stage(timeline, bounds, grad_bytes)
 
 
-def _loss_stage(ev: pd.DataFrame, bounds: Boundaries, grad_bytes: int) -> Stage:
+def _loss_stage(timeline: Timeline, bounds: Boundaries, grad_bytes: int) -> Stage:
     """The modules after the chain and the loss, as the chain's stage L+1 (``F_all(L+1)`` then ``B(L+1)``)."""
-    chain_out = int(ev.loc[bounds.chain_end].allocated_bytes)
-    held = max(int(ev.loc[bounds.forward_end].allocated_bytes) - chain_out, 0)
-    head = ev.loc[bounds.chain_end : bounds.forward_end].iloc[1:]
-    forward_peak = int(head.peak_bytes.max()) if not head.empty else chain_out + held
-    loss = ev.loc[bounds.forward_end : bounds.last_backward].iloc[1:]
-    backward_peak = int(loss.peak_bytes.max()) if not loss.empty else chain_out
-    left = int(ev.loc[bounds.last_backward].allocated_bytes) - chain_out
-    weight_grads = max(left - grad_bytes, 0)
-    forward_ms = (int(ev.loc[bounds.forward_end].time_ns) - int(ev.loc[bounds.chain_end].time_ns)) / 1e6
-    backward_ms = (int(ev.loc[bounds.last_backward].time_ns) - int(ev.loc[bounds.forward_end].time_ns)) / 1e6
+    chain_out = timeline.allocated(bounds.chain_end)
+    held = max(timeline.allocated(bounds.forward_end) - chain_out, 0)
+    forward_peak = timeline.peak(bounds.chain_end, bounds.forward_end)
+    backward_peak = timeline.peak(bounds.forward_end, bounds.last_backward)
+    weight_grads = max(timeline.allocated(bounds.last_backward) - chain_out - grad_bytes, 0)
+    times = timeline.rows.time_ns
+    forward_ms = (int(times[bounds.forward_end]) - int(times[bounds.chain_end])) / 1e6
+    backward_ms = (int(times[bounds.last_backward]) - int(times[bounds.forward_end])) / 1e6
     return Stage(
         forward_ms=max(forward_ms, 0.0),
         backward_ms=max(backward_ms, 0.0),
         output_bytes=0,
         saved_bytes=held,
         grad_bytes=0,
-        forward_overhead_bytes=max(forward_peak - chain_out - held, 0),
-        backward_overhead_bytes=max(backward_peak - chain_out - held - grad_bytes - weight_grads, 0),
+        forward_overhead_bytes=max((forward_peak or chain_out + held) - chain_out - held, 0),
+        backward_overhead_bytes=max((backward_peak or chain_out) - chain_out - held - grad_bytes - weight_grads, 0),
         name="loss",
         weight_grad_bytes=weight_grads,
     )
 
 
-def calibrated(stages: list[Stage], events: pd.DataFrame, groups: tuple[tuple[str, ...], ...],
+def calibrated(stages: list[Stage], timeline: Timeline, groups: tuple[tuple[str, ...], ...],
                input_bytes: int) -> list[Stage]:
     """``stages`` with their overheads read from the store-all timeline around each stage.
 
@@ -142,35 +173,30 @@ def calibrated(stages: list[Stage], events: pd.DataFrame, groups: tuple[tuple[st
     before it plus the input gradient and the parameter gradients it leaves. Stages whose windows are not
     all in the timeline keep their per-module estimates.
     """
-    ev = events.sort_values("seq")
-    names = set(ev.module)
-    forward, backward = ev[ev.phase == "forward"], ev[ev.phase == "backward"]
-    enters = []
-    for group in groups:
-        rows = backward[backward.module.isin(_subtree(group, names)) & (backward.event == "enter")]
-        enters.append(int(rows.seq.min()) if not rows.empty else None)
-    closing = ev[(ev.phase != "backward") & (ev.seq > max((e for e in enters if e is not None), default=0))]
+    enters = [next(iter(timeline.backward_enters(group)), None) for group in groups]
+    known = [e for e in enters if e is not None]
+    rows = timeline.rows
+    tail = rows.loc[max(known, default=0) + 1 :]
+    tail = tail[tail.phase != "backward"]
+    closing = int(tail.index[0]) if not tail.empty else None
     out = []
     for index, (stage, group) in enumerate(zip(stages, groups)):
-        start = forward[(forward.module == group[0]) & (forward.event == "enter")]
-        end = forward[(forward.module == group[-1]) & (forward.event == "exit")]
         updates = {}
-        if not start.empty and not end.empty:
-            window = ev[(ev.seq > start.seq.iloc[0]) & (ev.seq <= end.seq.iloc[0])]
-            before = int(start.allocated_bytes.iloc[0])
-            updates["forward_overhead_bytes"] = max(int(window.peak_bytes.max()) - before - stage.saved_bytes, 0)
-        below = enters[index - 1] if index > 0 else (int(closing.seq.min()) if not closing.empty else None)
+        start, end = timeline.forward_enter.get(group[0]), timeline.forward_exit.get(group[-1])
+        if start is not None and end is not None and end > start:
+            peak = timeline.peak(start, end)
+            updates["forward_overhead_bytes"] = max(peak - timeline.allocated(start) - stage.saved_bytes, 0)
+        below = enters[index - 1] if index > 0 else closing
         if enters[index] is not None and below is not None and below > enters[index]:
-            window = ev[(ev.seq > enters[index]) & (ev.seq <= below)]
-            before = int(ev[ev.seq == enters[index]].allocated_bytes.iloc[0])
+            peak = timeline.peak(enters[index], below)
             grad_in = input_bytes if index == 0 else stages[index - 1].grad_bytes
             updates["backward_overhead_bytes"] = max(
-                int(window.peak_bytes.max()) - before - grad_in - stage.weight_grad_bytes, 0)
+                peak - timeline.allocated(enters[index]) - grad_in - stage.weight_grad_bytes, 0)
         out.append(replace(stage, **updates))
     return out
 
 
-def fuse_freed_outputs(groups: tuple[tuple[str, ...], ...], events: pd.DataFrame,
+def fuse_freed_outputs(groups: tuple[tuple[str, ...], ...], timeline: Timeline,
                        output_bytes: dict[str, int]) -> tuple[tuple[tuple[str, ...], ...], tuple[int, ...]]:
     """Joins a stage to the next when plain autograd frees its output during the forward.
 
@@ -182,16 +208,13 @@ def fuse_freed_outputs(groups: tuple[tuple[str, ...], ...], events: pd.DataFrame
     Returns:
         The stage groups, and per group the bytes of the outputs freed inside it.
     """
-    ev = events[events.phase == "forward"].sort_values("seq")
-    exits = ev[ev.event == "exit"].drop_duplicates("module").set_index("module")
     fused: list[list[str]] = [list(groups[0])]
     freed = [0]
     for group in groups[1:]:
-        before = fused[-1][-1]
-        row = exits.loc[group[-1]] if group[-1] in exits.index else None
-        after = ev[ev.seq > row.seq] if row is not None else ev.iloc[:0]
-        drop = int(row.allocated_bytes) - int(after.allocated_bytes.iloc[0]) if not after.empty else 0
-        size = output_bytes.get(before, 0)
+        size = output_bytes.get(fused[-1][-1], 0)
+        exit_seq = timeline.forward_exit.get(group[-1])
+        after = timeline.next_forward(exit_seq) if exit_seq is not None else None
+        drop = timeline.allocated(exit_seq) - timeline.allocated(after) if after is not None else 0
         if size > 0 and drop >= size:
             fused[-1] += list(group)
             freed[-1] += size
