@@ -71,9 +71,8 @@ def describe_chain(model: PlannerModel) -> str:
         return (f"Chain {model.chain.name}: {shown}; the budget counts the chain's activations only and excludes "
                 f"{format_bytes(model.model_state_bytes)} of model state.")
     return (f"Chain {model.chain.name}: {shown}. Budgets are the whole training step's memory: "
-            f"{format_bytes(step.base_bytes)} stays beside the chain (model and optimizer state "
-            f"{format_bytes(step.model_state_bytes)}, batch {format_bytes(step.inputs_bytes)}, other activations "
-            f"{format_bytes(step.outside_bytes)}), and no schedule goes below {format_bytes(step.floor_bytes)}.")
+            f"{format_bytes(step.base_bytes)} stays beside the chain ({step.explain_base()}), and no schedule goes "
+            f"below {format_bytes(step.floor_bytes)}.")
 
 
 def _floor_note(model: PlannerModel) -> str:

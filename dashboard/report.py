@@ -76,9 +76,8 @@ def _step_advice(trace: Trace, chain: Any, limit: int | None) -> list[str]:
     step = chain.step
     needed, least = store_all_budget(chain), min_feasible_budget(chain, "rotor")
     first = (f"  planner: chain of {chain.length} stages in '{chain.name}'; storing all activations, the step peaks "
-             f"at {format_bytes(needed)} ({format_bytes(step.base_bytes)} beside the chain: model and optimizer state "
-             f"{format_bytes(step.model_state_bytes)}, batch {format_bytes(step.inputs_bytes)}, other activations "
-             f"{format_bytes(step.outside_bytes)}); the least a rotor schedule needs is {format_bytes(least)}")
+             f"at {format_bytes(needed)} ({format_bytes(step.base_bytes)} beside the chain: {step.explain_base()}); "
+             f"the least a rotor schedule needs is {format_bytes(least)}")
     if least <= step.floor_bytes:
         first += f" ({step.explain_floor()})"
     lines = [first]

@@ -156,9 +156,8 @@ def summary(schedule: Schedule, store_all_peak_bytes: int, store_all_makespan_ms
         lines += [
             f"  step peak        {format_bytes(step_peak)} predicted for the whole step (store-all "
             f"{format_bytes(step_store_all)}, {_change(step_peak, step_store_all)})",
-            f"  beside chain     {format_bytes(step.base_bytes)} (model and optimizer state "
-            f"{format_bytes(step.model_state_bytes)}, batch {format_bytes(step.inputs_bytes)}, other activations "
-            f"{format_bytes(step.outside_bytes)}); no schedule goes below {format_bytes(step.floor_bytes)}",
+            f"  beside chain     {format_bytes(step.base_bytes)} ({step.explain_base()}); "
+            f"no schedule goes below {format_bytes(step.floor_bytes)}",
         ]
     label = "chain peak      " if step is not None else "predicted peak  "
     lines += [

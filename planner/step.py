@@ -83,6 +83,11 @@ class StepCosts:
         """The chain's own budget (the paper's M) inside a whole-step budget (may be negative)."""
         return int(step_budget_bytes) - self.base_bytes
 
+    def explain_base(self) -> str:
+        """What ``base_bytes`` is made of, in words (for messages)."""
+        return (f"model and optimizer state {format_bytes(self.model_state_bytes)}, batch "
+                f"{format_bytes(self.inputs_bytes)}, other activations {format_bytes(self.outside_bytes)}")
+
     def explain_floor(self) -> str:
         """Which part of the step no schedule can lower, in words."""
         if self.after_peak_bytes < self.before_peak_bytes:
@@ -141,9 +146,8 @@ def step_infeasible(step: StepCosts, algorithm: str, budget_bytes: int,
                    f"the chain: {step.explain_floor()}; the smallest budget for {algorithm} is {named}")
     else:
         message = (f"budget {format_bytes(budget)} ({budget} bytes) for the whole step is too small for {algorithm}: "
-                   f"the step holds {format_bytes(step.base_bytes)} besides the chain (model and optimizer state "
-                   f"{format_bytes(step.model_state_bytes)}, batch {format_bytes(step.inputs_bytes)}, activations "
-                   f"outside the chain {format_bytes(step.outside_bytes)}), leaving the chain "
+                   f"the step holds {format_bytes(step.base_bytes)} besides the chain ({step.explain_base()}), "
+                   f"leaving the chain "
                    f"{format_bytes(max(budget - step.base_bytes, 0))}; the smallest budget is {named}")
     return InfeasibleBudgetError(message, budget_bytes=budget,
                                  min_feasible_bytes=None if min_bytes is None else int(min_bytes))
