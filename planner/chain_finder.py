@@ -63,6 +63,7 @@ class ModuleTree:
     def __init__(self, structure: pd.DataFrame) -> None:
         self.nodes: dict[str, _Node] = {}
         self.children: dict[str, list[str]] = {}
+        self._flattened: dict[str, list[str]] = {}
         for row in structure.sort_values("order").itertuples():
             self.nodes[row.module] = _Node(row.module, int(row.order), int(row.calls), str(row.kind),
                                            frozenset(int(i) for i in row.input_ids),
@@ -82,10 +83,12 @@ class ModuleTree:
 
     def flattened(self, parent: str) -> list[str]:
         """``called_children(parent)`` with every transparent child replaced by its own chain."""
-        out: list[str] = []
-        for child in self.called_children(parent):
-            out += self.flattened(child) if self.transparent(child) else [child]
-        return out
+        if parent not in self._flattened:  # memoised: transparent() and every parent ask for the same subtrees
+            out: list[str] = []
+            for child in self.called_children(parent):
+                out += self.flattened(child) if self.transparent(child) else [child]
+            self._flattened[parent] = out
+        return self._flattened[parent]
 
     def transparent(self, module: str) -> bool:
         """Whether ``module``'s children form one chain from its input to its output."""
