@@ -13,7 +13,7 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q "$(TORCH_SPEC)"
 	$(BIN)/pip install -q -e ".[test]"
 	@# memprof's native allocator reporter (about 10 s with g++); without it memprof falls back to torch.profiler
-	-$(BIN)/python -c "import sys; from memprof.native_build import main; sys.exit(main())"
+	-$(BIN)/python -c "import sys; from memprof.capture.native.build import main; sys.exit(main())"
 	touch $@
 
 setup: $(BIN)/.installed

@@ -101,7 +101,7 @@ class Memprof(Tool):
 
     def start(self, model: nn.Module, optimizer: torch.optim.Optimizer, workdir: Path) -> None:
         self._runs += 1
-        run_id = f"{'memprof' if self.background else 'inline'}-{self._runs}"
+        run_id = f"{type(self).__name__.lower()}-{self._runs}"
         self._profiler = MemoryProfiler(model, optimizer, out_dir=workdir, run_id=run_id, print_period=0,
                                         background=self.background)
 
@@ -119,6 +119,25 @@ class MemprofInline(Memprof):
 
     name = "memprof (inline)"
     background = False
+
+
+class MemprofPythonMarks(Memprof):
+    """memprof with its backward marks from a Python pre-hook per autograd node, not the native reporter.
+
+    The A/B that decides whether the native backward marks earn their keep (``docs/profiler.md``).
+    """
+
+    name = "memprof (Python backward marks)"
+
+    def start(self, model: nn.Module, optimizer: torch.optim.Optimizer, workdir: Path) -> None:
+        from unittest import mock
+
+        from memprof.capture.hooks import HookRecorder
+        from memprof.capture.native.stream import NativeAllocationStream
+
+        with mock.patch.object(NativeAllocationStream, "watch_backward", lambda stream: -1), \
+                mock.patch.object(HookRecorder, "use_native_backward", lambda recorder, rows, thread: None):
+            super().start(model, optimizer, workdir)
 
 
 class MemTrackerTool(Tool):
@@ -175,6 +194,7 @@ class TorchProfiler(Tool):
 
 
 TOOLS: tuple[type[Tool], ...] = (Tool, Memprof, MemprofInline, MemTrackerTool, TorchProfiler)
+OPTIONAL_TOOLS: tuple[type[Tool], ...] = (MemprofPythonMarks,)
 
 
 # --------------------------------------------------------------------------- measuring
@@ -268,9 +288,10 @@ def _stop_quietly(tool: Tool) -> None:
         tool.stop()
 
 
-def run_all(specs: Sequence[ModelSpec], repeats: int, warmup: int, steps: int) -> dict[str, list[Lane]]:
+def run_all(specs: Sequence[ModelSpec], repeats: int, warmup: int, steps: int,
+            tools: Sequence[type[Tool]] = TOOLS) -> dict[str, list[Lane]]:
     """Runs every round; each round visits every model, its tools in a rotated order."""
-    lanes = {spec.name: [make_lane(spec, tool_type()) for tool_type in TOOLS] for spec in specs}
+    lanes = {spec.name: [make_lane(spec, tool_type()) for tool_type in tools] for spec in specs}
     with tempfile.TemporaryDirectory(prefix="memprof-bench-") as tmp:
         for r in range(repeats):
             for spec in specs:
@@ -444,6 +465,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--malloc", choices=("steady", "default"), default="steady",
                         help="steady (default): pin glibc's trim and mmap thresholds so page-fault churn does "
                              "not drown the ratios; default: glibc's own settings")
+    parser.add_argument("--tools", default=",".join(t.name for t in TOOLS),
+                        help="comma-separated subset of: " + ", ".join(t.name for t in TOOLS + OPTIONAL_TOOLS)
+                             + " (the baseline always runs)")
     parser.add_argument("--out", type=Path, default=RESULTS_PATH, help="where the Markdown report is written")
     parser.add_argument("--no-write", action="store_true", help="print only")
     args = parser.parse_args(argv)
@@ -461,10 +485,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     specs = [m for m in MODELS if m.name in wanted]
     if not specs:
         raise SystemExit(f"no known model in --models {args.models!r}")
+    wanted_tools = set(args.tools.split(","))
+    tools = [t for t in TOOLS + OPTIONAL_TOOLS if t is Tool or t.name in wanted_tools]
     args.malloc_line = steady_malloc() if args.malloc == "steady" else "glibc's own thresholds"
     args.load_start = load_average()
     start_s = time.perf_counter()
-    lanes = run_all(specs, args.repeats, args.warmup, args.steps)
+    lanes = run_all(specs, args.repeats, args.warmup, args.steps, tools)
     report = render(lanes, args, time.perf_counter() - start_s)
     print(report)
     if not args.no_write:

@@ -26,10 +26,10 @@ from dashboard.figures import (
 )
 from dashboard.figures_timeline import DEFAULT_MAX_POINTS, relayout_range, timeline_figure
 from dashboard.layout import LAYER_TABLE_COLUMNS, TREE_SIZES, first_trace_help
+from memprof.analysis.console import format_failure
 from memprof.errors import MemprofError
-from memprof.ranks import peak_imbalance
-from memprof.reader import Trace
-from memprof.report import format_failure
+from memprof.trace.ranks import peak_imbalance
+from memprof.trace.reader import Trace
 from memprof.units import format_bytes
 
 #: Exceptions a view turns into a message instead of a server error (bad names, corrupt runs ...).

@@ -127,7 +127,7 @@ def rank_peaks_figure(peaks: pd.DataFrame, highlight_rank: int | None = None) ->
     """Peak allocated bytes per iteration, one line per rank of a distributed run.
 
     Args:
-        peaks: ``rank``, ``iteration``, ``peak_allocated_bytes`` (see :func:`memprof.ranks.rank_peaks`).
+        peaks: ``rank``, ``iteration``, ``peak_allocated_bytes`` (see :func:`memprof.trace.ranks.rank_peaks`).
         highlight_rank: drawn thicker (the rank that peaks highest).
     """
     fig = go.Figure()

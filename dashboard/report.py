@@ -6,9 +6,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from memprof.analysis.console import format_failure, format_report
 from memprof.categories import MODEL_STATE
-from memprof.reader import Trace, load_trace
-from memprof.report import format_failure, format_report
+from memprof.trace.reader import Trace, load_trace
 from memprof.units import format_bytes
 
 

@@ -15,13 +15,13 @@ from memprof.errors import (
 from memprof.units import format_bytes, parse_bytes
 
 if TYPE_CHECKING:
-    from memprof.profiler import MemoryProfiler
-    from memprof.reader import RunEntry, Trace, list_runs, load_trace
+    from memprof.capture.profiler import MemoryProfiler
+    from memprof.trace.reader import RunEntry, Trace, list_runs, load_trace
 
 # Imported on first use: the profiler imports torch and the reader pandas, and the background worker
-# (``python -m memprof.worker``, which runs this file first) needs neither.
-_LAZY = {"MemoryProfiler": "memprof.profiler", "RunEntry": "memprof.reader", "Trace": "memprof.reader",
-         "list_runs": "memprof.reader", "load_trace": "memprof.reader"}
+# (``python -m memprof.trace.worker``, which runs this file first) needs neither.
+_LAZY = {"MemoryProfiler": "memprof.capture.profiler", "RunEntry": "memprof.trace.reader", "Trace": "memprof.trace.reader",
+         "list_runs": "memprof.trace.reader", "load_trace": "memprof.trace.reader"}
 
 
 def __getattr__(name: str) -> Any:

@@ -1,7 +1,7 @@
 """Export a schedule: as JSON, or as a standalone Python file that applies it to a model with only ``torch``.
 
-The Python file embeds the pure-torch runtime (:mod:`planner.executor_stage`, :mod:`planner.executor_runtime`,
-:mod:`planner.executor_install`, which import nothing but ``torch`` and the standard library) verbatim, and the schedule's data: the modules of
+The Python file embeds the pure-torch runtime (:mod:`planner.executor.stage`, :mod:`planner.executor.runtime`,
+:mod:`planner.executor.install`, which import nothing but ``torch`` and the standard library) verbatim, and the schedule's data: the modules of
 each stage (qualified names in the model) and the operations. A user adds two lines to a training script::
 
     from apply_schedule import apply_schedule
@@ -20,7 +20,9 @@ import textwrap
 from typing import Any
 
 from memprof.units import format_bytes
-from planner import executor_install, executor_runtime, executor_stage
+from planner.executor import install as executor_install
+from planner.executor import runtime as executor_runtime
+from planner.executor import stage as executor_stage
 from planner.executor import validate_ops
 from planner.schedule import Schedule
 

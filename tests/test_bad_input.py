@@ -44,7 +44,7 @@ from memprof import (
     parse_bytes,
     zoo,
 )
-from memprof.schema import SCHEMAS, TABLES
+from memprof.trace.schema import SCHEMAS, TABLES
 from memprof.units import SizeParseError
 from planner import Chain, ChainError, InvalidScheduleError, Op, OpKind, Schedule
 

@@ -23,8 +23,8 @@ import numpy as np
 import pyarrow as pa
 
 from memprof.categories import CATEGORY_COLUMNS
-from memprof.schema import EVENTS, EVENTS_SCHEMA, FORMAT_NAME, ITERATIONS, LAYERS, SCHEMA_VERSION
-from memprof.writer import TraceWriter, write_meta
+from memprof.trace.schema import EVENTS, EVENTS_SCHEMA, FORMAT_NAME, ITERATIONS, LAYERS, SCHEMA_VERSION
+from memprof.trace.writer import TraceWriter, write_meta
 
 HTML_NAME = "<img src=x onerror=alert(1)>"
 #: Child names of ``features`` in the synthetic model.

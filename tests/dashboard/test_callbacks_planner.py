@@ -170,7 +170,7 @@ def test_current_schedule_measured_is_overlaid(store, traces):
     # A measured run of exactly the schedule the slider shows at store-all.
     model = planner_model(store, "mlp", None)
     schedule = model.front.schedule_at(model.max_budget_bytes)
-    from memprof.writer import TraceWriter, write_meta
+    from memprof.trace.writer import TraceWriter, write_meta
 
     run_dir = traces.root / "mlp-measured-rotor"
     writer = TraceWriter(run_dir)

@@ -13,8 +13,8 @@ import torch
 from torch import nn
 
 from memprof import MemoryProfiler, load_trace, zoo
-from memprof.journal import JOURNAL_DIR, STATE_FILE
-from memprof.reader import read_meta, table_parts
+from memprof.trace.journal import JOURNAL_DIR, STATE_FILE
+from memprof.trace.reader import read_meta, table_parts
 from tests.memprof.helpers import CATEGORIES
 
 

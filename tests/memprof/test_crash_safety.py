@@ -26,7 +26,7 @@ import pytest
 import torch
 from torch import nn
 
-import memprof.writer
+import memprof.trace.writer
 from memprof import MemoryProfiler, load_trace, zoo
 from tests.memprof.helpers import CATEGORIES
 
@@ -211,7 +211,7 @@ def test_death_between_table_parts_leaves_consistent_tables(tmp_path, monkeypatc
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     # inline: the parts are written in this process, where the test can cut the writes short
     profiler = MemoryProfiler(model, optimizer, out_dir=tmp_path, run_id="run", print_period=0, background=False)
-    original = memprof.writer.TraceWriter.append
+    original = memprof.trace.writer.TraceWriter.append
 
     def append(self, table, data):
         path = original(self, table, data)
@@ -222,7 +222,7 @@ def test_death_between_table_parts_leaves_consistent_tables(tmp_path, monkeypatc
     try:
         for _ in range(3):
             zoo.train_step(model, optimizer, (torch.randn(4, 8), torch.randint(0, 4, (4,))))
-            monkeypatch.setattr(memprof.writer.TraceWriter, "append", append)
+            monkeypatch.setattr(memprof.trace.writer.TraceWriter, "append", append)
             try:
                 profiler.record_stats()
             except _Killed:
@@ -238,14 +238,14 @@ def test_death_between_table_parts_leaves_consistent_tables(tmp_path, monkeypatc
 
 def _failing_writes(monkeypatch, fails, code: int = errno.ENOSPC) -> None:
     """Makes ``atomic_write_bytes(path, ...)`` raise ``OSError(code)`` whenever ``fails(path)`` is true."""
-    original = memprof.writer.atomic_write_bytes
+    original = memprof.trace.writer.atomic_write_bytes
 
     def write(path, data, *args, **kwargs):
         if fails(Path(path)):
             raise OSError(code, os.strerror(code), str(path))
         return original(path, data, *args, **kwargs)
 
-    monkeypatch.setattr(memprof.writer, "atomic_write_bytes", write)
+    monkeypatch.setattr(memprof.trace.writer, "atomic_write_bytes", write)
 
 
 def _train(profiler: MemoryProfiler, model: nn.Module, optimizer, steps: int) -> list[float]:

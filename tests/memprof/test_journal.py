@@ -8,9 +8,12 @@ import sys
 import numpy as np
 import pytest
 
-from memprof.attribution import LiveBlock
+from memprof.analysis.attribution import LiveBlock
+from memprof.analysis.backward_replay import BackwardState
+from memprof.analysis.iteration import CarriedState
+from memprof.analysis.records import AllocationEvents, IterationRecord, Mark
 from memprof.errors import CorruptTraceError
-from memprof.journal import (
+from memprof.trace.journal import (
     SEGMENT_RECORDS,
     JournalReader,
     JournalWriter,
@@ -23,9 +26,6 @@ from memprof.journal import (
     unpack,
     write_state,
 )
-from memprof.native_backward import BackwardState
-from memprof.processing import CarriedState
-from memprof.records import AllocationEvents, IterationRecord, Mark
 
 
 def _record(iteration: int, n_events: int = 5) -> IterationRecord:
@@ -147,7 +147,7 @@ def test_state_round_trip_and_drops_finished_segments(tmp_path):
 
 def test_the_worker_side_imports_neither_torch_nor_pandas():
     # the worker starts with every profiled run: a lean start keeps close() and short runs quick
-    code = ("import sys, memprof, memprof.worker, memprof.journal, memprof.processing; "
+    code = ("import sys, memprof, memprof.trace.worker, memprof.trace.journal, memprof.analysis.iteration; "
             "assert 'torch' not in sys.modules and 'pandas' not in sys.modules, 'torch or pandas was imported'; "
-            "import memprof.reader, memprof.recovery; assert 'torch' not in sys.modules, 'torch was imported'")
+            "import memprof.trace.reader, memprof.trace.recovery; assert 'torch' not in sys.modules, 'torch was imported'")
     subprocess.run([sys.executable, "-c", code], check=True)

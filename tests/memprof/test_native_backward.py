@@ -13,8 +13,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from memprof import MemoryProfiler, zoo
-from memprof.hooks import HookRecorder, Mark, module_tree
-from memprof.native_backward import (
+from memprof.analysis.backward_replay import (
     NODE_GRAD,
     NODE_RUN,
     TASK_END,
@@ -24,8 +23,9 @@ from memprof.native_backward import (
     resolve_backward,
     resolve_backward_reference,
 )
-from memprof.native_build import NativeBuildError
-from memprof.native_stream import NativeAllocationStream
+from memprof.capture.hooks import HookRecorder, Mark, module_tree
+from memprof.capture.native.build import NativeBuildError
+from memprof.capture.native.stream import NativeAllocationStream
 from planner.executor import apply_schedule
 from tests.planner import models as M
 

@@ -9,9 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from memprof import MemoryBudgetExceeded, MemoryProfiler, ProfilerError, load_trace, native_build, zoo
-from memprof.allocations import KinetoAllocationStream
-from memprof.native_stream import NativeAllocationStream, open_stream
+from memprof import MemoryBudgetExceeded, MemoryProfiler, ProfilerError, load_trace, zoo
+from memprof.capture.kineto import KinetoAllocationStream
+from memprof.capture.native import build as native_build
+from memprof.capture.native.stream import NativeAllocationStream
+from memprof.capture.streams import open_stream
 
 try:
     native_build.load()
@@ -117,7 +119,7 @@ def test_native_stream_takes_the_profiler_slot_and_gives_it_back():
 def test_build_failure_falls_back_to_torch_profiler(tmp_path, monkeypatch):
     monkeypatch.setenv("MEMPROF_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("CXX", "/bin/false")
-    monkeypatch.setattr("memprof.native_stream._warned", False)
+    monkeypatch.setattr("memprof.capture.streams._warned", False)
     native_build.load.cache_clear()
     try:
         with pytest.raises(native_build.NativeBuildError, match="compiler failed"):

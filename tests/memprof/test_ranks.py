@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from memprof import TraceNotFoundError, load_trace
-from memprof.ranks import peak_imbalance, rank_dirs, rank_of, rank_peaks
+from memprof.trace.ranks import peak_imbalance, rank_dirs, rank_of, rank_peaks
 from tests.dashboard.fixtures import write_profiled_run
 
 

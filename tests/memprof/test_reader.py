@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from memprof import CorruptTraceError, SchemaVersionError, TraceNotFoundError, list_runs, load_trace
-from memprof.schema import SCHEMAS
+from memprof.trace.schema import SCHEMAS
 from tests.memprof.helpers import profile_steps
 
 
@@ -109,7 +109,7 @@ def test_hidden_temporary_files_are_ignored(run_dir, tmp_path):
 
 
 def test_an_iteration_written_twice_is_read_from_its_last_part():
-    from memprof.reader import _latest_parts_only
+    from memprof.trace.reader import _latest_parts_only
 
     first = pd.DataFrame({"iteration": [0, 0, 1, 1], "module": ["", "a", "", "a"], "x": [1, 2, 3, 4]})
     again = pd.DataFrame({"iteration": [1, 1, 2], "module": ["", "a", ""], "x": [30, 40, 50]})

@@ -6,9 +6,9 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memprof.attribution import FEATURE, N_CAT, Call, Sweep
-from memprof.layers import call_costs, call_costs_reference
-from memprof.timeline import _peaks_between, peaks_between_reference
+from memprof.analysis.attribution import FEATURE, N_CAT, Call, Sweep
+from memprof.analysis.layers import call_costs, call_costs_reference
+from memprof.analysis.timeline import _peaks_between, peaks_between_reference
 
 
 @st.composite

@@ -1,7 +1,7 @@
 """One iteration's analysis: from an :class:`IterationRecord` to the rows of the trace tables.
 
 The same code runs in the training process (inline mode, and the budget guard's runs), in the
-background worker (:mod:`memprof.worker`) and in the reader when it finishes the journal of a killed
+background worker (:mod:`memprof.trace.worker`) and in the reader when it finishes the journal of a killed
 run, so all three produce identical rows. Torch-free.
 """
 
@@ -12,15 +12,15 @@ from typing import Any
 
 import pyarrow as pa
 
-from memprof.attribution import LiveBlock, sweep
-from memprof.failure import failure_details
-from memprof.layers import ModuleInfo, layer_rows, subtree_bytes
-from memprof.native_backward import BackwardState, merge_marks, replay_backward
-from memprof.records import IterationRecord, Mark
-from memprof.report import format_report
-from memprof.schema import EVENTS, ITERATIONS, LAYERS
-from memprof.timeline import event_table, peak_summary, series
-from memprof.writer import TraceWriter
+from memprof.analysis.attribution import LiveBlock, sweep
+from memprof.analysis.backward_replay import BackwardState, merge_marks, replay_backward
+from memprof.analysis.console import format_report
+from memprof.analysis.failure import failure_details
+from memprof.analysis.layers import ModuleInfo, layer_rows, subtree_bytes
+from memprof.analysis.records import IterationRecord, Mark
+from memprof.analysis.timeline import event_table, peak_summary, series
+from memprof.trace.schema import EVENTS, ITERATIONS, LAYERS
+from memprof.trace.writer import TraceWriter
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ class CarriedState:
         next_block_id: first id to give a new block.
         order: module index -> position of its first forward call in the run.
         backward: what the replay of native backward marks carries (see
-            :func:`memprof.native_backward.replay_backward`).
+            :func:`memprof.analysis.backward_replay.replay_backward`).
     """
 
     last_iteration: int

@@ -1,6 +1,6 @@
-"""Allocator events from memprof's native reporter, and the choice between the two sources.
+"""Allocator events from memprof's native reporter (the choice between sources: :mod:`memprof.capture.streams`).
 
-The reporter (``memprof/native/reporter.cpp``) sits in PyTorch's profiler slot of the thread that
+The reporter (``memprof/capture/native/reporter.cpp``) sits in PyTorch's profiler slot of the thread that
 started it, as torch.profiler would, and appends one row per allocation or free to a buffer: no
 operator is recorded and nothing is restarted, so an iteration's events cost a copy to collect. The
 slot is per thread, like torch.profiler's: the autograd engine carries it into backward, including
@@ -16,14 +16,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from memprof.allocations import SLOT_TAKEN, AllocationEvents, KinetoAllocationStream
+from memprof.analysis.records import NODE_COLUMNS
+from memprof.capture.kineto import SLOT_TAKEN, AllocationEvents
+from memprof.capture.native.build import NativeBuildError, load
 from memprof.errors import ProfilerError
-from memprof.native_build import NativeBuildError, load
-from memprof.records import NODE_COLUMNS
 
 _COLUMNS = 7  # time_ns, ptr, size, total_allocated, total_reserved, device_type, device_index
 _CUDA_TYPE = 1  # c10::DeviceType::CUDA
-_warned = False
 
 
 class NativeAllocationStream:
@@ -64,7 +63,7 @@ class NativeAllocationStream:
         self.active = True
 
     def watch_backward(self) -> int:
-        """Also records the autograd nodes that backward runs (see :mod:`memprof.native_backward`).
+        """Also records the autograd nodes that backward runs (see :mod:`memprof.analysis.backward_replay`).
 
         Call on the training thread after :meth:`start`; :meth:`close` stops it.
 
@@ -143,20 +142,3 @@ class NativeAllocationStream:
             lib.memprof_pop(handle)
         lib.memprof_destroy(handle)
         handle.value = None
-
-
-AllocationStream = NativeAllocationStream | KinetoAllocationStream
-
-
-def open_stream(device: torch.device) -> AllocationStream:
-    """The native stream where the reporter builds, else torch.profiler's (warned once per process)."""
-    global _warned
-    try:
-        return NativeAllocationStream(device)
-    except NativeBuildError as exc:
-        if not _warned and "switched off" not in str(exc):
-            _warned = True
-            warnings.warn(f"memprof's native allocator reporter is unavailable ({exc}); reading allocator "
-                          "events through torch.profiler instead, which costs a few ms more per step",
-                          RuntimeWarning, stacklevel=3)
-        return KinetoAllocationStream(device)

@@ -1,4 +1,4 @@
-"""Builds and loads memprof's native allocator reporter (``memprof/native/reporter.cpp``).
+"""Builds and loads memprof's native allocator reporter (``memprof/capture/native/reporter.cpp``).
 
 The reporter is a few dozen lines of C++ that sit in PyTorch's profiler slot and receive every
 allocation and free the CPU and CUDA allocators report there, into a buffer. It is compiled on first
@@ -8,7 +8,7 @@ install time and no Python headers. Where it cannot be built (no C++ compiler, n
 memprof falls back to PyTorch's profiler as its source of allocator events, which gives the same
 events at a higher cost per step.
 
-Run ``python -c "from memprof.native_build import main; main()"`` to build it ahead of time (``make
+Run ``python -c "from memprof.capture.native.build import main; main()"`` to build it ahead of time (``make
 setup`` does).
 """
 
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-SOURCE = Path(__file__).parent / "native" / "reporter.cpp"
+SOURCE = Path(__file__).parent / "reporter.cpp"
 ABI_VERSION = 2
 #: Set to ``0`` to never use the native reporter (memprof then reads torch.profiler's events).
 ENV_SWITCH = "MEMPROF_NATIVE"
@@ -148,7 +148,7 @@ def load() -> ctypes.CDLL:
 
 
 def main() -> int:
-    """``python -m memprof.native_build``: builds the reporter now and says where it is."""
+    """``python -m memprof.capture.native.build``: builds the reporter now and says where it is."""
     try:
         path = build(force="--force" in sys.argv[1:])
     except NativeBuildError as exc:

@@ -17,8 +17,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from memprof.analysis.records import CAT, AllocationEvents, Mark
 from memprof.categories import CATEGORIES, MODEL_STATE, Category
-from memprof.records import CAT, AllocationEvents, Mark
 
 N_CAT = len(CATEGORIES)
 OTHER = CAT[Category.OTHER]

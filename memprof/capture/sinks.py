@@ -1,7 +1,7 @@
 """Where ``record_stats()`` sends an iteration's record: processed inline, or by a background worker.
 
 :class:`InlineSink` analyses and writes on the training thread (a few ms per step). :class:`BackgroundSink`
-only journals the raw record (a fraction of a ms) and lets :mod:`memprof.worker`, a separate process
+only journals the raw record (a fraction of a ms) and lets :mod:`memprof.trace.worker`, a separate process
 so that it never competes for the GIL, do the rest. Should the worker stop, or a record fail to reach
 the disk, the sink takes over inline from the worker's last saved state, so no completed iteration is
 lost and attribution stays exact.
@@ -19,11 +19,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from memprof.analysis.iteration import CarriedState, IterationProcessor, RunSpec, write_processed
+from memprof.analysis.records import IterationRecord
 from memprof.errors import CorruptTraceError
-from memprof.journal import JOURNAL_DIR, JournalReader, JournalWriter, read_state, write_spec, write_state
-from memprof.processing import CarriedState, IterationProcessor, RunSpec, write_processed
-from memprof.records import IterationRecord
-from memprof.writer import TraceWriter
+from memprof.trace.journal import (
+    JOURNAL_DIR,
+    JournalReader,
+    JournalWriter,
+    read_state,
+    write_spec,
+    write_state,
+)
+from memprof.trace.writer import TraceWriter
 
 #: Records the worker may fall behind by before ``record_stats()`` waits for it (bounds disk and close time).
 MAX_PENDING = 16
@@ -120,7 +127,7 @@ class BackgroundSink:
 
     def _start(self) -> subprocess.Popen:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "memprof.worker", str(self.run_dir)], stdin=subprocess.PIPE,
+            [sys.executable, "-m", "memprof.trace.worker", str(self.run_dir)], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=_worker_env(), start_new_session=True)
         os.set_blocking(proc.stdout.fileno(), False)
         return proc

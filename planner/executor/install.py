@@ -4,7 +4,7 @@ Part of the pure-torch runtime (imports only ``torch``, the standard library and
 ``planner.export`` embeds together in the files it writes). The model's ``forward`` keeps running as written
 (its loop, its keyword arguments) and calls the wrappers in chain order; each wrapper finds the running
 activation among its arguments, keeps the others for recomputations, and runs its stage through
-:class:`planner.executor_runtime._StageFunction`.
+:class:`planner.executor.runtime._StageFunction`.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from planner.executor_runtime import Program, _Run, _StageFunction
-from planner.executor_stage import StageCall, StageRunner, find_activation, replace_first_tensor
+from planner.executor.runtime import Program, _Run, _StageFunction
+from planner.executor.stage import StageCall, StageRunner, find_activation, replace_first_tensor
 
 
 class ScheduleExecutor:

@@ -7,10 +7,10 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from memprof.attribution import MODEL_STATE_CODES, N_CAT, OTHER, PHASE_NAMES, Sweep
+from memprof.analysis.attribution import MODEL_STATE_CODES, N_CAT, OTHER, PHASE_NAMES, Sweep
+from memprof.analysis.records import Mark
 from memprof.categories import CATEGORY_COLUMNS
-from memprof.records import Mark
-from memprof.schema import EVENTS_SCHEMA
+from memprof.trace.schema import EVENTS_SCHEMA
 
 _MARK_NAMES = {
     Mark.FWD_ENTER: ("forward", "enter"),

@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from memprof.attribution import FEATURE, MODEL_STATE_CODES, Call, Sweep
-from memprof.timeline import Series
+from memprof.analysis.attribution import FEATURE, MODEL_STATE_CODES, Call, Sweep
+from memprof.analysis.timeline import Series
 
 if TYPE_CHECKING:  # the background worker imports this module without torch
     from torch import nn

@@ -3,7 +3,7 @@
 Part of the pure-torch runtime (imports only ``torch``, the standard library and its sibling modules, which
 ``planner.export`` embeds together in the files it writes).
 
-Each stage's first module gets a wrapper ``forward`` (:mod:`planner.executor_install`); the model's
+Each stage's first module gets a wrapper ``forward`` (:mod:`planner.executor.install`); the model's
 ``forward`` keeps running as written and calls the wrappers in chain order. The wrapper of stage ``l`` runs the
 schedule's forward operation for ``l`` (``F_all``, ``F_ck`` or ``F_none``) through one custom autograd
 function, whose backward, called by autograd with ``delta^l``, runs the schedule's operations up to ``B(l)``
@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from planner.executor_stage import (
+from planner.executor.stage import (
     RngState,
     StageCall,
     autocast_context,

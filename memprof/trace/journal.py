@@ -2,7 +2,7 @@
 
 ``record_stats()`` only writes what it saw (:class:`IterationRecord`) as one file under
 ``<run>/.journal/``; the background worker turns each into Parquet parts and deletes it. Should both
-processes die, the reader finishes the remaining records in memory (:mod:`memprof.recovery`).
+processes die, the reader finishes the remaining records in memory (:mod:`memprof.trace.recovery`).
 
 Files are flat little-endian int64 arrays after a JSON header, never pickles: a trace copied from
 someone else is data, and reading it must not run code. Every file is written atomically.
@@ -21,12 +21,12 @@ from typing import Any
 
 import numpy as np
 
-from memprof.attribution import LiveBlock
+from memprof.analysis.attribution import LiveBlock
+from memprof.analysis.backward_replay import BackwardState
+from memprof.analysis.iteration import CarriedState, RunSpec
+from memprof.analysis.records import NODE_COLUMNS, AllocationEvents, IterationRecord, no_node_rows
 from memprof.errors import CorruptTraceError
-from memprof.native_backward import BackwardState
-from memprof.processing import CarriedState, RunSpec
-from memprof.records import NODE_COLUMNS, AllocationEvents, IterationRecord, no_node_rows
-from memprof.writer import atomic_write_bytes
+from memprof.trace.writer import atomic_write_bytes
 
 JOURNAL_DIR = ".journal"
 SPEC_FILE = "spec.json"

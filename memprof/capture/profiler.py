@@ -16,19 +16,20 @@ import numpy as np
 import torch
 from torch import nn
 
-from memprof.allocations import SLOT_TAKEN
-from memprof.attribution import CAT, LiveBlock
-from memprof.background import BackgroundSink, InlineSink, Outcome
+from memprof.analysis.attribution import CAT, LiveBlock
+from memprof.analysis.iteration import CarriedState, IterationProcessor, RunSpec, root_forward_ran
+from memprof.analysis.layers import describe_modules, subtree_bytes
+from memprof.analysis.records import IterationRecord
+from memprof.capture.hooks import HookRecorder, Mark, module_tree, optimizer_state, pointers, storages
+from memprof.capture.kineto import SLOT_TAKEN
+from memprof.capture.native.stream import NativeAllocationStream
+from memprof.capture.sinks import BackgroundSink, InlineSink, Outcome
+from memprof.capture.streams import open_stream
 from memprof.categories import Category
 from memprof.errors import MemoryBudgetExceeded, ProfilerError
-from memprof.hooks import HookRecorder, Mark, module_tree, optimizer_state, pointers, storages
-from memprof.layers import describe_modules, subtree_bytes
-from memprof.native_stream import NativeAllocationStream, open_stream
-from memprof.processing import CarriedState, IterationProcessor, RunSpec, root_forward_ran
-from memprof.records import IterationRecord
-from memprof.schema import FORMAT_NAME, SCHEMA_VERSION
+from memprof.trace.schema import FORMAT_NAME, SCHEMA_VERSION
+from memprof.trace.writer import TraceWriter, write_meta
 from memprof.units import format_bytes
-from memprof.writer import TraceWriter, write_meta
 
 # Models a live profiler is attached to; a second profiler on the same model is refused.
 _ATTACHED: weakref.WeakSet[nn.Module] = weakref.WeakSet()

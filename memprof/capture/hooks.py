@@ -1,7 +1,7 @@
 """Hooks that note what happens during a training step, as cheaply as possible.
 
 The hooks only append small tuples (time, kind, module index, storage addresses) to lists; all
-analysis happens later in :mod:`memprof.attribution`. No hook keeps a reference to a tensor.
+analysis happens later in :mod:`memprof.analysis.attribution`. No hook keeps a reference to a tensor.
 """
 
 from __future__ import annotations
@@ -16,10 +16,17 @@ import numpy as np
 import torch
 from torch import nn
 
+from memprof.analysis.backward_replay import BackwardState, Candidate, Watch, merge_marks, replay_backward
+from memprof.analysis.records import CAT, Drained, Mark, Storage, no_node_rows
+from memprof.capture.tensor_walk import (
+    grad_tensors,
+    module_tree,
+    optimizer_state,
+    pointers,
+    storages,
+    tensors,
+)
 from memprof.categories import Category
-from memprof.native_backward import BackwardState, Candidate, Watch, merge_marks, replay_backward
-from memprof.records import CAT, Drained, Mark, Storage, no_node_rows
-from memprof.tensor_walk import grad_tensors, module_tree, optimizer_state, pointers, storages, tensors
 
 __all__ = ["CAT", "Drained", "HookRecorder", "Mark", "Storage", "module_tree", "optimizer_state", "pointers",
            "storages"]
@@ -37,7 +44,7 @@ class HookRecorder:
         marks: ``(time_ns, Mark, module_index, storages)`` in call order.
         observations: ``(time_ns, data_ptr, category_code, nbytes)``: a storage seen in a role that
             no mark implies (weight gradients, optimizer state); the storages in marks are observed
-            from the marks themselves (:mod:`memprof.attribution`).
+            from the marks themselves (:mod:`memprof.analysis.attribution`).
         param_grads: parameter index -> (data_ptr, nbytes) of its gradient seen this iteration.
         watches: in native mode, ``(node sequence number, Mark, module index, token, output_nr)``
             for each activation whose node's run makes a backward mark (the replay's input).
@@ -79,7 +86,7 @@ class HookRecorder:
         self._next_token = 0
 
     def use_native_backward(self, node_rows: Callable[[], np.ndarray], thread_id: int) -> None:
-        """Takes backward marks from the native reporter's node rows (:mod:`memprof.native_backward`).
+        """Takes backward marks from the native reporter's node rows (:mod:`memprof.analysis.backward_replay`).
 
         Args:
             node_rows: returns the rows the reporter recorded since its last call.
@@ -125,7 +132,7 @@ class HookRecorder:
         """Returns and clears what was recorded since the last drain.
 
         In native mode the backward marks are not in ``marks``: the analysis replays them from the
-        node rows, watches and candidates (:func:`memprof.native_backward.replay_backward`).
+        node rows, watches and candidates (:func:`memprof.analysis.backward_replay.replay_backward`).
         """
         node_rows = self._take_node_rows()
         frees = list(self._free_sink)
@@ -225,7 +232,7 @@ class HookRecorder:
         # The module call's mark is made once, by whichever tensor is ready first: its token says so.
         native = self._node_rows is not None
         token: Any
-        if native:  # an id; the replay decides, in time order (memprof.native_backward)
+        if native:  # an id; the replay decides, in time order (memprof.analysis.backward_replay)
             token = self._next_token
             self._next_token += 1
         else:
@@ -263,7 +270,7 @@ class HookRecorder:
     def _ready(self, now: int, kind: Mark, index: int, token: Any, grad: torch.Tensor | None) -> None:
         if self._node_rows is not None:
             # Native mode: which tensor is first, and which graph task ends the backward, is decided
-            # in time order together with the reporter's rows (memprof.native_backward).
+            # in time order together with the reporter's rows (memprof.analysis.backward_replay).
             found = pointers(grad) if grad is not None else []
             self._candidates.append((now, kind, index, token, found, torch._C._current_graph_task_id()))
         elif not token[0]:

@@ -1,6 +1,6 @@
 """The background worker: turns journal records into Parquet parts beside the training process.
 
-Started by :class:`memprof.background.BackgroundSink` as ``python -m memprof.worker <run_dir>``. It
+Started by :class:`memprof.capture.sinks.BackgroundSink` as ``python -m memprof.trace.worker <run_dir>``. It
 reads one line per new record on stdin (``<iteration>``, or ``end`` when the profiler closes) and
 answers one JSON line per processed iteration on stdout. It does not import torch, runs
 at a lower priority than training, ignores Ctrl-C (the training process decides when to stop) and,
@@ -24,9 +24,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from memprof.journal import JOURNAL_DIR, JournalReader, read_spec, read_state, write_state
-from memprof.processing import IterationProcessor, ProcessedIteration, write_processed
-from memprof.writer import TraceWriter
+from memprof.analysis.iteration import IterationProcessor, ProcessedIteration, write_processed
+from memprof.trace.journal import JOURNAL_DIR, JournalReader, read_spec, read_state, write_state
+from memprof.trace.writer import TraceWriter
 
 #: Iterations written together as one Parquet part per table: parts cost mostly per file, not per row.
 FLUSH_ITERATIONS = 16

@@ -5,8 +5,8 @@ replaced on that instance only); the model's own ``forward`` keeps running, with
 arguments and tuple or ``ModelOutput`` results. ``loss.backward()`` then follows the schedule: the B
 operations and the recomputations between them run as autograd reaches each stage. Gradients are those of
 plain autograd (bitwise on CPU for deterministic operations); dropout masks are replayed; BatchNorm running
-statistics move once per step. The runtime itself is pure torch (:mod:`planner.executor_stage`,
-:mod:`planner.executor_runtime`, :mod:`planner.executor_install`); this module validates a :class:`~planner.schedule.Schedule` through the
+statistics move once per step. The runtime itself is pure torch (:mod:`planner.executor.stage`,
+:mod:`planner.executor.runtime`, :mod:`planner.executor.install`); this module validates a :class:`~planner.schedule.Schedule` through the
 simulator (the one copy of the operations' memory rules) and finds its modules in the model.
 
 Module names: ``Stage.modules`` holds qualified names in the model (``"transformer.h.3"``,
@@ -25,8 +25,8 @@ from collections.abc import Sequence
 from torch import nn
 
 from planner.errors import InvalidScheduleError, ScheduleMismatchError
-from planner.executor_install import ScheduleExecutor
-from planner.executor_runtime import Program
+from planner.executor.install import ScheduleExecutor
+from planner.executor.runtime import Program
 from planner.schedule import Op, Schedule
 from planner.simulator import simulate
 

@@ -1,6 +1,6 @@
 """The ranks of a distributed run side by side: each rank's peaks and how unevenly memory is spread.
 
-Under ``torchrun`` every rank writes ``<run>/rank=<r>/`` (see :mod:`memprof.schema`). A rank that
+Under ``torchrun`` every rank writes ``<run>/rank=<r>/`` (see :mod:`memprof.trace.schema`). A rank that
 peaks higher than the others sets the memory every GPU must have, so the imbalance of peaks is what a
 user of DDP or FSDP looks at first: uneven batches, a rank holding extra state, or sharding skew.
 """
@@ -14,8 +14,8 @@ from pathlib import Path
 import pandas as pd
 
 from memprof.errors import TraceNotFoundError
-from memprof.reader import load_trace
-from memprof.schema import ITERATIONS
+from memprof.trace.reader import load_trace
+from memprof.trace.schema import ITERATIONS
 
 _RANK_DIR = re.compile(r"^rank=(\d+)$")
 PEAK_COLUMNS = ("iteration", "peak_allocated_bytes", "peak_reserved_bytes")

@@ -17,7 +17,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from memprof.schema import META_FILE, SCHEMAS, table_dir_name
+from memprof.trace.schema import META_FILE, SCHEMAS, table_dir_name
 
 
 def atomic_write_bytes(path: Path, data: bytes | memoryview) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from memprof.records import Storage
+from memprof.analysis.records import Storage
 
 __all__ = ["grad_tensors", "module_tree", "optimizer_state", "pointers", "storages", "tensors"]
 

@@ -6,7 +6,7 @@
 // thread-local RecordFunction callback, for the BACKWARD_FUNCTION scope only, so forward operators
 // cost nothing extra. It records the node's sequence number, the addresses of the gradients it
 // receives, and the end of each graph task (a final callback queued on the task, as Python's
-// queue_callback would). memprof/native_backward.py turns these rows into the backward marks the
+// queue_callback would). memprof/analysis/backward_replay.py turns these rows into the backward marks the
 // Python node pre-hooks would have made, without a Python call per node.
 //
 // C ABI only (loaded with ctypes); no C++ exception crosses it: every entry point catches and

@@ -1,17 +1,8 @@
-"""The allocator's own record of every allocation and free: the profiler's measured truth.
+"""torch.profiler's allocator events: the fallback stream where the native reporter cannot be built.
 
-PyTorch reports each allocation and free of its CPU and CUDA allocators to whatever sits in its
-profiler slot, with the block's address, its size and the allocator's running totals. Two sources read
-that report; both give the same events (the tests compare them):
-
-* :class:`memprof.native_stream.NativeAllocationStream`, the default: a small C++ reporter in the
-  slot that only buffers the events (see ``memprof/native_build.py``);
-* :class:`KinetoAllocationStream` here, the fallback where the reporter cannot be built: PyTorch's own
-  profiler with ``profile_memory`` and no operator events (``RecordScope.USER_SCOPE``), collected at
-  every ``record_stats()`` by stopping and immediately restarting the session, which costs a few
-  milliseconds per step.
-
-See docs/profiler.md for why the allocator's report was chosen over weak-reference bookkeeping.
+PyTorch's own profiler with ``profile_memory`` and no operator events (``RecordScope.USER_SCOPE``),
+collected at every ``record_stats()`` by stopping and immediately restarting the session, which costs
+a few milliseconds per step. The choice between the streams is :mod:`memprof.capture.streams`.
 """
 
 from __future__ import annotations
@@ -23,8 +14,8 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
+from memprof.analysis.records import AllocationEvents
 from memprof.errors import ProfilerError
-from memprof.records import AllocationEvents
 
 __all__ = ["SLOT_TAKEN", "AllocationEvents", "KinetoAllocationStream"]
 

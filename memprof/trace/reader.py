@@ -13,10 +13,10 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from memprof.analysis.iteration import ProcessedIteration
 from memprof.errors import CorruptTraceError, SchemaVersionError, TraceError, TraceNotFoundError
-from memprof.processing import ProcessedIteration
-from memprof.recovery import recover, recovered_frame
-from memprof.schema import (
+from memprof.trace.recovery import recover, recovered_frame
+from memprof.trace.schema import (
     FORMAT_NAME,
     META_FILE,
     META_KEYS,

@@ -1,13 +1,13 @@
 """Backward marks from the native reporter's node rows, instead of a Python pre-hook per autograd node.
 
-The Python way (:meth:`memprof.hooks.HookRecorder._watch_backward`) registers a pre-hook on the node
+The Python way (:meth:`memprof.capture.hooks.HookRecorder._watch_backward`) registers a pre-hook on the node
 that made each watched activation; autograd then calls back into Python for every such node, with
 the GIL, a tuple of wrapped gradients and the hook's own work: on the benchmark models that was
 most of the profiler's cost on the training thread. When the native reporter runs, the forward
 hooks instead note *watches* ``(sequence number, mark, module, token, output_nr)`` in a list, and
 the reporter records every node run in backward (its sequence number, graph task and the addresses
 of the gradients it received) and the end of every graph task. Both travel raw in the iteration's
-record; the analysis (:mod:`memprof.processing`, in the background worker) calls
+record; the analysis (:mod:`memprof.analysis.iteration`, in the background worker) calls
 :func:`replay_backward`, which replays the rows in time order with exactly the rules the Python
 pre-hooks follow, so both give the same marks (``tests/memprof/test_native_backward.py`` checks it
 on the example models), and the training thread does none of that work:
@@ -38,12 +38,12 @@ from typing import Any
 
 import numpy as np
 
-from memprof.records import NODE_COLUMNS, Mark, Storage
+from memprof.analysis.records import NODE_COLUMNS, Mark, Storage
 
 __all__ = ["NODE_COLUMNS", "NODE_GRAD", "NODE_RUN", "TASK_END", "BackwardState", "merge_marks", "replay_backward",
            "resolve_backward", "resolve_backward_reference"]
 
-#: Row kinds written by ``memprof/native/reporter.cpp`` (columns: kind, then four values).
+#: Row kinds written by ``memprof/capture/native/reporter.cpp`` (columns: kind, then four values).
 NODE_RUN, NODE_GRAD, TASK_END = 0, 1, 2
 
 Watch = tuple[int, int, int, int, int]  # (sequence_nr, Mark, module index, the call's token, output_nr)

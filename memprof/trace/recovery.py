@@ -14,11 +14,11 @@ from pathlib import Path
 import pandas as pd
 import pyarrow as pa
 
+from memprof.analysis.iteration import IterationProcessor, ProcessedIteration
 from memprof.errors import CorruptTraceError
-from memprof.journal import JOURNAL_DIR, JournalReader, read_spec, read_state
-from memprof.processing import IterationProcessor, ProcessedIteration
-from memprof.schema import EVENTS, ITERATIONS, LAYERS
-from memprof.writer import rows_to_table
+from memprof.trace.journal import JOURNAL_DIR, JournalReader, read_spec, read_state
+from memprof.trace.schema import EVENTS, ITERATIONS, LAYERS
+from memprof.trace.writer import rows_to_table
 
 _ATTEMPTS = 5  # a live worker may delete a segment between our reads: start again
 

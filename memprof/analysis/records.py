@@ -1,7 +1,7 @@
 """What the training process records about one iteration, before any analysis.
 
-Torch-free on purpose: the background worker (:mod:`memprof.worker`) and the trace reader's
-recovery of a killed run (:mod:`memprof.journal`) analyse these records without importing torch.
+Torch-free on purpose: the background worker (:mod:`memprof.trace.worker`) and the trace reader's
+recovery of a killed run (:mod:`memprof.trace.journal`) analyse these records without importing torch.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ CAT = {c: i for i, c in enumerate(CATEGORIES)}
 
 Storage = tuple[int, int]  # (data_ptr, nbytes)
 
-#: Columns of the native reporter's backward-node rows (see :mod:`memprof.native_backward`).
+#: Columns of the native reporter's backward-node rows (see :mod:`memprof.analysis.backward_replay`).
 NODE_COLUMNS = 5
 
 
@@ -69,7 +69,7 @@ class AllocationEvents:
 
 
 class Drained(NamedTuple):
-    """What :meth:`memprof.hooks.HookRecorder.drain` hands over: one iteration's raw observations.
+    """What :meth:`memprof.capture.hooks.HookRecorder.drain` hands over: one iteration's raw observations.
 
     Attributes:
         marks: ``(time_ns, Mark, module index, storages)`` in call order.
@@ -113,7 +113,7 @@ class IterationRecord:
             ``marks`` already, made by Python hooks).
         node_rows: the native reporter's backward-node rows, ``watches`` the forward hooks' watches
             and ``candidates`` the marks Python hooks offered: raw material of the backward marks,
-            which the analysis replays (:func:`memprof.native_backward.replay_backward`).
+            which the analysis replays (:func:`memprof.analysis.backward_replay.replay_backward`).
     """
 
     iteration: int

@@ -1,0 +1,18 @@
+"""The executor: runs a schedule inside a model's own ``forward`` and ``loss.backward()``.
+
+:mod:`~planner.executor.apply` validates a schedule (through the simulator) and finds its stages in the
+model; the runtime it installs is pure torch and is embedded verbatim by the standalone export:
+:mod:`~planner.executor.stage` (how one stage's modules are called), :mod:`~planner.executor.runtime`
+(the program of forward, recompute and backward segments) and :mod:`~planner.executor.install` (the
+wrappers put in place of each stage's first module's ``forward``).
+"""
+
+from planner.executor.apply import (
+    CheckpointedSequential,
+    apply_schedule,
+    remove_schedule,
+    stage_modules,
+    validate_ops,
+)
+
+__all__ = ["CheckpointedSequential", "apply_schedule", "remove_schedule", "stage_modules", "validate_ops"]
