@@ -19,8 +19,7 @@ from dash import Input, Output, State, dcc, html
 import planner
 import planner.export
 from dashboard import ids
-from dashboard.callbacks import VIEW_ERRORS
-from dashboard.data import TraceStore
+from dashboard.data import VIEW_ERRORS, TraceStore
 from dashboard.figures import empty_figure
 from dashboard.figures_planner import memory_figure, schedule_figure, schedule_text, with_current
 from dashboard.planning import (
