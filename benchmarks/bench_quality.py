@@ -36,8 +36,9 @@ from torch import nn
 
 from memprof import MemoryProfiler, load_trace, zoo
 from memprof.units import format_bytes
-from planner import Chain
-from planner.measure import compute_ms, measure_schedule, step_peak_bytes
+from planner import Chain, chain_from_trace
+from planner.comparison import compute_ms, step_peak_bytes
+from planner.measure import measure_schedule
 
 ALGORITHMS = ("store_all", "periodic", "sqrt", "revolve", "rotor", "rotor_optimal")
 TIME_LIMIT = 1.35
@@ -118,7 +119,7 @@ def _chain(spec: Spec, out: Path, steps: int) -> tuple[Chain, str, Row]:
             prof.record_stats()
     trace = load_trace(prof.run_dir)
     plain = Row(spec.name, PLAIN, 0, 0, step_peak_bytes(trace), 0.0, compute_ms(trace))
-    return Chain.from_trace(trace, spec.container), trace.run_id, plain
+    return chain_from_trace(trace, spec.container), trace.run_id, plain
 
 
 def run_model(spec: Spec, steps: int) -> list[Row]:

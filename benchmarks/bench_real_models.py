@@ -2,7 +2,7 @@
 
 For each model of ``tests/planner/real_models.py`` (GPT-2, BERT and Llama built from ``transformers``
 configs with random weights; a ResNet, a MobileNetV2 and a ViT written the way torchvision writes them):
-profile a few SGD steps, let ``Chain.from_trace`` find the chain at block level on its own (no container
+profile a few SGD steps, let ``planner.chain_from_trace`` find the chain at block level on its own (no container
 named), then execute ``store_all`` at ``store_all_budget`` and ``rotor`` at 8 whole-step budgets from
 ``min_feasible_budget`` to ``store_all_budget`` (nearby budgets that give the same schedule share one
 entry), each applied in place to the model's own forward (``measure_schedule``, with the profiled run's
@@ -39,9 +39,10 @@ torch.set_num_threads(1)  # steadier timings on a shared CPU; every number below
 from benchmarks.bench_quality import made_in_step  # noqa: E402
 from memprof import MemoryProfiler, load_trace  # noqa: E402
 from memprof.units import format_bytes  # noqa: E402
-from planner import Chain, min_feasible_budget, solve, store_all_budget  # noqa: E402
+from planner import Chain, chain_from_trace, min_feasible_budget, solve, store_all_budget  # noqa: E402
+from planner.comparison import step_peak_bytes  # noqa: E402
 from planner.executor import remove_schedule  # noqa: E402
-from planner.measure import measure_schedule, step_peak_bytes  # noqa: E402
+from planner.measure import measure_schedule  # noqa: E402
 from planner.schedule import Schedule  # noqa: E402
 from tests.planner.real_models import ALL_BUILDERS  # noqa: E402
 
@@ -108,7 +109,7 @@ def run_model(name: str, steps: int, repeats: int, out: Path) -> Result:
             optimizer.step()
             prof.record_stats()
     trace = load_trace(prof.run_dir)
-    chain = Chain.from_trace(trace)
+    chain = chain_from_trace(trace)
     low, high = min_feasible_budget(chain, "rotor"), store_all_budget(chain)
     runs = [Run("store_all", solve(chain, high, "store_all"), [high])]
     rotor: dict[tuple, Run] = {}  # nearby budgets often give the same schedule: it is run once

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import dash
 
-from dashboard import callbacks
+from dashboard import callbacks, callbacks_planner
 from dashboard.cache import BoundedCache
 from dashboard.data import TraceStore
 from dashboard.layout import build_layout
@@ -37,4 +37,5 @@ def create_app(traces_dir: str | Path, cache: BoundedCache | None = None) -> das
     )
     app.layout = build_layout(str(traces_dir))
     callbacks.register(app, store)
+    callbacks_planner.register(app, store)
     return app

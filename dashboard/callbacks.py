@@ -15,7 +15,7 @@ import plotly.graph_objects as go
 from dash import Input, Output, State
 
 from dashboard import ids
-from dashboard.data import TraceStore
+from dashboard.data import VIEW_ERRORS, TraceStore
 from dashboard.figures import (
     breakdown_figure,
     empty_figure,
@@ -27,13 +27,10 @@ from dashboard.figures import (
 from dashboard.figures_timeline import DEFAULT_MAX_POINTS, relayout_range, timeline_figure
 from dashboard.layout import LAYER_TABLE_COLUMNS, TREE_SIZES, first_trace_help
 from memprof.analysis.console import format_failure
-from memprof.errors import MemprofError
 from memprof.trace.ranks import peak_imbalance
 from memprof.trace.reader import Trace
 from memprof.units import format_bytes
 
-#: Exceptions a view turns into a message instead of a server error (bad names, corrupt runs ...).
-VIEW_ERRORS = (MemprofError, OSError, KeyError, ValueError)
 _NO_RUN = "Choose a run on the Runs tab."
 
 
@@ -227,9 +224,7 @@ def timeline_view(store: TraceStore, names: list[str] | None, iteration: int | N
 
 
 def register(app: dash.Dash, store: TraceStore) -> None:
-    """Wires the trace views' callbacks (and the planner's, see :mod:`dashboard.callbacks_planner`)."""
-    from dashboard import callbacks_planner
-
+    """Wires the trace views' callbacks (the planner's are :func:`dashboard.callbacks_planner.register`)."""
     @app.callback(Output(ids.RUNS_TABLE, "data"), Output(ids.RUNS_TABLE, "selected_rows"),
                   Output(ids.RUNS_EMPTY, "children"), Output(ids.STATUS, "children"),
                   Input(ids.URL, "search"))
@@ -280,5 +275,3 @@ def register(app: dash.Dash, store: TraceStore) -> None:
                   Input(ids.TIMELINE_ZOOM, "data"))
     def _timeline(names, iteration, zoom):
         return timeline_view(store, names, iteration, zoom)
-
-    callbacks_planner.register(app, store)

@@ -19,13 +19,12 @@ from dash import Input, Output, State, dcc, html
 import planner
 import planner.export
 from dashboard import ids
-from dashboard.callbacks import VIEW_ERRORS
-from dashboard.data import TraceStore
+from dashboard.data import VIEW_ERRORS, TraceStore
 from dashboard.figures import empty_figure
 from dashboard.figures_planner import memory_figure, schedule_figure, schedule_text, with_current
 from dashboard.planning import (
     SLIDER_STEPS,
-    MeasuredComparison,
+    MeasuredRun,
     PlannerModel,
     compare_measured,
     container_choices,
@@ -110,13 +109,13 @@ def _run_id(store: TraceStore, name: str) -> str:
     return str(store.meta(name).get("run_id", name))
 
 
-def comparisons(store: TraceStore, name: str) -> list[MeasuredComparison | tuple[str, str]]:
+def comparisons(store: TraceStore, name: str) -> list[MeasuredRun | tuple[str, str]]:
     """Measured runs of schedules made from run ``name``; an unreadable one as ``(name, error)``."""
     folder_stamp = store.traces_dir.stat().st_mtime_ns if store.traces_dir.is_dir() else 0
     run_id = _run_id(store, name)
     found = store.cache.get_or_build(("measured-of", str(store.traces_dir), folder_stamp, run_id),
                                      lambda: tuple(measured_runs(store, run_id)))
-    out: list[MeasuredComparison | tuple[str, str]] = []
+    out: list[MeasuredRun | tuple[str, str]] = []
     for measured in found:
         try:
             out.append(compare_measured(store, measured))
@@ -125,11 +124,12 @@ def comparisons(store: TraceStore, name: str) -> list[MeasuredComparison | tuple
     return out
 
 
-def _error_sentence(c: MeasuredComparison) -> str:
+def _error_sentence(run: MeasuredRun) -> str:
+    c = run.comparison
     what = "whole-step peak" if c.whole_step else "activation peak"
-    return (f"{c.name}: {what} predicted {format_bytes(c.predicted_peak_bytes)}, measured "
-            f"{format_bytes(c.measured_peak_bytes)} ({c.peak_error:+.1%}); time predicted {c.predicted_ms:.3f} ms, "
-            f"measured {c.measured_ms:.3f} ms ({c.time_error:+.1%}).")
+    return (f"{run.name}: {what} predicted {format_bytes(c.predicted_peak_bytes)}, measured "
+            f"{format_bytes(c.measured_peak_bytes)} ({c.peak_error:+.1%}); time predicted "
+            f"{c.predicted_makespan_ms:.3f} ms, measured {c.measured_step_ms:.3f} ms ({c.time_error:+.1%}).")
 
 
 def planner_view(store: TraceStore, names: list[str] | None, choice: str | None,
@@ -172,12 +172,14 @@ def planner_view(store: TraceStore, names: list[str] | None, choice: str | None,
         base = float(store_all["makespan_ms"].iloc[0])
         makespan_text += f" ({makespan / base - 1:+.1%} over store-all's {base:.3f} ms)"
     # a measured run of the same operations, measured as the same quantity (whole step or activations)
-    matches = [c for c in comparisons(store, names[0]) if isinstance(c, MeasuredComparison)
+    matches = [c for c in comparisons(store, names[0]) if isinstance(c, MeasuredRun)
                and same_schedule(c.schedule, schedule) and c.whole_step == model.whole_step]
     if matches:
+        compared = [c.comparison for c in matches]
         peak_text += "; measured " + ", ".join(f"{format_bytes(c.measured_peak_bytes)} ({c.peak_error:+.1%})"
-                                               for c in matches)
-        makespan_text += "; measured " + ", ".join(f"{c.measured_ms:.3f} ms ({c.time_error:+.1%})" for c in matches)
+                                               for c in compared)
+        makespan_text += "; measured " + ", ".join(f"{c.measured_step_ms:.3f} ms ({c.time_error:+.1%})"
+                                                   for c in compared)
     memory = memory_figure(frame, budget_bytes, [(c.name, c.measured) for c in matches],
                            base_bytes=step.base_bytes if step is not None else None,
                            floor_bytes=step.floor_bytes if step is not None else None)
@@ -200,7 +202,7 @@ def measured_view(store: TraceStore, names: list[str] | None) -> list[Any]:
                        "(a measured run is a run whose meta.json names this run as its source_run).")]
     blocks: list[Any] = []
     for item in found:
-        if not isinstance(item, MeasuredComparison):
+        if not isinstance(item, MeasuredRun):
             blocks.append(html.P(f"{item[0]}: cannot compare: {item[1]}", className="message"))
             continue
         whole = " (whole training step)" if item.whole_step else " (activations)"

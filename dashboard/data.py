@@ -36,6 +36,8 @@ TIMELINE_COLUMNS: tuple[str, ...] = (
     *CATEGORY_COLUMNS,
 )
 _SUMMARY_COLUMNS = ("iteration", "peak_allocated_bytes", "peak_reserved_bytes")
+#: Exceptions a view turns into a message instead of a server error (bad names, corrupt runs ...).
+VIEW_ERRORS = (MemprofError, OSError, KeyError, ValueError)
 
 
 class UnsafeRunPathError(MemprofError, ValueError):

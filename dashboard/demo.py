@@ -22,7 +22,7 @@ import torch
 
 from memprof import MemoryProfiler, load_trace, zoo
 from memprof.units import format_bytes
-from planner import Chain
+from planner import chain_from_trace
 
 if TYPE_CHECKING:
     from planner.measure import Comparison
@@ -99,7 +99,7 @@ def plan_and_measure(spec: DemoModel, run_dir: Path, out_dir: Path, tag: str, me
     from planner.measure import measure_schedule
 
     trace = load_trace(run_dir)
-    chain = Chain.from_trace(trace, spec.container)
+    chain = chain_from_trace(trace, spec.container)
     low, high = min_feasible_budget(chain), store_all_budget(chain)
     budgets = sorted({int(low + f * (high - low)) for f in BUDGET_FRACTIONS})
     algorithms = [a for a in ALGORITHMS if a != "exact"]

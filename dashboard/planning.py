@@ -12,7 +12,7 @@ the predicted timeline is the simulator's chain timeline plus what the step hold
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -22,8 +22,7 @@ import planner
 from dashboard.data import TraceStore
 from dashboard.figures_planner import pareto_base
 from memprof.categories import MODEL_STATE
-from planner.from_trace import chain_from_trace
-from planner.measure import activation_peak_bytes, compute_ms, step_peak_bytes
+from planner.comparison import Comparison, compare
 
 #: Positions of the budget slider between the minimum feasible budget and store-all.
 SLIDER_STEPS = 100
@@ -121,7 +120,7 @@ def planner_model(store: TraceStore, name: str, container: str | None) -> Planne
 
 
 def _build_model(store: TraceStore, name: str, container: str | None) -> PlannerModel:
-    chain = chain_from_trace(store.trace(name), container=container)
+    chain = planner.chain_from_trace(store.trace(name), container=container)
     front = planner.pareto_front(chain)
     points = planner.algorithm_points(chain)
     pareto = pareto_base(points, front.budgets_bytes, front.makespans_ms, whole_step=chain.step is not None)
@@ -204,63 +203,44 @@ def measured_activation(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 @dataclass(frozen=True)
-class MeasuredComparison:
-    """A measured run of a schedule beside the schedule's prediction.
-
-    For a schedule whose chain has step costs (:attr:`whole_step`) both peaks are the whole training step's
-    (the prediction's ``predicted_step_peak_bytes``, the allocator's peak); otherwise both are the chain's
-    activation memory (allocated minus model state).
+class MeasuredRun:
+    """A measured run of a schedule: the lines drawn and the planner's comparison of its numbers.
 
     Attributes:
         name: the measured run's name.
         schedule: the schedule it executed (``planner.Schedule``).
         predicted: the simulator's frame of that schedule (:func:`prediction_frame`; the chain's memory).
-        measured: :func:`measured_step` (or :func:`measured_activation`) of its last iteration (the line drawn).
-        predicted_peak_bytes: the predicted peak (whole step, or the chain's).
-        measured_peak_bytes: the measured peak of the same quantity (``planner.measure.step_peak_bytes``, or
-            ``planner.measure.activation_peak_bytes``).
-        predicted_ms: the simulator's makespan.
-        measured_ms: median time from the first forward event to the end of backward
-            (``planner.measure.compute_ms``).
-        predicted_chain_peak_bytes: the simulator's peak of the chain alone.
-        base_bytes: what the step holds beside the chain (added to the simulator's timeline when drawn);
-            ``None`` for a chain-only schedule.
-        floor_bytes: the step's peak outside the chain, which no schedule lowers; ``None`` for chain-only.
+        measured: :func:`measured_step` (or :func:`measured_activation` for a chain-only schedule) of its
+            last iteration (the line drawn).
+        comparison: predicted against measured peaks and times (``planner.Comparison``): the whole training
+            step's peaks when the schedule's chain has step costs, the chain's activation memory otherwise.
     """
 
     name: str
     schedule: Any
     predicted: pd.DataFrame
     measured: pd.DataFrame
-    predicted_peak_bytes: int
-    measured_peak_bytes: int
-    predicted_ms: float
-    measured_ms: float
-    predicted_chain_peak_bytes: int = 0
-    base_bytes: int | None = None
-    floor_bytes: int | None = None
+    comparison: Comparison
 
     @property
     def whole_step(self) -> bool:
         """Whether the peaks compared are the whole training step's."""
-        return self.base_bytes is not None
+        return self.comparison.whole_step
 
     @property
-    def peak_error(self) -> float:
-        """(measured - predicted) / predicted peak; 0 when the prediction is 0."""
-        return _relative(self.measured_peak_bytes, self.predicted_peak_bytes)
+    def base_bytes(self) -> int | None:
+        """What the step holds beside the chain, added to the simulator's timeline when drawn (``None``: chain-only)."""
+        step = self.schedule.chain.step
+        return step.base_bytes if step is not None else None
 
     @property
-    def time_error(self) -> float:
-        """(measured - predicted) / predicted makespan; 0 when the prediction is 0."""
-        return _relative(self.measured_ms, self.predicted_ms)
+    def floor_bytes(self) -> int | None:
+        """The step's peak outside the chain, which no schedule lowers; ``None`` for a chain-only schedule."""
+        step = self.schedule.chain.step
+        return step.floor_bytes if step is not None else None
 
 
-def _relative(measured: float, predicted: float) -> float:
-    return (measured - predicted) / predicted if predicted else 0.0
-
-
-def compare_measured(store: TraceStore, name: str) -> MeasuredComparison:
+def compare_measured(store: TraceStore, name: str) -> MeasuredRun:
     """Measured against predicted for a measured run (cached per run stamp).
 
     Raises:
@@ -270,32 +250,21 @@ def compare_measured(store: TraceStore, name: str) -> MeasuredComparison:
     return store.memo(name, "measured", lambda _: _compare(store, name))
 
 
-def _compare(store: TraceStore, name: str) -> MeasuredComparison:
+def _compare(store: TraceStore, name: str) -> MeasuredRun:
     schedule = planner.Schedule.from_json(store.meta(name)["schedule"])
     prediction = planner.simulate(schedule.chain, schedule)
-    step = schedule.chain.step
-    chain_peak = int(prediction.peak_bytes)
     iterations = store.iterations(name)
     last = int(iterations["iteration"].max()) if not iterations.empty else 0
     frame = store.timeline(name, last)
-    # The errors use the planner's own measurement (over the recorded iterations, the first one
-    # excluded when there are more); the line drawn is the last iteration.
-    trace = store.trace(name)
-    if step is not None:  # the whole step, as the allocator saw it
-        measured = measured_step(frame)
-        predicted_peak, measured_peak = step.step_peak_bytes(chain_peak), step_peak_bytes(trace)
-    else:  # a chain-only schedule: activation memory (allocated minus model state)
-        measured = measured_activation(frame)
-        predicted_peak, measured_peak = chain_peak, activation_peak_bytes(trace)
-    span = compute_ms(trace)
-    if not np.isfinite(span):  # no "backward end" event: the drawn iteration's span
+    # whole step: the allocator's memory; chain-only: activation memory (allocated minus model state)
+    measured = measured_step(frame) if schedule.chain.step is not None else measured_activation(frame)
+    # The numbers are the planner's measurement (over the recorded iterations, the first one excluded
+    # when there are more); the line drawn is the last iteration.
+    comparison = compare(schedule, store.trace(name), prediction)
+    if not np.isfinite(comparison.measured_step_ms):  # no "backward end" event: the drawn iteration's span
         span = float(measured["time_ms"].iloc[-1]) if not measured.empty else 0.0
-    return MeasuredComparison(
-        name, schedule, prediction_frame(prediction), measured, int(predicted_peak), int(measured_peak),
-        float(prediction.makespan_ms), float(span), predicted_chain_peak_bytes=chain_peak,
-        base_bytes=step.base_bytes if step is not None else None,
-        floor_bytes=step.floor_bytes if step is not None else None,
-    )
+        comparison = replace(comparison, measured_step_ms=span)
+    return MeasuredRun(name, schedule, prediction_frame(prediction), measured, comparison)
 
 
 def same_schedule(a: Any, b: Any) -> bool:

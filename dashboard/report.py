@@ -55,10 +55,10 @@ def planner_advice(trace: Trace, failure: dict) -> list[str]:
     store-all's step peak, the least any rotor schedule needs, and the schedule that fits the memory the
     failed step had (the failure's budget, else what was allocated when it failed).
     """
-    from planner import Chain, NotAChainError
+    from planner import NotAChainError, chain_from_trace
 
     try:
-        chain = Chain.from_trace(trace)
+        chain = chain_from_trace(trace)
     except NotAChainError as exc:
         return [f"  planner: no chain to checkpoint ({exc})"]
     if not any(s.backward_ms > 0 for s in chain.stages[:-1]):

@@ -1,6 +1,9 @@
 """Optimal rematerialization (activation checkpointing) schedules from memprof traces."""
 
+from typing import TYPE_CHECKING, Any
+
 from planner.chain import Chain, Stage
+from planner.comparison import Comparison
 from planner.errors import (
     ChainError,
     ChainWarning,
@@ -9,43 +12,78 @@ from planner.errors import (
     NotAChainError,
     PlannerError,
     ScheduleMismatchError,
+    SearchTooLargeError,
+    TableTooLargeError,
     UnknownAlgorithmError,
 )
-from planner.executor import CheckpointedSequential, apply_schedule, remove_schedule
-from planner.export import export_json, export_python
-from planner.pareto import ParetoFront, algorithm_points, pareto_front
 from planner.schedule import Op, OpKind, Schedule
 from planner.simulator import Prediction, TimelinePoint, simulate
+
+# Eager, and it must stay so: the function ``solve`` shares its name with its module, and importing the
+# module later (``planner.solve.solver``) would otherwise leave the module where the function belongs.
 from planner.solve import ALGORITHMS, min_feasible_budget, solve, store_all_budget
 from planner.step import StepCosts
 
+if TYPE_CHECKING:
+    from planner.executor import CheckpointedSequential, apply_schedule, remove_schedule
+    from planner.export import export_json, export_python
+    from planner.from_trace import chain_from_trace
+    from planner.pareto import ParetoFront, algorithm_points, pareto_front
+
+# Imported on first use: the executor and the export import torch, and reading a trace and the Pareto
+# tables pandas; loading a chain from JSON, solving and simulating need neither.
+_LAZY = {
+    "CheckpointedSequential": "planner.executor",
+    "ParetoFront": "planner.pareto",
+    "algorithm_points": "planner.pareto",
+    "apply_schedule": "planner.executor",
+    "chain_from_trace": "planner.from_trace",
+    "export_json": "planner.export",
+    "export_python": "planner.export",
+    "pareto_front": "planner.pareto",
+    "remove_schedule": "planner.executor",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'planner' has no attribute {name!r}")
+
+
 __all__ = [
-    "CheckpointedSequential",
-    "apply_schedule",
-    "remove_schedule",
-    "export_json",
-    "export_python",
     "ALGORITHMS",
     "Chain",
     "ChainError",
     "ChainWarning",
+    "CheckpointedSequential",
+    "Comparison",
     "InfeasibleBudgetError",
     "InvalidScheduleError",
     "NotAChainError",
     "Op",
     "OpKind",
+    "ParetoFront",
     "PlannerError",
+    "Prediction",
     "Schedule",
     "ScheduleMismatchError",
+    "SearchTooLargeError",
     "Stage",
     "StepCosts",
-    "UnknownAlgorithmError",
-    "ParetoFront",
-    "Prediction",
+    "TableTooLargeError",
     "TimelinePoint",
+    "UnknownAlgorithmError",
     "algorithm_points",
+    "apply_schedule",
+    "chain_from_trace",
+    "export_json",
+    "export_python",
     "min_feasible_budget",
     "pareto_front",
+    "remove_schedule",
     "simulate",
     "solve",
     "store_all_budget",

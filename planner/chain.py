@@ -179,13 +179,6 @@ class Chain:
         return hashlib.sha256(body.encode()).hexdigest()[:16]
 
     @classmethod
-    def from_trace(cls, trace: Any, container: str | None = None) -> Chain:
-        """Builds the chain of a profiled run; see :func:`planner.from_trace.chain_from_trace`."""
-        from planner.from_trace import chain_from_trace
-
-        return chain_from_trace(trace, container)
-
-    @classmethod
     def from_json(cls, source: str | Path | Mapping[str, Any]) -> Chain:
         """Reads a chain from a JSON file path, a JSON string or a dict.
 

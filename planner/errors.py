@@ -45,3 +45,11 @@ class ScheduleMismatchError(PlannerError, ValueError):
 
 class UnknownAlgorithmError(PlannerError, ValueError):
     """An algorithm name is not one the planner knows."""
+
+
+class SearchTooLargeError(PlannerError, ValueError):
+    """The chain is too long (or the state space too large) for exhaustive search (``exact``)."""
+
+
+class TableTooLargeError(PlannerError, ValueError):
+    """The weak-persistent DP's tables (``rotor_optimal``) would not fit the memory allowed to them."""

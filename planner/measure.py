@@ -2,13 +2,12 @@
 
 A measured run is an ordinary trace whose ``meta.json`` also holds ``schedule`` (the schedule's
 JSON) and ``source_run`` (the run its chain came from), so the dashboard can draw the measured
-timeline over the predicted one.
+timeline over the predicted one. :func:`planner.comparison.compare` reads it against the schedule.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,63 +16,8 @@ from torch import nn
 
 from memprof import MemoryProfiler, Trace, load_trace
 from memprof.zoo import train_step
+from planner.comparison import Comparison, compare
 from planner.schedule import Schedule
-
-
-@dataclass(frozen=True)
-class Comparison:
-    """A schedule's prediction beside what was measured when it ran.
-
-    Attributes:
-        predicted_peak_bytes: the simulator's peak of the chain (the paper's M: activations, gradients,
-            overheads).
-        measured_peak_bytes: the highest activation memory measured (allocated minus model state).
-        predicted_makespan_ms: the simulator's makespan (sum of op times).
-        measured_step_ms: median measured time of forward + backward (optimizer excluded).
-        predicted_step_peak_bytes: the predicted peak of the whole training step (``None`` for a chain
-            without step costs).
-        measured_step_peak_bytes: the highest allocated memory of a whole step, as the allocator saw it.
-    """
-
-    predicted_peak_bytes: int
-    measured_peak_bytes: int
-    predicted_makespan_ms: float
-    measured_step_ms: float
-    predicted_step_peak_bytes: int | None = None
-    measured_step_peak_bytes: int = 0
-
-    @property
-    def peak_error(self) -> float:
-        """Relative error of the whole step's peak when predicted, else of the chain's (measured / predicted - 1)."""
-        if self.predicted_step_peak_bytes is not None:
-            return self.measured_step_peak_bytes / max(self.predicted_step_peak_bytes, 1) - 1
-        return self.measured_peak_bytes / max(self.predicted_peak_bytes, 1) - 1
-
-
-def step_peak_bytes(trace: Trace, skip_first: bool = True) -> int:
-    """Highest allocated memory of a whole training step over the recorded iterations (the first skipped)."""
-    iterations = trace.iterations
-    if skip_first and len(iterations) > 1:
-        iterations = iterations[iterations.iteration != iterations.iteration.min()]
-    return int(iterations.peak_allocated_bytes.max())
-
-
-def activation_peak_bytes(trace: Trace, skip_first: bool = True) -> int:
-    """Highest activation memory (allocated minus model state) over the recorded iterations."""
-    events = trace.read("events", columns=["iteration", "peak_activation_bytes"])
-    if skip_first and events.iteration.nunique() > 1:
-        events = events[events.iteration != events.iteration.min()]
-    return int(events.peak_activation_bytes.max())
-
-
-def compute_ms(trace: Trace, skip_first: bool = True) -> float:
-    """Median time from the first forward enter to the end of backward, per iteration."""
-    events = trace.read("events", columns=["iteration", "time_ns", "phase", "event"])
-    if skip_first and events.iteration.nunique() > 1:
-        events = events[events.iteration != events.iteration.min()]
-    starts = events[(events.phase == "forward") & (events.event == "enter")].groupby("iteration").time_ns.min()
-    ends = events[(events.phase == "backward") & (events.event == "end")].groupby("iteration").time_ns.max()
-    return float(((ends - starts) / 1e6).median())
 
 
 def measure_schedule(model: nn.Module, make_batch: Callable[[int], Any], schedule: Schedule, out_dir: str | Path,
@@ -81,7 +25,7 @@ def measure_schedule(model: nn.Module, make_batch: Callable[[int], Any], schedul
                      run_id: str | None = None, source_run: str | None = None,
                      loss: Callable[[nn.Module, Any], torch.Tensor] | None = None,
                      optimizer: torch.optim.Optimizer | None = None) -> tuple[Trace, Comparison]:
-    """Applies ``schedule`` to ``model`` (in place) and profiles a few training steps.
+    """Applies ``schedule`` to ``model`` (in place), profiles a few training steps and compares them.
 
     Args:
         model: the model the chain was found in.
@@ -116,12 +60,4 @@ def measure_schedule(model: nn.Module, make_batch: Callable[[int], Any], schedul
                 optimizer.step()
             prof.record_stats()
     trace = load_trace(prof.run_dir)
-    comparison = Comparison(
-        predicted_peak_bytes=int(schedule.predicted_peak_bytes or 0),
-        measured_peak_bytes=activation_peak_bytes(trace),
-        predicted_makespan_ms=float(schedule.predicted_makespan_ms or 0.0),
-        measured_step_ms=compute_ms(trace),
-        predicted_step_peak_bytes=schedule.predicted_step_peak_bytes,
-        measured_step_peak_bytes=step_peak_bytes(trace),
-    )
-    return trace, comparison
+    return trace, compare(schedule, trace)

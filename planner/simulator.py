@@ -30,12 +30,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from planner.chain import Chain
 from planner.errors import InvalidScheduleError, ScheduleMismatchError
 from planner.schedule import Op, OpKind, Schedule
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 FRAME_COLUMNS = ("index", "kind", "stage", "start_ms", "end_ms", "memory_bytes", "peak_bytes", "live")
 
@@ -233,6 +235,8 @@ class Prediction:
 
     def to_frame(self) -> pd.DataFrame:
         """The timeline as a table with columns ``FRAME_COLUMNS`` (``live`` joins the held values' names)."""
+        import pandas as pd  # only for this table: solving and simulating stay pandas-free
+
         rows = [
             (p.index, p.op.kind.value, p.op.stage, p.start_ms, p.end_ms, p.memory_bytes, p.peak_bytes, " ".join(live))
             for p, live in zip(self.timeline, self.live())

@@ -4,3 +4,7 @@ Every module exposes ``plan(chain, budget_bytes, slots) -> Plan`` (raising
 :class:`~planner.errors.InfeasibleBudgetError` when the budget is too small) and
 ``min_budget_bytes(chain, slots) -> int``.
 """
+
+# The algorithms, one module each (``from planner.solvers import *`` loads them). budget_grid, common and
+# rotor_fill are their shared parts; the *_reference modules are plain-Python twins the tests compare with.
+__all__ = ["exact", "periodic", "revolve", "rotor", "rotor_optimal", "sqrt", "store_all"]

@@ -18,7 +18,7 @@ import itertools
 from dataclasses import dataclass
 
 from planner.chain import Chain
-from planner.errors import PlannerError
+from planner.errors import SearchTooLargeError
 from planner.schedule import Op, OpKind
 from planner.simulator import MemoryState, StepError, initial_state, step
 from planner.solvers.common import Plan, infeasible
@@ -27,10 +27,6 @@ MAX_STAGES = 8
 MAX_STATES = 2_000_000
 
 _Key = tuple[MemoryState, frozenset[int]]
-
-
-class SearchTooLargeError(PlannerError, ValueError):
-    """The chain is too long (or the state space too large) for exhaustive search."""
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ import numpy as np
 from memprof.units import format_bytes
 from planner.chain import Chain
 from planner.discretize import DEFAULT_SLOTS, DiscreteChain, discretize
-from planner.errors import PlannerError
+from planner.errors import TableTooLargeError
 from planner.schedule import Op, OpKind
 from planner.solvers.budget_grid import Minimum, exact_floor, lowest_budget, plan_on_own_grid
 from planner.solvers.common import Plan, infeasible
@@ -32,10 +32,6 @@ from planner.solvers.store_all import store_all_ops, store_all_peak_bytes
 
 _Key = tuple[int, int, int]
 MAX_TABLE_BYTES = 1 << 30
-
-
-class TableTooLargeError(PlannerError, ValueError):
-    """The weak-persistent DP's tables would not fit the memory allowed to them."""
 
 
 def table_bytes_estimate(stages: int, slots: int) -> int:

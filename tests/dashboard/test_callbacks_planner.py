@@ -58,9 +58,7 @@ def test_bad_runs_give_messages(store, name):
 
 
 def test_slider_bounds_are_the_fronts(store):
-    from planner.from_trace import chain_from_trace
-
-    chain = chain_from_trace(load_trace(store.path("mlp")))
+    chain = planner.chain_from_trace(load_trace(store.path("mlp")))
     front = planner.pareto_front(chain)
     low, high, step, marks, value, disabled, message = cp.planner_bounds(store, ["mlp"], cp.AUTO)
     # whole-step budgets: from the least the step can run in to store-all's whole-step peak
@@ -144,14 +142,15 @@ def test_measured_view_states_errors(store):
     blocks = cp.measured_view(store, ["mlp"])
     assert len(blocks) == 1
     sentence = blocks[0].children[0].children
-    comparison = cp.compare_measured(store, "mlp-measured")
+    run = cp.compare_measured(store, "mlp-measured")
+    comparison = run.comparison
     assert sentence.startswith(f"mlp-measured: whole-step peak predicted {format_bytes(comparison.predicted_peak_bytes)}"
                                f", measured {format_bytes(comparison.measured_peak_bytes)} "
                                f"({comparison.peak_error:+.1%}); time predicted ")
     graph = go.Figure(blocks[0].children[1].figure)
-    base = format_bytes(comparison.base_bytes)
+    base = format_bytes(run.base_bytes)
     assert [t.name for t in graph.data][:2] == [f"predicted (chain + {base} beside it)", "measured (mlp-measured)"]
-    assert list(graph.data[1].y) == comparison.measured["memory_bytes"].tolist()
+    assert list(graph.data[1].y) == run.measured["memory_bytes"].tolist()
     assert graph.layout.title.text == "store_all schedule: predicted and measured (whole training step)"
 
 
@@ -191,7 +190,7 @@ def test_current_schedule_measured_is_overlaid(store, traces):
     write_meta(other, meta("mlp-measured-chain-only", schedule=alone.to_dict(), source_run="mlp"))
     _, peak_text, makespan_text, _, _, memory_fig, _, _ = cp.planner_view(store, ["mlp"], cp.AUTO,
                                                                           model.max_budget_bytes)
-    comparison = cp.compare_measured(store, "mlp-measured-rotor")
+    comparison = cp.compare_measured(store, "mlp-measured-rotor").comparison
     assert peak_text.endswith(f"; measured {format_bytes(comparison.measured_peak_bytes)} "
                               f"({comparison.peak_error:+.1%})")
     assert "; measured " in makespan_text

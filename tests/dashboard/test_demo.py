@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from dashboard.demo import measured_line
+from planner import Comparison
 from planner.chain import Chain, Stage
-from planner.measure import Comparison
 from planner.schedule import Op, OpKind, Schedule
 from planner.step import StepCosts
 
@@ -20,15 +20,15 @@ def _schedule(step: StepCosts | None) -> Schedule:
 def test_measured_line_in_whole_step_memory():
     step = StepCosts(model_state_bytes=200 * MIB, inputs_bytes=MIB, outside_bytes=0, before_peak_bytes=201 * MIB,
                      after_peak_bytes=250 * MIB)
-    cmp = Comparison(predicted_peak_bytes=40 * MIB, measured_peak_bytes=42 * MIB, predicted_makespan_ms=3.0,
-                     measured_step_ms=3.3, predicted_step_peak_bytes=250 * MIB, measured_step_peak_bytes=255 * MIB)
+    cmp = Comparison(predicted_chain_peak_bytes=40 * MIB, measured_activation_peak_bytes=42 * MIB,
+                     predicted_makespan_ms=3.0, measured_step_ms=3.3, predicted_step_peak_bytes=250 * MIB, measured_step_peak_bytes=255 * MIB)
     assert measured_line(_schedule(step), cmp) == (
         "  rotor at budget 300.0 MiB: predicted step peak 250.0 MiB, measured 255.0 MiB (+2.0%); "
         "time predicted 3.0 ms, measured 3.3 ms")
 
 
 def test_measured_line_of_a_chain_only_schedule():
-    cmp = Comparison(predicted_peak_bytes=40 * MIB, measured_peak_bytes=42 * MIB, predicted_makespan_ms=3.0,
-                     measured_step_ms=3.3)
+    cmp = Comparison(predicted_chain_peak_bytes=40 * MIB, measured_activation_peak_bytes=42 * MIB,
+                     predicted_makespan_ms=3.0, measured_step_ms=3.3)
     assert measured_line(_schedule(None), cmp).startswith(
         "  rotor at budget 300.0 MiB: predicted activation peak 40.0 MiB, measured 42.0 MiB (+5.0%); ")

@@ -83,10 +83,8 @@ def test_measured_runs_link_to_their_source(store):
 
 
 def test_planner_model_is_one_cached_solve(store, monkeypatch):
-    from planner.from_trace import chain_from_trace
-
     model = planner_model(store, "mlp", None)
-    chain = chain_from_trace(load_trace(store.path("mlp")))
+    chain = planner.chain_from_trace(load_trace(store.path("mlp")))
     front = planner.pareto_front(chain)
     assert model.whole_step and model.step == chain.step is not None
     assert model.min_budget_bytes == front.min_feasible_bytes == planner.min_feasible_budget(chain)
@@ -108,34 +106,35 @@ def test_planner_model_of_a_named_container(store):
 
 
 def test_compare_measured_whole_step_against_the_simulator(store):
-    comparison = compare_measured(store, "mlp-measured")
+    run = compare_measured(store, "mlp-measured")
+    comparison = run.comparison
     schedule = planner.Schedule.from_json(store.meta("mlp-measured")["schedule"])
     prediction = planner.simulate(schedule.chain, schedule)
     step = StepCosts(**STEP_COSTS)
     predicted = step.step_peak_bytes(prediction.peak_bytes)
     peak, allocated, _ = measured_step_expectations()
     _, span_ms = measured_expectations()
-    assert comparison.whole_step and (comparison.base_bytes, comparison.floor_bytes) == (step.base_bytes,
-                                                                                       step.floor_bytes)
+    assert run.whole_step and (run.base_bytes, run.floor_bytes) == (step.base_bytes, step.floor_bytes)
     # the same quantity on both sides: the whole step's peak, predicted and as the allocator saw it
     assert comparison.predicted_peak_bytes == predicted == schedule.predicted_step_peak_bytes
     assert comparison.predicted_chain_peak_bytes == prediction.peak_bytes
     assert comparison.measured_peak_bytes == peak == store.iterations("mlp-measured")["peak_allocated_bytes"].max()
-    assert comparison.measured["memory_bytes"].tolist() == allocated
-    assert comparison.predicted_ms == pytest.approx(prediction.makespan_ms)
-    assert comparison.measured_ms == pytest.approx(span_ms)
+    assert run.measured["memory_bytes"].tolist() == allocated
+    assert comparison.predicted_makespan_ms == pytest.approx(prediction.makespan_ms)
+    assert comparison.measured_step_ms == pytest.approx(span_ms)
     assert comparison.peak_error == pytest.approx(peak / predicted - 1)
     assert comparison.time_error == pytest.approx(span_ms / prediction.makespan_ms - 1)
-    assert same_schedule(comparison.schedule, schedule)
+    assert same_schedule(run.schedule, schedule)
 
 
 def test_compare_measured_chain_only_schedule_in_activations(store, traces):
     write_measured_run(traces.root / "mlp-chain-only", "mlp-chain-only", source_run="mlp", step=False)
-    comparison = compare_measured(store, "mlp-chain-only")
+    run = compare_measured(store, "mlp-chain-only")
+    comparison = run.comparison
     schedule = planner.Schedule.from_json(store.meta("mlp-chain-only")["schedule"])
     prediction = planner.simulate(schedule.chain, schedule)
     peak, _ = measured_expectations()
-    assert not comparison.whole_step and comparison.base_bytes is None and comparison.floor_bytes is None
+    assert not run.whole_step and run.base_bytes is None and run.floor_bytes is None
     assert comparison.predicted_peak_bytes == comparison.predicted_chain_peak_bytes == prediction.peak_bytes
     assert comparison.measured_peak_bytes == peak  # allocated minus model state
     assert comparison.peak_error == pytest.approx(peak / prediction.peak_bytes - 1)

@@ -14,7 +14,6 @@ from dashboard.data import TraceStore
 from memprof import MemoryProfiler, load_trace, zoo
 from memprof.categories import CATEGORY_COLUMNS
 from memprof.units import format_bytes
-from planner.from_trace import chain_from_trace
 from planner.measure import measure_schedule
 
 
@@ -31,7 +30,7 @@ def real(tmp_path_factory):
             profiler.record_stats()
     store = TraceStore(root)
     low, high = cp.planner_bounds(store, ["mlp"], cp.AUTO)[:2]
-    chain = chain_from_trace(load_trace(root / "mlp"))
+    chain = planner.chain_from_trace(load_trace(root / "mlp"))
     schedule = planner.pareto_front(chain).schedule_at((low + high) // 2)
     measured_model, _ = zoo.mlp(blocks=3, width=64, in_features=32)
     _, comparison = measure_schedule(measured_model, make_batch, schedule, root, steps=3, batch_size=256,
@@ -76,7 +75,8 @@ def test_planner_and_measured_schedule(real):
     assert [t.name for t in go.Figure(memory).data] == [f"predicted (chain + {base} beside it)", "measured (mlp-rotor)"]
     blocks = cp.measured_view(store, ["mlp"])
     sentence = blocks[0].children[0].children
-    # the dashboard compares the same quantities as planner.measure: the whole step's peak, both sides
+    # the dashboard compares the same quantities as measure_schedule: the whole step's peak, both sides
+    assert cp.compare_measured(store, "mlp-rotor").comparison == comparison
     assert comparison.predicted_step_peak_bytes == schedule.predicted_step_peak_bytes is not None
     expected = comparison.measured_step_peak_bytes / comparison.predicted_step_peak_bytes - 1
     assert expected == pytest.approx(comparison.peak_error)

@@ -24,7 +24,7 @@ def _failed_run(root, budget_bytes: int) -> object:
 
 def test_advice_gives_the_schedule_that_fits_the_whole_step(tmp_path):
     probe = _failed_run(tmp_path / "probe", 1)
-    chain = planner.Chain.from_trace(probe)
+    chain = planner.chain_from_trace(probe)
     low, high = planner.min_feasible_budget(chain), planner.store_all_budget(chain)
     budget = (low + high) // 2
     trace = _failed_run(tmp_path, budget)
@@ -45,7 +45,7 @@ def test_advice_gives_the_schedule_that_fits_the_whole_step(tmp_path):
 
 def test_advice_below_the_floor_says_what_dominates(tmp_path):
     probe = _failed_run(tmp_path / "probe", 1)
-    step = planner.Chain.from_trace(probe).step
+    step = planner.chain_from_trace(probe).step
     trace = _failed_run(tmp_path, step.floor_bytes - 1)
     lines = planner_advice(trace, trace.meta["failure"])
     assert lines[1].startswith(f"  planner: no schedule fits the {format_bytes(step.floor_bytes - 1)} the step had: ")

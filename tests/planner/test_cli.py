@@ -12,8 +12,8 @@ import pytest
 from dashboard.cli import main
 from memprof import load_trace
 from memprof.units import format_bytes
+from planner import chain_from_trace
 from planner.chain import Chain
-from planner.from_trace import chain_from_trace
 from planner.schedule import Schedule
 from planner.simulator import simulate
 from planner.solve import min_feasible_budget

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from memprof import zoo
-from planner import Chain, NotAChainError
+from planner import Chain, NotAChainError, chain_from_trace
 from tests.memprof.helpers import profile_steps
 
 
@@ -21,7 +21,7 @@ def traces(tmp_path_factory):
 
 
 def test_mlp_chain_is_every_layer_with_exact_sizes(traces):
-    chain = Chain.from_trace(traces["mlp"])
+    chain = chain_from_trace(traces["mlp"])
     assert chain.length == 5 and chain.source["container"] == "" and chain.source["auto"]
     # a Linear's output is freed once the ReLU after it has run (ReLU keeps only its own output), so each
     # Linear + ReLU pair is one stage; the last Linear stands alone
@@ -35,7 +35,7 @@ def test_mlp_chain_is_every_layer_with_exact_sizes(traces):
 
 
 def test_views_and_in_place_layers_fold_into_the_previous_stage(traces):
-    chain = Chain.from_trace(traces["cnn"])
+    chain = chain_from_trace(traces["cnn"])
     # features (an nn.Sequential) is opened into its blocks; the stem (a Sequential subclass, a block) stays
     # the pooled output is freed once dropout has run (dropout keeps its mask), so they are one stage
     assert [s.modules for s in chain.stages[:-1]] == [("stem",), *((f"features.{i}",) for i in range(4)),
@@ -76,27 +76,27 @@ def test_blocks_called_in_a_loop_are_a_chain_and_a_skip_cuts_one(tmp_path):
     torch.manual_seed(0)
     model = _Looped()
     trace = profile_steps(model, lambda n: (torch.randn(n, 8), torch.randint(0, 3, (n,))), tmp_path, steps=2)
-    chain = Chain.from_trace(trace)
+    chain = chain_from_trace(trace)
     assert [s.modules for s in chain.stages[:-1]][:5] == [("stem",), *((f"blocks.{i}",) for i in range(4))]
     found = [c.modules for c in candidates(ModuleTree(_structure(trace)))]
     assert not any("down" in modules and "mid" in modules for modules in found)
 
 
 def test_named_container(traces):
-    chain = Chain.from_trace(traces["cnn"], container="features")
+    chain = chain_from_trace(traces["cnn"], container="features")
     assert chain.length == 4 and chain.source["modules"] == [["features.0"], ["features.1"], ["features.2"],
                                                              ["features.3"]]
-    assert Chain.from_trace(traces["transformer"]).source["container"] == "h"
+    assert chain_from_trace(traces["transformer"]).source["container"] == "h"
 
 
 def test_bad_containers_are_refused(traces):
     with pytest.raises(NotAChainError, match="no module named 'nope'"):
-        Chain.from_trace(traces["cnn"], container="nope")
+        chain_from_trace(traces["cnn"], container="nope")
     with pytest.raises(NotAChainError, match="do not form one chain"):
-        Chain.from_trace(traces["transformer"], container="")
+        chain_from_trace(traces["transformer"], container="")
 
 
 def test_chain_survives_json(traces):
-    chain = Chain.from_trace(traces["transformer"])
+    chain = chain_from_trace(traces["transformer"])
     again = Chain.from_json(chain.to_json())
     assert again == chain and again.fingerprint() == chain.fingerprint()

@@ -10,7 +10,14 @@ import pytest
 import torch
 
 from memprof import zoo
-from planner import ALGORITHMS, Chain, InfeasibleBudgetError, min_feasible_budget, solve, store_all_budget
+from planner import (
+    ALGORITHMS,
+    InfeasibleBudgetError,
+    chain_from_trace,
+    min_feasible_budget,
+    solve,
+    store_all_budget,
+)
 from planner.measure import measure_schedule
 from tests.memprof.helpers import profile_steps
 
@@ -28,7 +35,7 @@ def test_measured_peak_follows_the_prediction_for_every_algorithm(tmp_path, name
     torch.manual_seed(0)
     model, make_batch = build()
     trace = profile_steps(model, make_batch, tmp_path / "profile", steps=3, batch_size=batch_size)
-    chain = Chain.from_trace(trace, container)
+    chain = chain_from_trace(trace, container)
     low, high = min_feasible_budget(chain), store_all_budget(chain)
 
     def measured(schedule):

@@ -5,10 +5,17 @@ from __future__ import annotations
 import pytest
 
 from memprof.units import format_bytes
-from planner import ALGORITHMS, InfeasibleBudgetError, Schedule, UnknownAlgorithmError, simulate, solve
+from planner import (
+    ALGORITHMS,
+    InfeasibleBudgetError,
+    Schedule,
+    SearchTooLargeError,
+    TableTooLargeError,
+    UnknownAlgorithmError,
+    simulate,
+    solve,
+)
 from planner.solve import min_feasible_budget, store_all_budget
-from planner.solvers.exact import SearchTooLargeError
-from planner.solvers.rotor_optimal import TableTooLargeError
 from planner.solvers.store_all import store_all_ops
 from tests.planner.chain_strategies import MIB, random_chain, toy_chain
 

@@ -10,6 +10,7 @@ from planner import (
     Chain,
     InfeasibleBudgetError,
     Stage,
+    chain_from_trace,
     min_feasible_budget,
     simulate,
     solve,
@@ -101,7 +102,7 @@ def test_adam_the_optimizer_step_sets_the_floor(tmp_path) -> None:
     torch.manual_seed(0)
     model, make_batch = zoo.mlp()
     optimizer = torch.optim.Adam(model.parameters())
-    chain = Chain.from_trace(profile_steps(model, make_batch, tmp_path / "run", steps=3, optimizer=optimizer,
+    chain = chain_from_trace(profile_steps(model, make_batch, tmp_path / "run", steps=3, optimizer=optimizer,
                                            background=False))
     step = chain.step
     assert 0 <= step.optimizer_state_bytes - 2 * step.weights_bytes < 1024  # two moments and step counters
@@ -121,7 +122,7 @@ def test_gradients_kept_between_steps_are_model_state(tmp_path) -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     trace = profile_steps(model, make_batch, tmp_path / "run", steps=3, optimizer=optimizer, set_to_none=False,
                           background=False)
-    chain = Chain.from_trace(trace)
+    chain = chain_from_trace(trace)
     assert all(stage.weight_grad_bytes == 0 for stage in chain.stages[:-1])
     assert chain.step.model_state_bytes >= 2 * chain.step.weights_bytes - 1024  # weights and their gradients
     measured = int(trace.iterations.peak_allocated_bytes.iloc[-1])
