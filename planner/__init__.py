@@ -1,5 +1,6 @@
 """Optimal rematerialization (activation checkpointing) schedules from memprof traces."""
 
+from planner.advice import planner_advice
 from planner.chain import Chain, Stage
 from planner.errors import (
     ChainError,
@@ -46,6 +47,7 @@ __all__ = [
     "algorithm_points",
     "min_feasible_budget",
     "pareto_front",
+    "planner_advice",
     "simulate",
     "solve",
     "store_all_budget",
