@@ -11,6 +11,7 @@ $(BIN)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q "$(TORCH_SPEC)"
+	@# .[test] is everything: the dashboard extra, then the test tools
 	$(BIN)/pip install -q -e ".[test]"
 	@# memprof's native allocator reporter (about 10 s with g++); without it memprof falls back to torch.profiler
 	-$(BIN)/python -c "import sys; from memprof.capture.native.build import main; sys.exit(main())"
@@ -22,11 +23,11 @@ demo: setup
 	$(BIN)/memprof demo $(ARGS)
 
 lint: setup
-	$(BIN)/ruff check memprof planner dashboard tests benchmarks
+	$(BIN)/ruff check memprof planner dashboard cli tests benchmarks
 
 test: setup
 	bash scripts/install_browser.sh
-	$(BIN)/ruff check memprof planner dashboard tests benchmarks
+	$(BIN)/ruff check memprof planner dashboard cli tests benchmarks
 	$(BIN)/python -m pytest -q $(ARGS)
 
 bench: setup

@@ -81,7 +81,7 @@ def selected_names(selected_rows: list[int] | None, rows: list[dict] | None) -> 
 
 def post_mortem(trace: Trace, failure: dict) -> str:
     """The failed step's post-mortem and the planner's answer, as one paragraph of text."""
-    from dashboard.report import planner_advice
+    from planner.advice import planner_advice
 
     lines = [line.strip() for line in format_failure(failure).splitlines() if line.strip()]
     lines += [line.strip() for line in planner_advice(trace, failure)]

@@ -15,7 +15,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from memprof.categories import CATEGORY_COLUMNS
-from memprof.units import format_bytes
+from memprof.units import binary_unit, format_bytes
 
 #: One colour per category, the same in every figure.
 CATEGORY_COLORS: dict[str, str] = {
@@ -38,7 +38,6 @@ PHASE_COLORS: dict[str, str] = {
 _MARGIN = {"l": 70, "r": 20, "t": 50, "b": 40}
 #: plotly.js's own plain look; the same for figures built as dicts (see ``figures_planner``).
 TEMPLATE = "none"
-_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
 
 def byte_ticks(top_bytes: float, ticks: int = 6, bottom_bytes: float = 0.0) -> dict[str, Any]:
@@ -52,17 +51,16 @@ def byte_ticks(top_bytes: float, ticks: int = 6, bottom_bytes: float = 0.0) -> d
     if not math.isfinite(top_bytes) or top_bytes <= 0:
         return {}
     bottom = float(bottom_bytes) if math.isfinite(bottom_bytes) and 0 < bottom_bytes < top_bytes else 0.0
-    power = min(int(math.log(top_bytes, 1024)), len(_UNITS) - 1) if top_bytes >= 1 else 0
-    unit = 1024**power
+    name, unit = binary_unit(top_bytes)
     raw = (top_bytes - bottom) / unit / ticks
     magnitude = 10 ** math.floor(math.log10(raw)) if raw > 0 else 1
     step = next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw)
-    if power == 0:
+    if unit == 1:
         step = max(1, round(step))
     start = math.floor(bottom / (step * unit)) * step * unit
     values = np.arange(start, top_bytes + step * unit, step * unit)
     return {"tickmode": "array", "tickvals": values.tolist(),
-            "ticktext": ["0" if v == 0 else f"{v / unit:g} {_UNITS[power]}" for v in values]}
+            "ticktext": ["0" if v == 0 else f"{v / unit:g} {name}" for v in values]}
 
 
 def iteration_axis(iterations: Sequence[int] | np.ndarray) -> dict[str, Any]:

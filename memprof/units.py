@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 import re
 
+from memprof.errors import MemprofError
+
 _BINARY = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 _FACTORS = {
     "": 1,
@@ -25,8 +27,24 @@ _FACTORS = {
 _SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
 
 
-class SizeParseError(ValueError):
-    """A byte size string could not be understood."""
+class SizeParseError(MemprofError, ValueError):
+    """A byte size string could not be understood (a ``ValueError`` too, for callers that catch that)."""
+
+
+def binary_unit(n: float) -> tuple[str, int]:
+    """The largest binary unit not above ``abs(n)``: its name and its size in bytes.
+
+    ``format_bytes`` writes a size in this unit, and figure axes that scale by it (ticks up to their
+    largest value) say the same unit as the text beside them.
+
+    Returns:
+        ``("B", 1)`` below 1 KiB, then ``("KiB", 1024)``, ``("MiB", 1024**2)`` ... up to ``"PiB"``.
+    """
+    value, power = abs(float(n)), 0
+    while value >= 1024 and power < len(_BINARY) - 1:
+        value /= 1024
+        power += 1
+    return _BINARY[power], 1024**power
 
 
 def format_bytes(n: float, precision: int = 1) -> str:
@@ -42,17 +60,14 @@ def format_bytes(n: float, precision: int = 1) -> str:
     if n is None or (isinstance(n, float) and math.isnan(n)):
         return "n/a"
     sign = "-" if n < 0 else ""
-    value = abs(float(n))
-    unit = 0
-    while value >= 1024 and unit < len(_BINARY) - 1:
-        value /= 1024
-        unit += 1
-    if unit == 0:
+    unit, factor = binary_unit(n)
+    value = abs(float(n)) / factor  # exact: the factor is a power of two
+    if factor == 1:
         return f"{sign}{int(round(value))} B"
     text = f"{value:.{precision}f}"
     if float(text) == 0:  # pragma: no cover - unreachable for unit > 0, kept as a guard
         text = f"{value:.3g}"
-    return f"{sign}{text} {_BINARY[unit]}"
+    return f"{sign}{text} {unit}"
 
 
 def parse_bytes(text: str | int | float) -> int:

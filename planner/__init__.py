@@ -2,6 +2,7 @@
 
 from typing import TYPE_CHECKING, Any
 
+from planner.advice import planner_advice
 from planner.chain import Chain, Stage
 from planner.comparison import Comparison
 from planner.errors import (
@@ -83,6 +84,7 @@ __all__ = [
     "export_python",
     "min_feasible_budget",
     "pareto_front",
+    "planner_advice",
     "remove_schedule",
     "simulate",
     "solve",

@@ -1,7 +1,7 @@
 """Bad input, tried, with nothing lost: the reader, the planner's file formats and the ``memprof`` command.
 
-Every case must end in a specific exception from the API (a :class:`memprof.errors.MemprofError` subclass
-or :class:`memprof.units.SizeParseError`) or, from the command line, exit code 2 with exactly one line on
+Every case must end in a specific exception from the API (a :class:`memprof.errors.MemprofError` subclass,
+:class:`memprof.units.SizeParseError` included) or, from the command line, exit code 2 with exactly one line on
 stderr and no traceback, and no file on disk may change when a command fails. ``CASES`` counts every case
 tried, hypothesis examples included; the total is printed at the end of the module (run with ``-s``) and
 recorded as the test-suite property ``bad_input_cases``.
@@ -31,7 +31,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from dashboard.cli import main
+from cli.main import main
 from memprof import (
     CorruptTraceError,
     MemoryProfiler,

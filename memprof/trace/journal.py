@@ -25,8 +25,8 @@ from memprof.analysis.attribution import LiveBlock
 from memprof.analysis.backward_replay import BackwardState
 from memprof.analysis.iteration import CarriedState, RunSpec
 from memprof.analysis.records import NODE_COLUMNS, AllocationEvents, IterationRecord, no_node_rows
+from memprof.atomic import write_atomically
 from memprof.errors import CorruptTraceError
-from memprof.trace.writer import atomic_write_bytes
 
 JOURNAL_DIR = ".journal"
 SPEC_FILE = "spec.json"
@@ -288,7 +288,7 @@ class JournalReader:
 # ---------------------------------------------------------------------------------------------- spec, state
 def write_spec(journal_dir: Path, spec: RunSpec) -> None:
     """Writes the run's spec (atomically)."""
-    atomic_write_bytes(journal_dir / SPEC_FILE, json.dumps(spec.to_json()).encode())
+    write_atomically(journal_dir / SPEC_FILE, json.dumps(spec.to_json()).encode())
 
 
 def read_spec(journal_dir: Path) -> RunSpec:
@@ -309,7 +309,7 @@ def write_state(journal_dir: Path, state: CarriedState) -> None:
     header = {"kind": "state", "last_iteration": state.last_iteration, "next_block_id": state.next_block_id,
               "order": [[m, o] for m, o in state.order.items()]}
     arrays = {"blocks": _flat(state.blocks, 4), "watches": _flat(list(state.backward.watches), 5)}
-    atomic_write_bytes(journal_dir / STATE_FILE, pack(header, arrays))
+    write_atomically(journal_dir / STATE_FILE, pack(header, arrays))
     for first in segment_starts(journal_dir):
         if first + SEGMENT_RECORDS - 1 <= state.last_iteration:
             (journal_dir / f"seg-{first:09d}{_SEGMENT_SUFFIX}").unlink(missing_ok=True)

@@ -237,15 +237,15 @@ def test_death_between_table_parts_leaves_consistent_tables(tmp_path, monkeypatc
 
 
 def _failing_writes(monkeypatch, fails, code: int = errno.ENOSPC) -> None:
-    """Makes ``atomic_write_bytes(path, ...)`` raise ``OSError(code)`` whenever ``fails(path)`` is true."""
-    original = memprof.trace.writer.atomic_write_bytes
+    """Makes the trace writer's ``write_atomically(path, ...)`` raise ``OSError(code)`` whenever ``fails(path)``."""
+    original = memprof.trace.writer.write_atomically
 
     def write(path, data, *args, **kwargs):
         if fails(Path(path)):
             raise OSError(code, os.strerror(code), str(path))
         return original(path, data, *args, **kwargs)
 
-    monkeypatch.setattr(memprof.trace.writer, "atomic_write_bytes", write)
+    monkeypatch.setattr(memprof.trace.writer, "write_atomically", write)
 
 
 def _train(profiler: MemoryProfiler, model: nn.Module, optimizer, steps: int) -> list[float]:

@@ -50,35 +50,6 @@ def test_other_exceptions_are_not_post_mortems(tmp_path):
     assert meta["status"] == "closed" and "failure" not in meta
 
 
-def test_report_shows_the_post_mortem(tmp_path, capsys):
-    from dashboard.cli import main
-
-    weights = sum(p.numel() * 4 for p in zoo.mlp(blocks=4, width=512)[0].parameters())
-    prof, _ = _guarded_run(tmp_path, weights + 512 * 1024)
-    assert main(["report", str(prof.run_dir)]) == 0
-    out = capsys.readouterr().out
-    assert "FAILED" in out and "crossed the budget" in out and "feature maps" in out
-
-
-def test_report_gives_the_planners_answer_after_complete_iterations(tmp_path, capsys):
-    from dashboard.cli import main
-
-    torch.manual_seed(0)
-    model, make_batch = zoo.mlp(blocks=4, width=256)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    state = 2 * sum(p.numel() * 4 for p in model.parameters())  # weights + their gradients
-    budget = state + 6 * 64 * 256 * 4  # room for the activations of a 64-batch, not of a 1024-batch
-    with pytest.raises(MemoryBudgetExceeded), \
-            MemoryProfiler(model, optimizer, out_dir=tmp_path, print_period=0, budget_bytes=budget) as prof:
-        for batch_size in (64, 64, 1024):
-            zoo.train_step(model, optimizer, make_batch(batch_size))
-            prof.record_stats()
-    assert main(["report", str(prof.run_dir)]) == 0
-    out = capsys.readouterr().out
-    assert "FAILED in iteration 2" in out
-    assert "planner: chain of 5 stages" in out and "storing all activations, the step peaks at" in out
-
-
 class _RunsOutOfMemory(torch.nn.Module):
     """Stands in for a layer whose allocation the device refuses: raises PyTorch's own OutOfMemoryError."""
 
@@ -87,7 +58,7 @@ class _RunsOutOfMemory(torch.nn.Module):
 
 
 def test_out_of_memory_error_leaves_a_post_mortem_and_is_re_raised(tmp_path, capsys):
-    from dashboard.cli import main
+    from cli.main import main
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(), _RunsOutOfMemory())

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from memprof.units import SizeParseError, format_bytes, parse_bytes
+from memprof.units import SizeParseError, binary_unit, format_bytes, parse_bytes
 
 
 @pytest.mark.parametrize("value,text", [(0, "0 B"), (60, "60 B"), (1023, "1023 B"), (1024, "1.0 KiB"),
@@ -30,3 +30,19 @@ def test_parse_bytes(text, value):
 def test_parse_bytes_rejects(text):
     with pytest.raises(SizeParseError):
         parse_bytes(text)
+
+
+def test_a_size_error_is_a_memprof_error_and_a_value_error():
+    from memprof.errors import MemprofError
+
+    with pytest.raises(MemprofError):
+        parse_bytes("64XB")
+    with pytest.raises(ValueError):
+        parse_bytes("64XB")
+
+
+@pytest.mark.parametrize("value,unit", [(0, ("B", 1)), (0.5, ("B", 1)), (1023, ("B", 1)), (1024, ("KiB", 1024)),
+                                        (-3 * 1024**2, ("MiB", 1024**2)), (1024**3, ("GiB", 1024**3)),
+                                        (2**70, ("PiB", 1024**5))])
+def test_binary_unit(value, unit):
+    assert binary_unit(value) == unit

@@ -20,11 +20,12 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from functools import cache
 from pathlib import Path
 
 import torch
+
+from memprof.atomic import atomic_path
 
 SOURCE = Path(__file__).parent / "reporter.cpp"
 ABI_VERSION = 2
@@ -88,8 +89,7 @@ def build(force: bool = False) -> Path:
         raise NativeBuildError(f"torch's C++ headers are missing from {_torch_dir() / 'include'}")
     target.parent.mkdir(parents=True, exist_ok=True)
     # Build beside the target and rename: concurrent builds (one per rank) never load a half-written file.
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        partial = Path(tmp) / target.name
+    with atomic_path(target) as partial:
         try:
             done = subprocess.run(_command(_compiler(), partial), capture_output=True, text=True,
                                   timeout=_BUILD_TIMEOUT_S, check=False)
@@ -98,7 +98,6 @@ def build(force: bool = False) -> Path:
         if done.returncode != 0:
             tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
             raise NativeBuildError(f"the compiler failed (exit {done.returncode}): {' | '.join(tail)}")
-        os.replace(partial, target)
     return target
 
 

@@ -1,17 +1,28 @@
-"""``memprof dashboard [TRACES_DIR] [--port 8050] [--host 127.0.0.1]``: serves the dashboard."""
+"""Serving the dashboard: :func:`serve` (what ``memprof dashboard`` runs), its URL and the loopback check.
+
+Dash itself is imported only when :func:`serve` builds the app, so that the command line can name the
+missing ``dashboard`` extra in one line when it is not installed.
+"""
 
 from __future__ import annotations
 
-import argparse
+import errno
 import ipaddress
+import socket
 import threading
 import warnings
 import webbrowser
 from pathlib import Path
 
+from memprof.errors import MemprofError
+
 DEFAULT_TRACES_DIR = "traces"
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8050
+
+
+class ServeError(MemprofError):
+    """The dashboard cannot listen where it was asked to (the port is taken, the host is unknown)."""
 
 
 def is_loopback(host: str) -> bool:
@@ -42,6 +53,11 @@ def serve(traces_dir: str | Path = DEFAULT_TRACES_DIR, host: str = DEFAULT_HOST,
             is warned about.
         port: the TCP port.
         open_browser: open the URL in the default browser once the server is starting.
+
+    Raises:
+        ValueError: ``port`` is not in 1..65535.
+        ServeError: nothing can listen on ``host:port`` (another program holds the port, the host is not
+            an address of this machine).
     """
     from dashboard.app import create_app
 
@@ -53,6 +69,7 @@ def serve(traces_dir: str | Path = DEFAULT_TRACES_DIR, host: str = DEFAULT_HOST,
     if not Path(traces_dir).is_dir():
         warnings.warn(f"no traces folder at {traces_dir}: the dashboard will show how to make a first trace",
                       stacklevel=2)
+    check_can_listen(host, int(port))
     app = create_app(traces_dir)
     url = dashboard_url(host, port)
     print(f"memprof dashboard: serving {Path(traces_dir).resolve()} at {url} (Ctrl+C to stop)", flush=True)
@@ -61,19 +78,27 @@ def serve(traces_dir: str | Path = DEFAULT_TRACES_DIR, host: str = DEFAULT_HOST,
     app.run(host=host, port=int(port), debug=False)
 
 
-def _run(args: argparse.Namespace) -> int:
-    serve(args.traces_dir, args.host, args.port, open_browser=args.open)
-    return 0
+def check_can_listen(host: str, port: int) -> None:
+    """Binds ``host:port`` the way the server will, and lets it go at once.
 
+    The server would otherwise print a few lines and exit the process when the port is taken; this says
+    so as a :class:`ServeError` before the app is built. (Another program may still take the port in the
+    instant between the check and the server's own bind.)
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    """Adds the ``dashboard`` sub-command to the ``memprof`` command."""
-    parser = subparsers.add_parser("dashboard", help="serve the web dashboard for a folder of traces",
-                                   description="Serve the memprof dashboard (runs, layers, timelines, planner).")
-    parser.add_argument("traces_dir", nargs="?", default=DEFAULT_TRACES_DIR, metavar="TRACES_DIR",
-                        help=f"folder of runs (default: {DEFAULT_TRACES_DIR}/)")
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"TCP port (default: {DEFAULT_PORT})")
-    parser.add_argument("--host", default=DEFAULT_HOST,
-                        help=f"interface to bind (default: {DEFAULT_HOST}; others expose the traces to the network)")
-    parser.add_argument("--open", action="store_true", help="open the dashboard in the default browser")
-    parser.set_defaults(func=_run)
+    Raises:
+        ServeError: the address cannot be bound; the message says how to choose another.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET  # as the server chooses it
+    try:
+        address = socket.getaddrinfo(host, port, family, socket.SOCK_STREAM, socket.IPPROTO_TCP)[0][4]
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # the server sets it too
+            probe.bind(address)
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            hint = "another program is listening there; choose another port with --port"
+        elif exc.errno == errno.EACCES:
+            hint = "ports below 1024 need privileges; choose a higher one with --port"
+        else:
+            hint = "use an address of this machine with --host, e.g. 127.0.0.1"
+        raise ServeError(f"cannot serve on {host}:{port}: {exc.strerror or exc}; {hint}") from None

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from cli.common import port_number, require_dashboard_extra, whole_number
+from dashboard.server import DEFAULT_HOST, DEFAULT_PORT, check_can_listen, serve
 from memprof import MemoryProfiler, load_trace, zoo
 from memprof.units import format_bytes
 from planner import chain_from_trace
@@ -155,7 +157,15 @@ def measured_line(schedule: Schedule, cmp: Comparison) -> str:
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    """Runs the demo; returns the exit code."""
+    """Runs the demo; returns the exit code.
+
+    Raises:
+        MissingExtraError: it is to serve the dashboard, and dash or plotly is not installed (checked first).
+        ServeError: nothing can listen on ``--host``:``--port``.
+    """
+    if not args.no_serve:  # before minutes of profiling, not after
+        require_dashboard_extra()
+        check_can_listen(args.host, args.port)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     tag = time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:4]  # a second run never mixes with the first
@@ -167,8 +177,6 @@ def run_demo(args: argparse.Namespace) -> int:
     print("\n".join(["", *summary, f"demo finished in {time.perf_counter() - started:.0f} s; traces in {out_dir}"]))
     if args.no_serve:
         return 0
-    from dashboard.commands import serve
-
     serve(out_dir, args.host, args.port)
     return 0
 
@@ -177,9 +185,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Adds ``memprof demo`` to the ``memprof`` command."""
     parser = subparsers.add_parser("demo", help="profile embedded models, plan, measure, then serve the dashboard")
     parser.add_argument("--out", default="traces", help="folder for the traces (default: traces/)")
-    parser.add_argument("--iterations", type=int, default=4, help="profiled iterations per model (default 4)")
+    parser.add_argument("--iterations", type=whole_number(1), default=4,
+                        help="profiled iterations per model (default 4)")
     parser.add_argument("--no-serve", action="store_true", help="stop before serving the dashboard")
     parser.add_argument("--no-measure", action="store_true", help="plan only; do not execute schedules")
-    parser.add_argument("--host", default="127.0.0.1", help="interface for the dashboard (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=8050, help="port for the dashboard (default 8050)")
+    parser.add_argument("--host", default=DEFAULT_HOST, help=f"interface for the dashboard (default {DEFAULT_HOST})")
+    parser.add_argument("--port", type=port_number, default=DEFAULT_PORT,
+                        help=f"port for the dashboard, 1..65535 (default {DEFAULT_PORT})")
     parser.set_defaults(func=run_demo)

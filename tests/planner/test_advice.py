@@ -1,15 +1,11 @@
-"""``memprof report``'s planner advice for a failed run, in whole-step memory."""
+"""The planner's advice for a failed run, in whole-step memory (``memprof report``, the dashboard)."""
 
 from __future__ import annotations
 
-import argparse
-
-import pytest
-
 import planner
-from dashboard.report import planner_advice, run_report
 from memprof import load_trace
 from memprof.units import format_bytes
+from planner.advice import planner_advice
 from tests.dashboard.fixtures import write_profiled_run
 
 
@@ -50,11 +46,3 @@ def test_advice_below_the_floor_says_what_dominates(tmp_path):
     lines = planner_advice(trace, trace.meta["failure"])
     assert lines[1].startswith(f"  planner: no schedule fits the {format_bytes(step.floor_bytes - 1)} the step had: ")
     assert step.explain_floor() in lines[1]
-
-
-def test_report_prints_the_advice(tmp_path, capsys: pytest.CaptureFixture[str]):
-    trace = _failed_run(tmp_path, 10**9)
-    assert run_report(argparse.Namespace(run_dir=str(trace.path), iteration=None, top=3)) == 0
-    text = capsys.readouterr().out
-    assert "FAILED in iteration 2: CUDA out of memory" in text
-    assert "the rotor schedule fits the 953.7 MiB the step had: predicted step peak " in text

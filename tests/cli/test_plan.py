@@ -1,15 +1,13 @@
-"""``memprof plan`` and ``memprof export``: outputs, one-line errors with exit code 2, atomic writes."""
+"""``memprof plan``: outputs, one-line errors with exit code 2, atomic writes."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from dashboard.cli import main
+from cli.main import main
 from memprof import load_trace
 from memprof.units import format_bytes
 from planner import chain_from_trace
@@ -19,19 +17,7 @@ from planner.simulator import simulate
 from planner.solve import min_feasible_budget
 from planner.solvers.store_all import store_all_ops
 from planner.step import StepCosts
-from tests.planner import models as M
-
-TOY = Path(__file__).with_name("toy_chain.json")
-EXAMPLE_RUN = Path(__file__).parents[2] / "traces" / "example"
-MIB = 2**20
-
-
-def _one_line_error(capsys: pytest.CaptureFixture[str], *fragments: str) -> str:
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1, err
-    for fragment in fragments:
-        assert fragment in err, err
-    return err
+from tests.cli.helpers import EXAMPLE_RUN, MIB, TOY, one_line_error
 
 
 def test_plan_writes_a_schedule_and_prints_a_summary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -127,7 +113,7 @@ def test_plan_infeasible_step_budget_names_the_minimum(tmp_path: Path, capsys: p
     out = tmp_path / "schedule.json"
     out.write_text("previous content")
     assert main(["plan", str(source), "--budget", "100MiB", "--out", str(out)]) == 2
-    _one_line_error(capsys, "memprof plan: error:", "below what the training step needs outside the chain",
+    one_line_error(capsys, "memprof plan: error:", "below what the training step needs outside the chain",
                     "the optimizer step needs 3.0 MiB above the model state",
                     f"no schedule can go below {format_bytes(step.floor_bytes)}",
                     f"the smallest budget for rotor is {format_bytes(minimum)}")
@@ -135,7 +121,7 @@ def test_plan_infeasible_step_budget_names_the_minimum(tmp_path: Path, capsys: p
     # a run: the same one-line error, in the run's own numbers
     found = chain_from_trace(load_trace(EXAMPLE_RUN))
     assert main(["plan", str(EXAMPLE_RUN), "--budget", str(found.step.floor_bytes - 1), "--out", str(out)]) == 2
-    _one_line_error(capsys, found.step.explain_floor(), format_bytes(min_feasible_budget(found)))
+    one_line_error(capsys, found.step.explain_floor(), format_bytes(min_feasible_budget(found)))
     assert out.read_text() == "previous content"
 
 
@@ -152,33 +138,8 @@ def test_plan_budget_options(tmp_path: Path, capsys: pytest.CaptureFixture[str],
     except SystemExit as exc:  # usage errors exit from the argument parser
         code = exc.code
     assert code == 2
-    _one_line_error(capsys, "memprof plan: error:", fragment)
+    one_line_error(capsys, "memprof plan: error:", fragment)
     assert not out.exists()
-
-
-def test_every_algorithm_plans_and_exports(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from planner.solve import ALGORITHMS
-
-    for algorithm in ALGORITHMS:
-        out = tmp_path / f"{algorithm}.json"
-        assert main(["plan", str(TOY), "--budget", "200MB", "--algorithm", algorithm, "--out", str(out),
-                     "--slots", "200"]) == 0, capsys.readouterr().err
-        script = tmp_path / f"apply_{algorithm}.py"
-        assert main(["export", str(out), "--out", str(script)]) == 0
-        assert 'def apply_schedule(model, container=""):' in script.read_text()
-        assert f"from apply_{algorithm} import apply_schedule" in capsys.readouterr().out
-
-
-def test_export_formats(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    schedule = M.schedule(M.revolve(3), M.chain(3))
-    source = tmp_path / "in.json"
-    schedule.to_json(source)
-    assert main(["export", str(source), "--out", str(tmp_path / "out.json")]) == 0
-    data = json.loads((tmp_path / "out.json").read_text())
-    assert data["predicted_peak_bytes"] == simulate(schedule.chain, schedule).peak_bytes
-    assert main(["export", str(source), "--out", str(tmp_path / "plain.txt"), "--format", "python"]) == 0
-    assert "OPS = [['F_ck', 1]," in (tmp_path / "plain.txt").read_text()
-    assert "needs only torch" in capsys.readouterr().out
 
 
 PLAN_ERRORS = [
@@ -200,7 +161,7 @@ def test_plan_bad_input_is_one_line_and_keeps_the_old_output(
     out = tmp_path / "schedule.json"
     out.write_text("previous content")
     assert main(["plan", str(TOY), "--out", str(out), *extra]) == 2
-    _one_line_error(capsys, "memprof plan: error:", fragment)
+    one_line_error(capsys, "memprof plan: error:", fragment)
     assert out.read_text() == "previous content"
     assert [p.name for p in tmp_path.iterdir()] == ["schedule.json"]
 
@@ -208,43 +169,15 @@ def test_plan_bad_input_is_one_line_and_keeps_the_old_output(
 def test_plan_refuses_missing_and_foreign_inputs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "schedule.json"
     assert main(["plan", str(tmp_path / "nope.json"), "--budget", "1GiB", "--out", str(out)]) == 2
-    _one_line_error(capsys, "no run directory or chain file")
+    one_line_error(capsys, "no run directory or chain file")
     foreign = tmp_path / "foreign.json"
     foreign.write_text(json.dumps([1, 2, 3]))
     assert main(["plan", str(foreign), "--budget", "1GiB", "--out", str(out)]) == 2
-    _one_line_error(capsys, "a chain is a JSON object")
+    one_line_error(capsys, "a chain is a JSON object")
     empty_run = tmp_path / "run"
     empty_run.mkdir()
     assert main(["plan", str(empty_run), "--budget", "1GiB", "--out", str(out)]) == 2
-    _one_line_error(capsys, "memprof plan: error:")
+    one_line_error(capsys, "memprof plan: error:")
     assert main(["plan", str(TOY), "--budget", "1GiB", "--out", str(tmp_path / "missing" / "s.json")]) == 2
-    _one_line_error(capsys, "does not exist")
+    one_line_error(capsys, "does not exist")
     assert not out.exists()
-
-
-def test_export_bad_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    source = tmp_path / "in.json"
-    M.schedule(M.revolve(3), M.chain(3)).to_json(source)
-    early = [M.Op(M.CK, 1), *M.revolve(3)]  # valid, but recomputes stage 1 before the loss
-    M.schedule(early, M.chain(3)).to_json(tmp_path / "wasted.json")
-    out = tmp_path / "apply.py"
-    out.write_text("previous")
-    cases = [
-        ([str(tmp_path / "missing.json"), "--out", str(out)], "no schedule file"),
-        ([str(TOY), "--out", str(out)], "not a memprof schedule"),
-        ([str(source), "--out", str(tmp_path / "apply.txt")], "cannot tell the format"),
-        ([str(source), "--out", str(out), "--format", "yaml"], "--format must be one of json, python"),
-        ([str(tmp_path / "wasted.json"), "--out", str(out)], "the executor cannot run this schedule"),
-    ]
-    for args, fragment in cases:
-        assert main(["export", *args]) == 2
-        _one_line_error(capsys, "memprof export: error:", fragment)
-    assert out.read_text() == "previous"
-
-
-def test_console_exit_codes(tmp_path: Path) -> None:
-    out = tmp_path / "s.json"
-    command = [sys.executable, "-m", "dashboard.cli", "plan", str(TOY), "--out", str(out), "--budget", "64XB"]
-    bad = subprocess.run(command, capture_output=True, text=True, timeout=120)
-    assert bad.returncode == 2 and not out.exists()
-    assert bad.stderr.strip() == "memprof plan: error: unknown unit 'XB' in '64XB'; use B, KiB, MiB, GiB, TiB (or KB, MB, GB, TB)"

@@ -1,0 +1,50 @@
+"""``memprof report RUN_DIR``: a run's summary in the terminal, and for a failed run the post-mortem with
+the planner's answer in whole-step memory (what the step needs, which schedule fits the memory it had)."""
+
+from __future__ import annotations
+
+import argparse
+
+from cli.common import whole_number
+from memprof.analysis.console import format_failure, format_report
+from memprof.errors import TraceError
+from memprof.trace.reader import load_trace
+from planner.advice import planner_advice
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Adds ``memprof report`` to the ``memprof`` command."""
+    parser = subparsers.add_parser("report", help="print a run's memory summary (its peak iteration)")
+    parser.add_argument("run_dir", help="a run directory written by MemoryProfiler")
+    parser.add_argument("--iteration", type=int, default=None, help="iteration to show (default: the peak one)")
+    parser.add_argument("--top", type=whole_number(0), default=10, help="how many layers to list (default 10)")
+    parser.set_defaults(func=run_report)
+
+
+def run_report(args: argparse.Namespace) -> int:
+    """Prints the report of one iteration of a run.
+
+    Raises:
+        TraceError: the run cannot be read, or it has no such iteration.
+    """
+    trace = load_trace(args.run_dir)
+    iterations = trace.iterations
+    if iterations.empty:
+        print(f"run {trace.run_id}: no iteration recorded yet (status {trace.meta.get('status')})")
+        return 0
+    if args.iteration is None:
+        row = iterations.loc[iterations.peak_allocated_bytes.idxmax()]
+    else:
+        chosen = iterations[iterations.iteration == args.iteration]
+        if chosen.empty:
+            raise TraceError(f"run {trace.run_id} has no iteration {args.iteration}; it has "
+                             f"{int(iterations.iteration.min())}..{int(iterations.iteration.max())}")
+        row = chosen.iloc[0]
+    layers = trace.layers
+    layers = layers[layers.iteration == row.iteration]
+    print(f"run {trace.run_id} | model {trace.meta['model']} | {len(iterations)} iterations")
+    print(format_report(row.to_dict(), layers.to_dict("records"), trace.meta["device"], top=args.top))
+    if trace.meta.get("failure"):
+        print(format_failure(trace.meta["failure"]))
+        print("\n".join(planner_advice(trace, trace.meta["failure"])))
+    return 0
