@@ -24,10 +24,12 @@ demo: setup
 
 lint: setup
 	$(BIN)/ruff check memprof planner dashboard cli tests benchmarks
+	$(BIN)/mypy
 
 test: setup
 	bash scripts/install_browser.sh
 	$(BIN)/ruff check memprof planner dashboard cli tests benchmarks
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -q $(ARGS)
 
 bench: setup

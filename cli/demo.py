@@ -147,10 +147,8 @@ def measured_line(schedule: Schedule, cmp: Comparison) -> str:
     The peaks are the whole training step's (what the device has) when the schedule's chain has step
     costs, the chain's activation memory otherwise.
     """
-    if cmp.predicted_step_peak_bytes is not None:
-        what, predicted, measured = "step peak", cmp.predicted_step_peak_bytes, cmp.measured_step_peak_bytes
-    else:
-        what, predicted, measured = "activation peak", cmp.predicted_peak_bytes, cmp.measured_peak_bytes
+    what = "step peak" if cmp.whole_step else "activation peak"
+    predicted, measured = cmp.predicted_peak_bytes, cmp.measured_peak_bytes
     return (f"  {schedule.algorithm} at budget {format_bytes(schedule.budget_bytes or 0)}: predicted {what} "
             f"{format_bytes(predicted)}, measured {format_bytes(measured)} ({cmp.peak_error:+.1%}); time predicted "
             f"{cmp.predicted_makespan_ms:.1f} ms, measured {cmp.measured_step_ms:.1f} ms")

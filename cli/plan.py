@@ -89,7 +89,7 @@ def summary(schedule: Schedule, store_all_peak_bytes: int, store_all_makespan_ms
     recomputations = forwards - (schedule.chain.length + 1)
     if schedule.budget_bytes is None:
         budget = "none"
-    elif whole_step:
+    elif whole_step and step is not None:
         budget = (f"{format_bytes(schedule.budget_bytes)} for the whole step (leaves the chain "
                   f"{format_bytes(max(step.chain_budget_bytes(schedule.budget_bytes), 0))})")
     else:

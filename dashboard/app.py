@@ -31,7 +31,7 @@ def create_app(traces_dir: str | Path, cache: BoundedCache | None = None) -> das
         title="memprof",
         serve_locally=True,  # no CDN: the dashboard must work without internet
         assets_folder=str(ASSETS_DIR),
-        update_title=None,
+        update_title="",  # '' (like None) keeps the tab's title while callbacks run
         external_scripts=[],
         external_stylesheets=[],
     )

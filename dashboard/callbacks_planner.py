@@ -55,7 +55,7 @@ def chain_options(store: TraceStore, names: list[str] | None) -> tuple[list[dict
     """Chain-picker options: the auto-detected chain, then every container of the first chosen run."""
     options = [{"label": "auto-detected chain", "value": AUTO}]
     if names:
-        with contextlib.suppress(VIEW_ERRORS):
+        with contextlib.suppress(*VIEW_ERRORS):
             options += [{"label": f"children of {m}", "value": _MODULE_PREFIX + m}
                         for m in container_choices(store.layers(names[0]))]
     return options, AUTO

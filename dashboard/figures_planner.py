@@ -114,7 +114,7 @@ def memory_figure(prediction: pd.DataFrame, budget_bytes: int | None = None,
     """
     x, y = predicted_line(prediction)
     whole_step = base_bytes is not None
-    if whole_step:
+    if base_bytes is not None:
         y = y + float(base_bytes)
         name = f"predicted (chain + {format_bytes(base_bytes)} beside it)"
     else:
@@ -132,7 +132,7 @@ def memory_figure(prediction: pd.DataFrame, budget_bytes: int | None = None,
     bottom = 0.0
     if whole_step and len(y):  # whole-step lines sit far above 0 (the model state): tick what is drawn
         bottom = min([float(np.min(y))] + [float(f["memory_bytes"].min()) for _, f in measured if len(f)])
-    if whole_step:
+    if base_bytes is not None:
         default = (f"Predicted memory of the whole training step (the chain's simulated timeline + "
                    f"{format_bytes(base_bytes)} held beside it)")
         y_title = "whole-step memory (bytes)"
@@ -157,7 +157,8 @@ def memory_figure(prediction: pd.DataFrame, budget_bytes: int | None = None,
     return {"data": data, "layout": layout}
 
 
-def pareto_base(points: pd.DataFrame, front_budgets: Sequence[float], front_makespans: Sequence[float],
+def pareto_base(points: pd.DataFrame, front_budgets: Sequence[float] | np.ndarray,
+                front_makespans: Sequence[float] | np.ndarray,
                 whole_step: bool = False) -> Figure:
     """Memory against time of every algorithm and the optimal front (what does not move with the slider).
 

@@ -117,11 +117,11 @@ def timeline_figure(frame: pd.DataFrame, x_range: tuple[float, float] | None = N
     peak = find_peak(frame)
     if peak is not None:
         module, phase = peak_at if peak_at is not None else (peak.module, peak.phase)
-        label = f"peak {format_bytes(peak.peak_bytes)} in {plot_text(module_label(module))} ({phase})"
+        peak_label = f"peak {format_bytes(peak.peak_bytes)} in {plot_text(module_label(module))} ({phase})"
         fig.add_trace(go.Scatter(x=[peak.time_ms], y=[peak.peak_bytes], mode="markers", name="peak",
                                  marker={"symbol": "x", "size": 11, "color": "#d62728"},
-                                 hovertext=[label], hoverinfo="text"))
-        fig.add_annotation(x=peak.time_ms, y=peak.peak_bytes, text=label, showarrow=True, arrowhead=2, ay=-30)
+                                 hovertext=[peak_label], hoverinfo="text"))
+        fig.add_annotation(x=peak.time_ms, y=peak.peak_bytes, text=peak_label, showarrow=True, arrowhead=2, ay=-30)
     top = max(float(frame["peak_bytes"].max()), float(frame["reserved_bytes"].max())) if not frame.empty else 0.0
     fig.update_layout(title="Memory over one iteration, by category (phases shaded)",
                       xaxis_title="time since the iteration began (ms)", yaxis={"title": "bytes", **byte_ticks(top)},

@@ -11,6 +11,7 @@ from typing import Any
 
 from dash import dash_table, dcc, html
 from dash.dash_table.Format import Format, Group
+from dash.development.base_component import Component
 
 from dashboard import ids
 
@@ -49,7 +50,7 @@ _TABLE_STYLE = {"overflowX": "auto"}
 _CELL_STYLE = {"fontFamily": "monospace", "fontSize": "13px", "padding": "2px 8px", "textAlign": "left"}
 
 
-def data_table(**props: Any) -> dash_table.DataTable:
+def data_table(**props: Any) -> Component:
     """A ``dash_table.DataTable`` without Dash 4's notice that it will move to a separate package.
 
     It is still Dash's built-in sortable, filterable table, and the dashboard stays on it until it
@@ -58,7 +59,7 @@ def data_table(**props: Any) -> dash_table.DataTable:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r"(?s).*dash_table\.DataTable will be removed",
                                 category=DeprecationWarning)
-        return dash_table.DataTable(**props)
+        return dash_table.DataTable(**props)  # type: ignore[attr-defined]  # made when dash_table is imported
 
 
 def _runs_tab() -> dcc.Tab:

@@ -33,8 +33,10 @@ def planner_advice(trace: Trace, failure: Mapping[str, Any]) -> list[str]:
     Returns:
         Lines indented by two spaces, each starting with ``planner:``.
     """
+    from planner.from_trace import chain_from_trace  # pandas: only when there is advice to give
+
     try:
-        chain = Chain.from_trace(trace)
+        chain = chain_from_trace(trace)
     except NotAChainError as exc:
         return [f"  planner: no chain to checkpoint ({exc})"]
     if not any(s.backward_ms > 0 for s in chain.stages[:-1]):
@@ -48,6 +50,7 @@ def planner_advice(trace: Trace, failure: Mapping[str, Any]) -> list[str]:
 
 def _step_advice(trace: Trace, chain: Chain, limit: int | None) -> list[str]:
     step = chain.step
+    assert step is not None, "_step_advice is for chains with step costs"
     needed, least = store_all_budget(chain), min_feasible_budget(chain, "rotor")
     first = (f"  planner: chain of {chain.length} stages in '{chain.name}'; storing all activations, the step peaks "
              f"at {format_bytes(needed)} ({format_bytes(step.base_bytes)} beside the chain: {step.explain_base()}); "

@@ -102,7 +102,7 @@ def discretize(chain: Chain, slots: int = DEFAULT_SLOTS, reference_bytes: int | 
     def sizes(values: list[int]) -> np.ndarray:
         return np.array([to_slots(v, slot) for v in values], dtype=np.int64)
 
-    stages = [None, *chain.stages]
+    stages = chain.stages
     grads_after = _weight_grads_after(chain)
     return DiscreteChain(
         chain=chain,
@@ -111,10 +111,10 @@ def discretize(chain: Chain, slots: int = DEFAULT_SLOTS, reference_bytes: int | 
         a=sizes([chain.a(i) for i in index]),
         abar=sizes([chain.abar(i) for i in index]),
         delta=sizes([chain.delta(i) + grads_after[i] for i in index]),
-        forward_overhead=sizes([0] + [s.forward_overhead_bytes for s in stages[1:]]),
-        backward_overhead=sizes([0] + [s.backward_overhead_bytes - grads_after[i + 1] for i, s in enumerate(stages[1:])]),
-        forward_ms=np.array([0.0] + [s.forward_ms for s in stages[1:]], dtype=np.float64),
-        backward_ms=np.array([0.0] + [s.backward_ms for s in stages[1:]], dtype=np.float64),
+        forward_overhead=sizes([0] + [s.forward_overhead_bytes for s in stages]),
+        backward_overhead=sizes([0] + [s.backward_overhead_bytes - grads_after[i + 1] for i, s in enumerate(stages)]),
+        forward_ms=np.array([0.0] + [s.forward_ms for s in stages], dtype=np.float64),
+        backward_ms=np.array([0.0] + [s.backward_ms for s in stages], dtype=np.float64),
     )
 
 

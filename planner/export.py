@@ -86,7 +86,7 @@ def _runtime_body() -> str:
             is_future = isinstance(node, ast.ImportFrom) and node.module == "__future__"
             is_sibling = isinstance(node, ast.ImportFrom) and (node.module or "").startswith("planner")
             if is_docstring or is_future or is_sibling:
-                drop.update(range(node.lineno - 1, node.end_lineno))
+                drop.update(range(node.lineno - 1, node.end_lineno or node.lineno))
         kept = "\n".join(line for i, line in enumerate(lines) if i not in drop).strip("\n")
         title = f"# ---- {module.__name__.rpartition('.')[2]} "
         parts.append(title + "-" * (100 - len(title)) + "\n" + kept)

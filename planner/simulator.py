@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from planner.chain import Chain
 from planner.errors import InvalidScheduleError, ScheduleMismatchError
@@ -318,11 +318,11 @@ def _replay(
         )
 
 
-def _as_op(raw: object, index: int) -> Op:
+def _as_op(raw: Any, index: int) -> Op:
     if isinstance(raw, Op):
         return raw
     try:
-        kind, stage = raw  # type: ignore[misc]
-        return Op(OpKind(kind), stage)
+        kind, stage = raw
+        return Op(OpKind(kind), int(stage))
     except (TypeError, ValueError) as exc:
         raise InvalidScheduleError(f"op {index}: expected an Op or a (kind, stage) pair, found {raw!r}") from exc

@@ -51,7 +51,7 @@ def check_budget(budget_bytes: object) -> int:
         raise TypeError(f"budget_bytes must be a whole number of bytes, found {budget_bytes!r}")
     if not float(budget_bytes).is_integer():
         raise TypeError(f"budget_bytes must be a whole number of bytes, found {budget_bytes!r}")
-    return int(budget_bytes)
+    return int(budget_bytes)  # type: ignore[call-overload]  # a Real that is_integer(), checked above
 
 
 def solve(chain: Chain, budget_bytes: int, algorithm: str = "rotor", slots: int = DEFAULT_SLOTS) -> Schedule:

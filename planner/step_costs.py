@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -181,17 +182,19 @@ def calibrated(stages: list[Stage], timeline: Timeline, groups: tuple[tuple[str,
     closing = int(tail.index[0]) if not tail.empty else None
     out = []
     for index, (stage, group) in enumerate(zip(stages, groups)):
-        updates = {}
+        updates: dict[str, Any] = {}
         start, end = timeline.forward_enter.get(group[0]), timeline.forward_exit.get(group[-1])
         if start is not None and end is not None and end > start:
             peak = timeline.peak(start, end)
-            updates["forward_overhead_bytes"] = max(peak - timeline.allocated(start) - stage.saved_bytes, 0)
-        below = enters[index - 1] if index > 0 else closing
-        if enters[index] is not None and below is not None and below > enters[index]:
-            peak = timeline.peak(enters[index], below)
+            if peak is not None:  # rows start+1..end exist (end > start)
+                updates["forward_overhead_bytes"] = max(peak - timeline.allocated(start) - stage.saved_bytes, 0)
+        below, enter = enters[index - 1] if index > 0 else closing, enters[index]
+        if enter is not None and below is not None and below > enter:
+            peak = timeline.peak(enter, below)
             grad_in = input_bytes if index == 0 else stages[index - 1].grad_bytes
-            updates["backward_overhead_bytes"] = max(
-                peak - timeline.allocated(enters[index]) - grad_in - stage.weight_grad_bytes, 0)
+            if peak is not None:  # rows enter+1..below exist (below > enter)
+                updates["backward_overhead_bytes"] = max(
+                    peak - timeline.allocated(enter) - grad_in - stage.weight_grad_bytes, 0)
         out.append(replace(stage, **updates))
     return out
 
@@ -214,7 +217,7 @@ def fuse_freed_outputs(groups: tuple[tuple[str, ...], ...], timeline: Timeline,
         size = output_bytes.get(fused[-1][-1], 0)
         exit_seq = timeline.forward_exit.get(group[-1])
         after = timeline.next_forward(exit_seq) if exit_seq is not None else None
-        drop = timeline.allocated(exit_seq) - timeline.allocated(after) if after is not None else 0
+        drop = timeline.allocated(exit_seq) - timeline.allocated(after) if exit_seq is not None and after is not None else 0
         if size > 0 and drop >= size:
             fused[-1] += list(group)
             freed[-1] += size

@@ -13,3 +13,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+# The bad-input tests of every package share their checks and a profiled run to damage.
+pytest_plugins = ["tests.bad_input"]

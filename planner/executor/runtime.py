@@ -223,6 +223,7 @@ class _Run:
     def _backward(self, stage: int) -> None:
         leaf, out = self.recs.pop(stage)
         delta, self.delta = self.delta, None
+        assert delta is not None, f"B({stage}) ran before the gradient of its output arrived"
         self.acts.pop(stage - 1, None)  # B(l) consumes a^{l-1}
         recorded = out if isinstance(out, _Recorded) else _Recorded.of(out)
         del out  # with a gradient edge as root, autograd frees a-bar^l as soon as it is used, as in plain
@@ -250,13 +251,13 @@ def _steal(grad: torch.Tensor) -> torch.Tensor:
     if not grad.is_contiguous() or (base is not None and (base._base is not None or base.numel() != grad.numel())):
         return grad  # part of a larger tensor: that one holds the memory anyway
     moved = grad.detach()
-    grad.set_()
+    grad.set_()  # type: ignore[call-overload]  # no source: the tensor lets go of its storage
     if base is not None:
-        base.set_()
+        base.set_()  # type: ignore[call-overload]
     return moved
 
 
-def _backward_freeing_grad(root: object, grad: torch.Tensor) -> None:
+def _backward_freeing_grad(root: Any, grad: torch.Tensor) -> None:
     """``torch.autograd.backward(root, grad)``, with ``grad``'s memory freed once its first consumer ran."""
     node = getattr(root, "node", None)
     handle = None

@@ -192,7 +192,9 @@ def minimum(chain: Chain, slots: int = DEFAULT_SLOTS, mode: str = "rotor") -> Mi
 
 def min_budget_bytes(chain: Chain, slots: int = DEFAULT_SLOTS) -> int:
     """The smallest budget for which :func:`plan` finds a schedule (each budget on its own grid)."""
-    return minimum(chain, slots).budget_bytes  # store-all's peak always has one
+    found = minimum(chain, slots)
+    assert found is not None, "store-all's peak always has a schedule"
+    return found.budget_bytes
 
 
 def plan_mode(chain: Chain, budget_bytes: int, slots: int = DEFAULT_SLOTS, mode: str = "rotor") -> Plan:

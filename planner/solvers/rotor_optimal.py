@@ -187,7 +187,7 @@ def _choose(table: OptimalTable, helper: _Filler, s: int, t: int, last: int, m: 
         options.append((grid.forward_ms[s] + float(moved), ("move",)))
     for end in range(t + 1, last + 1):
         options.append((float(table.right[(s, end, last)][m] + cost[(s, t, end - 1)][m]), ("ck", end)))
-    value, choice = min(options, key=lambda o: o[0], default=(np.inf, None))
+    value, choice = min(options, key=lambda o: o[0], default=(np.inf, ()))
     if not np.isfinite(value):
         raise AssertionError(f"rebuild reached an infeasible state C({s}, {t}, {last}, {m})")
     if choice[0] != "ck":
@@ -215,7 +215,7 @@ def rebuild(table: OptimalTable, budget_bytes: int) -> tuple[Op, ...]:
     helper = _Filler(grid)
     helper.by_end = table.by_end
     ops: list[Op] = []
-    stack: list[Op | _Key | tuple[int, int, int, int]] = [(1, 1, grid.top, m)]
+    stack: list[Op | tuple[int, int, int, int]] = [(1, 1, grid.top, m)]
     while stack:
         item = stack.pop()
         if isinstance(item, Op):
@@ -297,8 +297,9 @@ def minimum(chain: Chain, slots: int = DEFAULT_SLOTS) -> Minimum:
     def threshold_on(count: int, reference: int) -> int:
         return threshold_bytes(discretize(chain, count, reference), top)
 
-    # store-all's peak always has a schedule
-    return lowest_budget(partial(threshold_on, slots), top, slots, exact_floor(threshold_on, top))
+    found = lowest_budget(partial(threshold_on, slots), top, slots, exact_floor(threshold_on, top))
+    assert found is not None, "store-all's peak always has a schedule"
+    return found
 
 
 def min_budget_bytes(chain: Chain, slots: int = DEFAULT_SLOTS) -> int:
