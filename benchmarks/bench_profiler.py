@@ -121,25 +121,6 @@ class MemprofInline(Memprof):
     background = False
 
 
-class MemprofPythonMarks(Memprof):
-    """memprof with its backward marks from a Python pre-hook per autograd node, not the native reporter.
-
-    The A/B that decides whether the native backward marks earn their keep (``docs/profiler.md``).
-    """
-
-    name = "memprof (Python backward marks)"
-
-    def start(self, model: nn.Module, optimizer: torch.optim.Optimizer, workdir: Path) -> None:
-        from unittest import mock
-
-        from memprof.capture.hooks import HookRecorder
-        from memprof.capture.native.stream import NativeAllocationStream
-
-        with mock.patch.object(NativeAllocationStream, "watch_backward", lambda stream: -1), \
-                mock.patch.object(HookRecorder, "use_native_backward", lambda recorder, rows, thread: None):
-            super().start(model, optimizer, workdir)
-
-
 class MemTrackerTool(Tool):
     """PyTorch's ``MemTracker`` (``torch.distributed._tools.mem_tracker``), entered around the block.
 
@@ -194,7 +175,6 @@ class TorchProfiler(Tool):
 
 
 TOOLS: tuple[type[Tool], ...] = (Tool, Memprof, MemprofInline, MemTrackerTool, TorchProfiler)
-OPTIONAL_TOOLS: tuple[type[Tool], ...] = (MemprofPythonMarks,)
 
 
 # --------------------------------------------------------------------------- measuring
@@ -466,7 +446,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="steady (default): pin glibc's trim and mmap thresholds so page-fault churn does "
                              "not drown the ratios; default: glibc's own settings")
     parser.add_argument("--tools", default=",".join(t.name for t in TOOLS),
-                        help="comma-separated subset of: " + ", ".join(t.name for t in TOOLS + OPTIONAL_TOOLS)
+                        help="comma-separated subset of: " + ", ".join(t.name for t in TOOLS)
                              + " (the baseline always runs)")
     parser.add_argument("--out", type=Path, default=RESULTS_PATH, help="where the Markdown report is written")
     parser.add_argument("--no-write", action="store_true", help="print only")
@@ -486,7 +466,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not specs:
         raise SystemExit(f"no known model in --models {args.models!r}")
     wanted_tools = set(args.tools.split(","))
-    tools = [t for t in TOOLS + OPTIONAL_TOOLS if t is Tool or t.name in wanted_tools]
+    tools = [t for t in TOOLS if t is Tool or t.name in wanted_tools]
     args.malloc_line = steady_malloc() if args.malloc == "steady" else "glibc's own thresholds"
     args.load_start = load_average()
     start_s = time.perf_counter()

@@ -15,6 +15,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from memprof.categories import CATEGORY_COLUMNS
+from memprof.phases import Phase
 from memprof.units import binary_unit, format_bytes
 
 #: One colour per category, the same in every figure.
@@ -30,10 +31,10 @@ CATEGORY_COLORS: dict[str, str] = {
 }
 CACHE_COLOR = "#dddddd"
 PHASE_COLORS: dict[str, str] = {
-    "forward": "rgba(84, 162, 75, 0.10)",
-    "backward": "rgba(228, 87, 86, 0.10)",
-    "optimizer": "rgba(178, 121, 162, 0.12)",
-    "other": "rgba(150, 150, 150, 0.06)",
+    Phase.FORWARD.value: "rgba(84, 162, 75, 0.10)",
+    Phase.BACKWARD.value: "rgba(228, 87, 86, 0.10)",
+    Phase.OPTIMIZER.value: "rgba(178, 121, 162, 0.12)",
+    Phase.OTHER.value: "rgba(150, 150, 150, 0.06)",
 }
 _MARGIN = {"l": 70, "r": 20, "t": 50, "b": 40}
 #: plotly.js's own plain look; the same for figures built as dicts (see ``figures_planner``).

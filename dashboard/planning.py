@@ -22,14 +22,11 @@ import planner
 from dashboard.data import TraceStore
 from dashboard.figures_planner import pareto_base
 from memprof.categories import MODEL_STATE
+from memprof.phases import CHAIN_PHASES, STEP_PHASES
 from planner.comparison import Comparison, compare
 
 #: Positions of the budget slider between the minimum feasible budget and store-all.
 SLIDER_STEPS = 100
-#: Phases a chain-only prediction covers (the optimizer step is outside it).
-_PREDICTED_PHASES = ("forward", "backward")
-#: Phases of a whole training step drawn against a whole-step prediction (its peak may be the optimizer's).
-_STEP_PHASES = ("forward", "backward", "optimizer")
 #: Columns of a measured memory line (:func:`measured_step`, :func:`measured_activation`).
 MEASURED_COLUMNS = ("time_ms", "memory_bytes", "peak_bytes")
 
@@ -171,7 +168,7 @@ def measured_step(frame: pd.DataFrame) -> pd.DataFrame:
         Columns ``MEASURED_COLUMNS``: ``time_ms``, ``memory_bytes`` (allocated) and ``peak_bytes`` (the
         allocator's peak since the previous event).
     """
-    inside = frame[frame["phase"].astype(str).isin(_STEP_PHASES)]
+    inside = frame[frame["phase"].astype(str).isin([p.value for p in STEP_PHASES])]
     if inside.empty:
         return _empty_measured()
     return pd.DataFrame({
@@ -191,7 +188,7 @@ def measured_activation(frame: pd.DataFrame) -> pd.DataFrame:
         Columns ``MEASURED_COLUMNS``: ``time_ms``, ``memory_bytes`` (activations) and ``peak_bytes`` (the
         highest since the previous event, less the model state at the event).
     """
-    inside = frame[frame["phase"].astype(str).isin(_PREDICTED_PHASES)]
+    inside = frame[frame["phase"].astype(str).isin([p.value for p in CHAIN_PHASES])]
     if inside.empty:
         return _empty_measured()
     state = sum(inside[c.value].to_numpy(dtype=np.int64) for c in MODEL_STATE)

@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from memprof.phases import Phase
+
 if TYPE_CHECKING:
     from memprof.trace.reader import Trace
     from planner.schedule import Schedule
@@ -121,7 +123,7 @@ def compute_ms(trace: Trace, skip_first: bool = True) -> float:
     events = trace.read("events", columns=["iteration", "time_ns", "phase", "event"])
     if skip_first and events.iteration.nunique() > 1:
         events = events[events.iteration != events.iteration.min()]
-    starts = events[(events.phase == "forward") & (events.event == "enter")].groupby("iteration").time_ns.min()
+    starts = events[(events.phase == Phase.FORWARD) & (events.event == "enter")].groupby("iteration").time_ns.min()
     ends = events[(events.phase == "backward") & (events.event == "end")].groupby("iteration").time_ns.max()
     return float(((ends - starts) / 1e6).median())
 

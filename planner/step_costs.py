@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from memprof.phases import Phase
 from planner.chain import Stage
 from planner.step import StepCosts
 
@@ -43,11 +44,11 @@ class Timeline:
     def __init__(self, events: pd.DataFrame) -> None:
         self.rows = events.sort_values("seq").set_index("seq")
         rows = self.rows
-        forward = rows[rows.phase == "forward"]
+        forward = rows[rows.phase == Phase.FORWARD]
         self._forward_seqs = forward.index.to_numpy()
         self.forward_enter = _first(forward[forward.event == "enter"])
         self.forward_exit = _first(forward[forward.event == "exit"])
-        self.backward_enter = _first(rows[(rows.phase == "backward") & (rows.event == "enter")])
+        self.backward_enter = _first(rows[(rows.phase == Phase.BACKWARD) & (rows.event == "enter")])
         self.names = set(rows.module)
 
     def subtree(self, modules: Iterable[str]) -> set[str]:
@@ -101,8 +102,8 @@ def boundaries(timeline: Timeline, first: tuple[str, ...], last: tuple[str, ...]
         return None
     rows = timeline.rows.loc[bottoms[-1] + 1 :]
     inside = timeline.subtree(first)
-    after = rows[(rows.phase == "backward") & rows.event.isin(["enter", "end"]) & ~rows.module.isin(inside)]
-    tail = rows[rows.phase != "backward"]
+    after = rows[(rows.phase == Phase.BACKWARD) & rows.event.isin(["enter", "end"]) & ~rows.module.isin(inside)]
+    tail = rows[rows.phase != Phase.BACKWARD]
     close = int(after.index[0]) if not after.empty else (int(tail.index[0]) if not tail.empty else
                                                           int(timeline.rows.index[-1]))
     return Boundaries(start, end, int(timeline._forward_seqs[-1]), tops[0], close)
@@ -122,7 +123,7 @@ def measure(timeline: Timeline, bounds: Boundaries, input_bytes: int, grad_bytes
     base = max(int(start.allocated_bytes) - input_bytes, 0)
     state = min(sum(int(start[c]) for c in _STATE), base)
     inputs = min(int(start.inputs), base - state)
-    optimizer = ev[ev.phase == "optimizer"]
+    optimizer = ev[ev.phase == Phase.OPTIMIZER]
     step_bytes = optimizer_peak = 0
     if not optimizer.empty:
         optimizer_peak = int(optimizer.peak_bytes.max())
@@ -178,7 +179,7 @@ def calibrated(stages: list[Stage], timeline: Timeline, groups: tuple[tuple[str,
     known = [e for e in enters if e is not None]
     rows = timeline.rows
     tail = rows.loc[max(known, default=0) + 1 :]
-    tail = tail[tail.phase != "backward"]
+    tail = tail[tail.phase != Phase.BACKWARD]
     closing = int(tail.index[0]) if not tail.empty else None
     out = []
     for index, (stage, group) in enumerate(zip(stages, groups)):

@@ -13,12 +13,13 @@ always sum to the allocator's total. The work is split in two passes:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
-from memprof.analysis.records import CAT, AllocationEvents, Mark
+from memprof.analysis.records import CAT, AllocationEvents, LiveBlock, Mark
 from memprof.categories import CATEGORIES, MODEL_STATE, Category
+from memprof.phases import PHASE_CODES, Phase
 
 N_CAT = len(CATEGORIES)
 OTHER = CAT[Category.OTHER]
@@ -35,17 +36,8 @@ _RANK = {
 }
 MODEL_STATE_CODES = np.array([CAT[c] for c in MODEL_STATE])
 
-PHASE_OTHER, PHASE_FORWARD, PHASE_BACKWARD, PHASE_OPTIMIZER = 0, 1, 2, 3
-PHASE_NAMES = ("other", "forward", "backward", "optimizer")
-
-
-class LiveBlock(NamedTuple):
-    """A block alive across iterations (a tuple: thousands are carried from one iteration to the next)."""
-
-    block_id: int
-    ptr: int
-    size_bytes: int
-    category: int
+PHASE_OTHER, PHASE_FORWARD, PHASE_BACKWARD, PHASE_OPTIMIZER = (
+    PHASE_CODES[Phase.OTHER], PHASE_CODES[Phase.FORWARD], PHASE_CODES[Phase.BACKWARD], PHASE_CODES[Phase.OPTIMIZER])
 
 
 @dataclass

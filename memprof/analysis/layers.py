@@ -3,55 +3,22 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from memprof.analysis.attribution import FEATURE, MODEL_STATE_CODES, Call, Sweep
+from memprof.analysis.records import ModuleInfo
 from memprof.analysis.timeline import Series
 
-if TYPE_CHECKING:  # the background worker imports this module without torch
-    from torch import nn
 
-
-@dataclass(frozen=True)
-class ModuleInfo:
-    """Static facts about one module of the profiled model.
-
-    Attributes:
-        name: qualified name (``""`` for the root).
-        parent: index of the parent module, -1 for the root.
-        depth: 0 for the root.
-        kind: class name.
-        param_indices: indices (into the profiler's parameter list) of the parameters in its subtree.
-        buffer_bytes: bytes of the buffers in its subtree (unique storages).
-    """
-
-    name: str
-    parent: int
-    depth: int
-    kind: str
-    param_indices: tuple[int, ...]
-    buffer_bytes: int
-
-
-def describe_modules(names: list[str], modules: list[nn.Module], params: list[nn.Parameter]) -> list[ModuleInfo]:
-    """Builds :class:`ModuleInfo` for every module (names and modules root first)."""
-    index_of_name = {name: i for i, name in enumerate(names)}
-    index_of_param = {id(p): i for i, p in enumerate(params)}
-    infos = []
-    for name, module in zip(names, modules):
-        parent = -1 if name == "" else index_of_name.get(name.rpartition(".")[0], 0)
-        buffers = {b.untyped_storage().data_ptr(): b.untyped_storage().nbytes() for b in module.buffers()}
-        infos.append(ModuleInfo(
-            name=name,
-            parent=parent,
-            depth=0 if name == "" else name.count(".") + 1,
-            kind=type(module).__name__,
-            param_indices=tuple(index_of_param[id(p)] for p in module.parameters() if id(p) in index_of_param),
-            buffer_bytes=sum(buffers.values()),
-        ))
-    return infos
+def _block_arrays(sw: Sweep) -> tuple[np.ndarray, ...]:
+    """Blocks sorted by allocation change: (alloc, free, size, activation, feature)."""
+    alloc = np.asarray(sw.alloc_change, dtype=np.int64)
+    order = np.argsort(alloc, kind="stable")
+    free = np.asarray(sw.free_change, dtype=np.int64)[order]
+    cats = np.asarray(sw.categories, dtype=np.int64)[order]
+    return (alloc[order], np.where(free < 0, np.iinfo(np.int64).max, free),
+            np.asarray(sw.sizes, dtype=np.int64)[order], ~np.isin(cats, MODEL_STATE_CODES), cats == FEATURE)
 
 
 @dataclass(frozen=True)
@@ -67,16 +34,6 @@ class CallCosts:
     kept: list[int]
     features: list[int]
     overhead: list[int]
-
-
-def _block_arrays(sw: Sweep) -> tuple[np.ndarray, ...]:
-    """Blocks sorted by allocation change: (alloc, free, size, activation, feature)."""
-    alloc = np.asarray(sw.alloc_change, dtype=np.int64)
-    order = np.argsort(alloc, kind="stable")
-    free = np.asarray(sw.free_change, dtype=np.int64)[order]
-    cats = np.asarray(sw.categories, dtype=np.int64)[order]
-    return (alloc[order], np.where(free < 0, np.iinfo(np.int64).max, free),
-            np.asarray(sw.sizes, dtype=np.int64)[order], ~np.isin(cats, MODEL_STATE_CODES), cats == FEATURE)
 
 
 def call_costs(sw: Sweep, activations: np.ndarray, calls: list[Call]) -> CallCosts:

@@ -6,9 +6,10 @@ recovery of a killed run (:mod:`memprof.trace.journal`) analyse these records wi
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
 from enum import IntEnum
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -19,13 +20,14 @@ CAT = {c: i for i, c in enumerate(CATEGORIES)}
 
 Storage = tuple[int, int]  # (data_ptr, nbytes)
 
-#: Columns of the native reporter's backward-node rows (see :mod:`memprof.analysis.backward_replay`).
-NODE_COLUMNS = 5
-
-
-def no_node_rows() -> np.ndarray:
-    """An empty block of backward-node rows."""
-    return np.zeros((0, NODE_COLUMNS), dtype=np.int64)
+# The hooks' rows stay plain tuples: they are appended on the training thread's hot path, where building a
+# named tuple per module call would cost more than the rest of the hook. Their layouts are named here.
+#: ``(time_ns, Mark, module index, storages)``: a mark, in call order (module index -1: not a module's).
+MarkRow = tuple[int, int, int, Sequence[Storage]]
+#: ``(time_ns, data_ptr, category code, nbytes)``: a storage seen in a role no mark implies.
+ObservationRow = tuple[int, int, int, int]
+#: ``(time_ns, data_ptr)``: a watched storage that existed before profiling died (CPU).
+FreeRow = tuple[int, int]
 
 
 class Mark(IntEnum):
@@ -71,49 +73,41 @@ class AllocationEvents:
 class Drained(NamedTuple):
     """What :meth:`memprof.capture.hooks.HookRecorder.drain` hands over: one iteration's raw observations.
 
+    The fields are those of :class:`IterationRecord` with the same names, in the same order.
+
     Attributes:
-        marks: ``(time_ns, Mark, module index, storages)`` in call order.
-        observations: ``(time_ns, data_ptr, category code, nbytes)``.
+        marks: the hooks' marks in call order.
+        observations: storages seen in a role no mark implies (weight gradients, optimizer state).
+        frees: watched pre-existing storages that died.
         param_grads: parameter index -> its gradient's storage, seen when accumulated.
-        frees: ``(time_ns, data_ptr)`` of watched pre-existing storages that died.
-        node_rows: the native reporter's backward-node rows (native mode; else empty).
-        watches: ``(sequence_nr, Mark, module index, token, output_nr)`` (native mode).
-        candidates: backward marks offered by Python hooks (native mode).
     """
 
-    marks: list
-    observations: list
+    marks: list[MarkRow]
+    observations: list[ObservationRow]
+    frees: list[FreeRow]
     param_grads: dict[int, Storage]
-    frees: list
-    node_rows: np.ndarray
-    watches: list
-    candidates: list
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class IterationRecord:
-    """Everything the training process saw in one iteration: the input of the analysis.
+    """Everything the training process saw in one iteration: the input of the analysis. Built by keyword.
 
     Attributes:
         iteration: its number (0-based).
         epoch: the epoch it belongs to.
         start_ns: when it began (``time.time_ns()``).
         end_ns: when ``record_stats()`` ended it.
+        events: the allocator's events.
+        marks: the hooks' marks, in call order (a mark's own storages are observed from the mark when it
+            is analysed).
+        observations: storages seen in a role no mark implies.
+        frees: watched pre-existing storages that died (CPU).
+        param_grads: parameter index -> storage of its gradient, seen when it was accumulated.
+        grads: parameter index -> storage of its ``.grad`` at the iteration's end, for those the
+            accumulate hooks did not see.
         reserved_bytes: the allocator's reserved bytes at its end (0 without a caching allocator).
         peak_reserved_bytes: the highest reserved bytes seen during it.
         failed: the iteration was cut short by an out-of-memory error or the budget guard.
-        events: the allocator's events.
-        marks: ``(time_ns, Mark, module index, storages)`` from the hooks, in call order.
-        observations: ``(time_ns, data_ptr, category code, nbytes)``: a storage seen in a role no mark
-            implies (a mark's own storages are observed from the mark when it is analysed).
-        frees: ``(time_ns, data_ptr)`` of watched pre-existing storages that died (CPU).
-        param_grads: parameter index -> storage of its gradient, seen when it was accumulated.
-        grads: parameter index -> storage of its ``.grad`` at the iteration's end.
-        backward_thread: RecordFunction's id of the training thread (-1: backward marks are in
-            ``marks`` already, made by Python hooks).
-        node_rows: the native reporter's backward-node rows, ``watches`` the forward hooks' watches
-            and ``candidates`` the marks Python hooks offered: raw material of the backward marks,
-            which the analysis replays (:func:`memprof.analysis.backward_replay.replay_backward`).
     """
 
     iteration: int
@@ -121,15 +115,113 @@ class IterationRecord:
     start_ns: int
     end_ns: int
     events: AllocationEvents
-    marks: list = field(default_factory=list)
-    observations: list = field(default_factory=list)
-    frees: list = field(default_factory=list)
+    marks: list[MarkRow] = field(default_factory=list)
+    observations: list[ObservationRow] = field(default_factory=list)
+    frees: list[FreeRow] = field(default_factory=list)
     param_grads: dict[int, Storage] = field(default_factory=dict)
     grads: dict[int, Storage] = field(default_factory=dict)
     reserved_bytes: int = 0
     peak_reserved_bytes: int = 0
     failed: bool = False
-    backward_thread: int = -1
-    node_rows: np.ndarray = field(default_factory=no_node_rows)
-    watches: list = field(default_factory=list)
-    candidates: list = field(default_factory=list)
+
+
+# ------------------------------------------------------ what the run carries from one iteration to the next
+class LiveBlock(NamedTuple):
+    """A block alive across iterations (a tuple: thousands are carried from one iteration to the next)."""
+
+    block_id: int
+    ptr: int
+    size_bytes: int
+    category: int
+
+
+@dataclass(frozen=True)
+class ModuleInfo:
+    """Static facts about one module of the profiled model.
+
+    Attributes:
+        name: qualified name (``""`` for the root).
+        parent: index of the parent module, -1 for the root.
+        depth: 0 for the root.
+        kind: class name.
+        param_indices: indices (into the profiler's parameter list) of the parameters in its subtree.
+        buffer_bytes: bytes of the buffers in its subtree (unique storages).
+    """
+
+    name: str
+    parent: int
+    depth: int
+    kind: str
+    param_indices: tuple[int, ...]
+    buffer_bytes: int
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """What the analysis needs to know about the profiled model, fixed for the whole run.
+
+    Attributes:
+        names: qualified module names, root first.
+        infos: static facts of each module, in the same order.
+        weight_bytes: bytes of unique parameter storages in each module's subtree.
+        use_truth: the allocator's running totals are absolute (CUDA) and correct the attribution.
+        device: the profiled device, as a string (shown in the console report).
+        print_period: console report every this many iterations (0: never).
+    """
+
+    names: tuple[str, ...]
+    infos: tuple[ModuleInfo, ...]
+    weight_bytes: tuple[int, ...]
+    use_truth: bool
+    device: str
+    print_period: int
+
+    @property
+    def parents(self) -> list[int]:
+        """Parent module index of each module (-1 for the root)."""
+        return [info.parent for info in self.infos]
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (see :meth:`from_json`)."""
+        return {"names": list(self.names), "infos": [asdict(i) for i in self.infos],
+                "weight_bytes": list(self.weight_bytes), "use_truth": self.use_truth, "device": self.device,
+                "print_period": self.print_period}
+
+    @staticmethod
+    def from_json(data: dict[str, Any]) -> RunSpec:
+        """Rebuilds a spec written by :meth:`to_json`.
+
+        Raises:
+            KeyError, TypeError, ValueError: the dict is not such a spec.
+        """
+        infos = tuple(ModuleInfo(name=str(i["name"]), parent=int(i["parent"]), depth=int(i["depth"]),
+                                 kind=str(i["kind"]), param_indices=tuple(int(p) for p in i["param_indices"]),
+                                 buffer_bytes=int(i["buffer_bytes"])) for i in data["infos"])
+        names = tuple(str(n) for n in data["names"])
+        weight_bytes = tuple(int(b) for b in data["weight_bytes"])
+        if not len(names) == len(infos) == len(weight_bytes):
+            raise ValueError(f"{len(names)} names, {len(infos)} modules and {len(weight_bytes)} weight sizes")
+        return RunSpec(names, infos, weight_bytes, bool(data["use_truth"]), str(data["device"]),
+                       int(data["print_period"]))
+
+
+@dataclass
+class CarriedState:
+    """What one iteration hands to the next.
+
+    Attributes:
+        last_iteration: the iteration this state is the end of (-1: before the first).
+        blocks: blocks alive at that moment, with their categories.
+        next_block_id: first id to give a new block.
+        order: module index -> position of its first forward call in the run.
+    """
+
+    last_iteration: int
+    blocks: list[LiveBlock]
+    next_block_id: int
+    order: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def allocated_bytes(self) -> int:
+        """Bytes of the carried blocks."""
+        return sum(b.size_bytes for b in self.blocks)

@@ -7,19 +7,20 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from memprof.analysis.attribution import MODEL_STATE_CODES, N_CAT, OTHER, PHASE_NAMES, Sweep
+from memprof.analysis.attribution import MODEL_STATE_CODES, N_CAT, OTHER, Sweep
 from memprof.analysis.records import Mark
 from memprof.categories import CATEGORY_COLUMNS
+from memprof.phases import PHASE_OF_CODE, Phase
 from memprof.trace.schema import EVENTS_SCHEMA
 
 _MARK_NAMES = {
-    Mark.FWD_ENTER: ("forward", "enter"),
-    Mark.FWD_EXIT: ("forward", "exit"),
-    Mark.BWD_ENTER: ("backward", "enter"),
-    Mark.BWD_EXIT: ("backward", "exit"),
-    Mark.BWD_END: ("backward", "end"),
-    Mark.OPT_ENTER: ("optimizer", "enter"),
-    Mark.OPT_EXIT: ("optimizer", "exit"),
+    Mark.FWD_ENTER: (Phase.FORWARD.value, "enter"),
+    Mark.FWD_EXIT: (Phase.FORWARD.value, "exit"),
+    Mark.BWD_ENTER: (Phase.BACKWARD.value, "enter"),
+    Mark.BWD_EXIT: (Phase.BACKWARD.value, "exit"),
+    Mark.BWD_END: (Phase.BACKWARD.value, "end"),
+    Mark.OPT_ENTER: (Phase.OPTIMIZER.value, "enter"),
+    Mark.OPT_EXIT: (Phase.OPTIMIZER.value, "exit"),
 }
 
 
@@ -141,7 +142,7 @@ def peak_summary(sw: Sweep, s: Series, module_names: list[str]) -> dict[str, obj
     k = int(np.argmax(s.total))
     phase, module = "other", ""
     if k > 0:
-        phase = PHASE_NAMES[sw.change_phase[k - 1]]
+        phase = PHASE_OF_CODE[sw.change_phase[k - 1]].value
         index = sw.change_module[k - 1]
         module = module_names[index] if index >= 0 else ""
     out: dict[str, object] = {

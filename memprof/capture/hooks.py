@@ -12,15 +12,12 @@ from functools import partial
 from time import time_ns
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
-from memprof.analysis.backward_replay import BackwardState, Candidate, Watch, merge_marks, replay_backward
-from memprof.analysis.records import CAT, Drained, Mark, Storage, no_node_rows
+from memprof.analysis.records import CAT, Drained, FreeRow, Mark, MarkRow, ObservationRow, Storage
 from memprof.capture.tensor_walk import (
     grad_tensors,
-    module_tree,
     optimizer_state,
     pointers,
     storages,
@@ -28,8 +25,7 @@ from memprof.capture.tensor_walk import (
 )
 from memprof.categories import Category
 
-__all__ = ["CAT", "Drained", "HookRecorder", "Mark", "Storage", "module_tree", "optimizer_state", "pointers",
-           "storages"]
+__all__ = ["HookRecorder"]
 
 
 # Enum members looked up once: attribute access on an Enum class costs more than a global (hot paths).
@@ -41,14 +37,11 @@ class HookRecorder:
     """Registers the profiler's hooks and records marks and observations.
 
     Attributes:
-        marks: ``(time_ns, Mark, module_index, storages)`` in call order.
-        observations: ``(time_ns, data_ptr, category_code, nbytes)``: a storage seen in a role that
-            no mark implies (weight gradients, optimizer state); the storages in marks are observed
-            from the marks themselves (:mod:`memprof.analysis.attribution`).
+        marks: the marks in call order (:data:`memprof.analysis.records.MarkRow`).
+        observations: storages seen in a role that no mark implies (weight gradients, optimizer
+            state); the storages in marks are observed from the marks themselves
+            (:mod:`memprof.analysis.attribution`).
         param_grads: parameter index -> (data_ptr, nbytes) of its gradient seen this iteration.
-        watches: in native mode, ``(node sequence number, Mark, module index, token, output_nr)``
-            for each activation whose node's run makes a backward mark (the replay's input).
-        thread_id: in native mode, RecordFunction's id of the training thread (else -1).
     """
 
     def __init__(self, modules: list[nn.Module], params: list[nn.Parameter],
@@ -56,13 +49,13 @@ class HookRecorder:
         self.modules = modules
         self.params = params
         self.optimizer = optimizer
-        self.marks: list[tuple[int, int, int, Any]] = []
-        self.observations: list[tuple[int, int, int, int]] = []
+        self.marks: list[MarkRow] = []
+        self.observations: list[ObservationRow] = []
         # On CPU the allocator does not report frees of storages allocated before profiling began,
         # so inputs are watched for their death too.
         self.watch_inputs = False
         self.param_grads: dict[int, Storage] = {}
-        self._free_sink: list[tuple[int, int]] = []
+        self._free_sink: list[FreeRow] = []
         self._handles: list[Any] = []
         self._finalizers: list[weakref.finalize] = []
         self._backward_active = False
@@ -77,22 +70,6 @@ class HookRecorder:
         self.enabled = True
         # Called at every forward and backward mark when a memory budget is guarded.
         self.guard: Callable[[int, int], None] | None = None
-        # Native backward marks (see use_native_backward); None: Python node pre-hooks.
-        self._node_rows: Callable[[], np.ndarray] | None = None
-        self.thread_id = -1
-        self.watches: list[Watch] = []
-        self._candidates: list[Candidate] = []
-        self._row_batches: list[np.ndarray] = []
-        self._next_token = 0
-
-    def use_native_backward(self, node_rows: Callable[[], np.ndarray], thread_id: int) -> None:
-        """Takes backward marks from the native reporter's node rows (:mod:`memprof.analysis.backward_replay`).
-
-        Args:
-            node_rows: returns the rows the reporter recorded since its last call.
-            thread_id: RecordFunction's id of the thread that runs the forward.
-        """
-        self._node_rows, self.thread_id = node_rows, thread_id
 
     # ----------------------------------------------------------------- attach / detach
     def attach(self) -> None:
@@ -129,41 +106,18 @@ class HookRecorder:
         self._finalizers.append(weakref.finalize(storage, _note_free, self._free_sink, ptr))
 
     def drain(self) -> Drained:
-        """Returns and clears what was recorded since the last drain.
-
-        In native mode the backward marks are not in ``marks``: the analysis replays them from the
-        node rows, watches and candidates (:func:`memprof.analysis.backward_replay.replay_backward`).
-        """
-        node_rows = self._take_node_rows()
+        """Returns and clears what was recorded since the last drain."""
         frees = list(self._free_sink)
         self._free_sink.clear()  # in place: the finalizers hold this list
         self._finalizers = [f for f in self._finalizers if f.alive]
-        out = Drained(self.marks, self.observations, self.param_grads, frees, node_rows, self.watches,
-                      self._candidates)
+        out = Drained(marks=self.marks, observations=self.observations, frees=frees, param_grads=self.param_grads)
         self._backward_active = False  # a backward that raised never ran its end callback
-        self.marks, self.observations, self.param_grads, self.watches, self._candidates = [], [], {}, [], []
+        self.marks, self.observations, self.param_grads = [], [], {}
         return out
 
-    def last_mark(self) -> tuple[int, int, int, Any] | None:
-        """The latest mark of the iteration so far, backward marks included (for a post-mortem).
-
-        In native mode the iteration's backward marks are replayed here, on their own: a backward
-        still running for an earlier iteration's forward is not seen.
-        """
-        marks = self.marks
-        if self._node_rows is not None:
-            rows = self._take_node_rows()
-            self._row_batches = [rows]  # kept for the iteration's record
-            found, _ = replay_backward(rows, self.watches, self._candidates, self.thread_id, BackwardState())
-            marks = merge_marks(marks, found)
-        return marks[-1] if marks else None
-
-    def _take_node_rows(self) -> np.ndarray:
-        """The reporter's node rows since the last drain (empty in Python mode)."""
-        if self._node_rows is None:
-            return no_node_rows()
-        batches, self._row_batches = [*self._row_batches, self._node_rows()], []
-        return batches[0] if len(batches) == 1 else np.concatenate(batches)
+    def last_mark(self) -> MarkRow | None:
+        """The latest mark of the iteration so far, backward marks included (for a post-mortem)."""
+        return self.marks[-1] if self.marks else None
 
     # ----------------------------------------------------------------- forward
     def _forward_pre(self, index: int, module: nn.Module, args: Any) -> None:
@@ -198,13 +152,13 @@ class HookRecorder:
             self._watch_backward(grad_tensors(output), _BWD_ENTER, index)
 
     def _plain_tensor(self, now: int, kind: Mark, backward_kind: Mark, index: int, obj: Any) -> bool:
-        """The forward hooks' common case in one go: one plain tensor, native mode, no guard.
+        """The forward hooks' common case in one go: one plain tensor, no guard.
 
         Does what :func:`pointers` and :meth:`_watch_backward` would for it, without their generic
         walks (most module calls take and return one tensor; this is the training thread's hottest
         path). Returns ``False``, having done nothing, for any other case.
         """
-        if type(obj) is not torch.Tensor or self._node_rows is None or self.guard is not None:
+        if type(obj) is not torch.Tensor or self.guard is not None:
             return False
         node = obj.grad_fn
         if node is None and obj.requires_grad:
@@ -215,8 +169,7 @@ class HookRecorder:
             return False
         self.marks.append((now, kind, index, [(ptr - obj.storage_offset() * obj.element_size(), obj.nbytes)]))
         if node is not None and _grad_enabled():
-            self.watches.append((node._sequence_nr(), backward_kind, index, self._next_token, obj.output_nr))
-            self._next_token += 1
+            self._wait_on(node, backward_kind, index, [False], obj.output_nr)
         return True
 
     # ----------------------------------------------------------------- backward
@@ -230,50 +183,39 @@ class HookRecorder:
         most of the profiler's cost on the training thread).
         """
         # The module call's mark is made once, by whichever tensor is ready first: its token says so.
-        native = self._node_rows is not None
-        token: Any
-        if native:  # an id; the replay decides, in time order (memprof.analysis.backward_replay)
-            token = self._next_token
-            self._next_token += 1
-        else:
-            token = [False]
+        token = [False]
         for tensor in tensors:
             node = tensor.grad_fn
             if node is None:  # a leaf that requires grad: only a tensor hook sees its gradient
                 tensor.register_hook(partial(self._leaf_ready, kind, index, token, [False]))
-                continue
-            if native and type(tensor) is torch.Tensor:  # the reporter reports its node's run
-                self.watches.append((node._sequence_nr(), kind, index, token, tensor.output_nr))
-                continue
-            metadata = node.metadata
-            pending = metadata.get(self._node_key)
-            if pending is None:
-                pending = metadata[self._node_key] = []
-                node.register_prehook(partial(self._node_ready, pending))
-            pending.append((kind, index, token, tensor.output_nr))
+            else:
+                self._wait_on(node, kind, index, token, tensor.output_nr)
 
-    def _node_ready(self, pending: list[tuple[Mark, int, Any, int]], grads: tuple) -> None:
+    def _wait_on(self, node: Any, kind: Mark, index: int, token: list[bool], output_nr: int) -> None:
+        """Adds a mark to those ``node``'s one pre-hook makes when it runs (registered on the first)."""
+        metadata = node.metadata
+        pending = metadata.get(self._node_key)
+        if pending is None:
+            pending = metadata[self._node_key] = []
+            node.register_prehook(partial(self._node_ready, pending))
+        pending.append((kind, index, token, output_nr))
+
+    def _node_ready(self, pending: list[tuple[Mark, int, list[bool], int]], grads: tuple) -> None:
         if not self.enabled:
             return
         now = time_ns()
         for kind, index, token, output_nr in pending:
             self._ready(now, kind, index, token, grads[output_nr] if output_nr < len(grads) else None)
 
-    def _leaf_ready(self, kind: Mark, index: int, token: Any, fired: list[bool], grad: torch.Tensor | None) -> None:
-        # Only its first call can make the mark (later ones find the token taken). The hook stays on
-        # a leaf that outlives the step, so in native mode, where a token is an id the replay only
-        # knows for one iteration, a stale hook must not offer again.
+    def _leaf_ready(self, kind: Mark, index: int, token: list[bool], fired: list[bool],
+                    grad: torch.Tensor | None) -> None:
+        # Only its first call can make the mark: the hook stays on a leaf that outlives the step.
         if self.enabled and not fired[0]:
             fired[0] = True
             self._ready(time_ns(), kind, index, token, grad)
 
-    def _ready(self, now: int, kind: Mark, index: int, token: Any, grad: torch.Tensor | None) -> None:
-        if self._node_rows is not None:
-            # Native mode: which tensor is first, and which graph task ends the backward, is decided
-            # in time order together with the reporter's rows (memprof.analysis.backward_replay).
-            found = pointers(grad) if grad is not None else []
-            self._candidates.append((now, kind, index, token, found, torch._C._current_graph_task_id()))
-        elif not token[0]:
+    def _ready(self, now: int, kind: Mark, index: int, token: list[bool], grad: torch.Tensor | None) -> None:
+        if not token[0]:
             token[0] = True
             self._backward_mark(now, kind, index, grad)
 

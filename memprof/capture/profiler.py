@@ -16,15 +16,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from memprof.analysis.attribution import CAT, LiveBlock
-from memprof.analysis.iteration import CarriedState, IterationProcessor, RunSpec, root_forward_ran
-from memprof.analysis.layers import describe_modules, subtree_bytes
-from memprof.analysis.records import IterationRecord
-from memprof.capture.hooks import HookRecorder, Mark, module_tree, optimizer_state, pointers, storages
+from memprof.analysis.iteration import IterationProcessor, root_forward_ran
+from memprof.analysis.layers import subtree_bytes
+from memprof.analysis.records import CAT, CarriedState, IterationRecord, LiveBlock, Mark, RunSpec
+from memprof.capture.hooks import HookRecorder
 from memprof.capture.kineto import SLOT_TAKEN
-from memprof.capture.native.stream import NativeAllocationStream
 from memprof.capture.sinks import BackgroundSink, InlineSink, Outcome
 from memprof.capture.streams import open_stream
+from memprof.capture.tensor_walk import describe_modules, module_tree, optimizer_state, pointers, storages
 from memprof.categories import Category
 from memprof.errors import MemoryBudgetExceeded, ProfilerError
 from memprof.trace.schema import FORMAT_NAME, SCHEMA_VERSION
@@ -104,7 +103,7 @@ class MemoryProfiler:
         ProfilerError: the model already has a live profiler, or another torch.profiler is running.
     """
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
                  out_dir: str | Path = "traces", run_id: str | None = None, print_period: int = 1,
                  stream: IO[str] | None = None, extra_meta: dict[str, Any] | None = None,
                  budget_bytes: int | None = None, background: bool = True) -> None:
@@ -155,9 +154,6 @@ class MemoryProfiler:
                        device=str(self.device), print_period=print_period)
         self._sink = self._open_sink(spec, CarriedState(-1, self._baseline(), 1), background and budget_bytes is None)
         self._stream.start()
-        if budget_bytes is None and isinstance(self._stream, NativeAllocationStream):
-            # The guard needs Python at every backward mark; otherwise the reporter notes the nodes.
-            self._recorder.use_native_backward(self._stream.node_rows, self._stream.watch_backward())
         self._recorder.attach()
         _ATTACHED.add(model)
         self._iteration_start_ns = time_ns()
@@ -244,10 +240,9 @@ class MemoryProfiler:
         seen = drained.param_grads
         grads = {i: found[0] for i, p in enumerate(self._params)
                  if i not in seen and p.grad is not None and (found := pointers(p.grad))}
-        record = IterationRecord(self.iteration, self.epoch, self._iteration_start_ns, end_ns, events, drained.marks,
-                                 drained.observations, drained.frees, drained.param_grads, grads, reserved,
-                                 peak_reserved, failed, self._recorder.thread_id, drained.node_rows,
-                                 drained.watches, drained.candidates)
+        record = IterationRecord(iteration=self.iteration, epoch=self.epoch, start_ns=self._iteration_start_ns,
+                                 end_ns=end_ns, events=events, **drained._asdict(), grads=grads,
+                                 reserved_bytes=reserved, peak_reserved_bytes=peak_reserved, failed=failed)
         self._handle(self._sink.submit(record))
         if self.iteration == 0 and not root_forward_ran(record) and len(events) and self._failure is None:
             warnings.warn(

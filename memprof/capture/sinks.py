@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from memprof.analysis.iteration import CarriedState, IterationProcessor, RunSpec, write_processed
-from memprof.analysis.records import IterationRecord
+from memprof.analysis.iteration import IterationProcessor
+from memprof.analysis.records import CarriedState, IterationRecord, RunSpec
 from memprof.errors import CorruptTraceError
 from memprof.trace.journal import (
     JOURNAL_DIR,
@@ -30,7 +30,7 @@ from memprof.trace.journal import (
     write_spec,
     write_state,
 )
-from memprof.trace.writer import TraceWriter
+from memprof.trace.writer import TraceWriter, write_iterations
 
 #: Records the worker may fall behind by before ``record_stats()`` waits for it (bounds disk and close time).
 MAX_PENDING = 16
@@ -74,7 +74,7 @@ class InlineSink:
         processed = self.processor.process(record)
         error = None
         try:
-            write_processed(self.writer, [processed])
+            write_iterations(self.writer, [processed])
         except OSError as exc:
             error = str(exc)
         return [Outcome(record.iteration, processed.report, processed.failure, error)]

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from memprof.analysis.records import Storage
+from memprof.analysis.records import ModuleInfo, Storage
 
 __all__ = ["grad_tensors", "module_tree", "optimizer_state", "pointers", "storages", "tensors"]
 
@@ -108,3 +108,22 @@ def module_tree(model: nn.Module) -> tuple[list[str], list[nn.Module]]:
         names.append(name)
         modules.append(module)
     return names, modules
+
+
+def describe_modules(names: list[str], modules: list[nn.Module], params: list[nn.Parameter]) -> list[ModuleInfo]:
+    """Builds :class:`ModuleInfo` for every module (names and modules root first)."""
+    index_of_name = {name: i for i, name in enumerate(names)}
+    index_of_param = {id(p): i for i, p in enumerate(params)}
+    infos = []
+    for name, module in zip(names, modules):
+        parent = -1 if name == "" else index_of_name.get(name.rpartition(".")[0], 0)
+        buffers = {b.untyped_storage().data_ptr(): b.untyped_storage().nbytes() for b in module.buffers()}
+        infos.append(ModuleInfo(
+            name=name,
+            parent=parent,
+            depth=0 if name == "" else name.count(".") + 1,
+            kind=type(module).__name__,
+            param_indices=tuple(index_of_param[id(p)] for p in module.parameters() if id(p) in index_of_param),
+            buffer_bytes=sum(buffers.values()),
+        ))
+    return infos

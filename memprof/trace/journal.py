@@ -21,10 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from memprof.analysis.attribution import LiveBlock
-from memprof.analysis.backward_replay import BackwardState
-from memprof.analysis.iteration import CarriedState, RunSpec
-from memprof.analysis.records import NODE_COLUMNS, AllocationEvents, IterationRecord, no_node_rows
+from memprof.analysis.records import AllocationEvents, CarriedState, IterationRecord, LiveBlock, RunSpec
 from memprof.atomic import write_atomically
 from memprof.errors import CorruptTraceError
 
@@ -138,19 +135,13 @@ def encode_record_parts(record: IterationRecord) -> list[bytes | memoryview]:
     ev = record.events
     header = {"kind": "record", "iteration": record.iteration, "epoch": record.epoch, "start_ns": record.start_ns,
               "end_ns": record.end_ns, "reserved_bytes": record.reserved_bytes,
-              "peak_reserved_bytes": record.peak_reserved_bytes, "failed": record.failed,
-              "backward_thread": record.backward_thread}
+              "peak_reserved_bytes": record.peak_reserved_bytes, "failed": record.failed}
     arrays = {
         "events": np.stack([ev.time_ns, ev.ptr, ev.size_bytes, ev.total_allocated_bytes, ev.total_reserved_bytes]),
         "marks": head, "mark_storages": storage,
         "observations": _flat(record.observations, 4), "frees": _flat(record.frees, 2),
         "param_grads": _storage_rows(record.param_grads), "grads": _storage_rows(record.grads),
     }
-    if len(record.node_rows) or record.watches or record.candidates:  # native backward marks, to be replayed
-        arrays["node_rows"], arrays["watches"] = record.node_rows, _flat(record.watches, 5)
-        # (ns, Mark, index, token, storages, task): the storages go last, as in the marks
-        moved = [(*c[:4], c[5], c[4]) for c in record.candidates]
-        arrays["candidates"], arrays["candidate_storages"] = _with_storages(moved, 5)
     return pack_parts(header, arrays)
 
 
@@ -161,14 +152,13 @@ def decode_record(data: bytes, what: str = "a journal record") -> IterationRecor
         CorruptTraceError: the bytes are not such a record.
     """
     header, a = unpack(data, what)
+    if "node_rows" in a:
+        raise CorruptTraceError(f"{what} was written by an older memprof, whose backward marks came from its native "
+                                "reporter and are not replayed any more; profile the run again")
     try:
         ev = a["events"]
         events = AllocationEvents(*(np.ascontiguousarray(ev[i]) for i in range(5)))
         marks = _unflatten(a["marks"].tolist(), a["mark_storages"].tolist())
-        node_rows = a["node_rows"].reshape(-1, NODE_COLUMNS) if "node_rows" in a else no_node_rows()
-        watches = [tuple(w) for w in a["watches"].tolist()] if "watches" in a else []
-        moved = _unflatten(a["candidates"].tolist(), a["candidate_storages"].tolist()) if "candidates" in a else []
-        candidates = [(*c[:4], c[5], c[4]) for c in moved]
         return IterationRecord(
             iteration=int(header["iteration"]), epoch=int(header["epoch"]), start_ns=int(header["start_ns"]),
             end_ns=int(header["end_ns"]), events=events, marks=marks,
@@ -176,8 +166,7 @@ def decode_record(data: bytes, what: str = "a journal record") -> IterationRecor
             param_grads={i: (p, n) for i, p, n in a["param_grads"].tolist()},
             grads={i: (p, n) for i, p, n in a["grads"].tolist()},
             reserved_bytes=int(header["reserved_bytes"]), peak_reserved_bytes=int(header["peak_reserved_bytes"]),
-            failed=bool(header["failed"]), backward_thread=int(header.get("backward_thread", -1)),
-            node_rows=node_rows, watches=watches, candidates=candidates)
+            failed=bool(header["failed"]))
     except (KeyError, ValueError, TypeError, IndexError) as exc:
         raise CorruptTraceError(f"{what} is damaged ({exc!r}); it cannot be read") from None
 
@@ -308,7 +297,7 @@ def write_state(journal_dir: Path, state: CarriedState) -> None:
     """Writes the carried state (atomically), then deletes the segments it makes redundant."""
     header = {"kind": "state", "last_iteration": state.last_iteration, "next_block_id": state.next_block_id,
               "order": [[m, o] for m, o in state.order.items()]}
-    arrays = {"blocks": _flat(state.blocks, 4), "watches": _flat(list(state.backward.watches), 5)}
+    arrays = {"blocks": _flat(state.blocks, 4)}
     write_atomically(journal_dir / STATE_FILE, pack(header, arrays))
     for first in segment_starts(journal_dir):
         if first + SEGMENT_RECORDS - 1 <= state.last_iteration:
@@ -326,9 +315,7 @@ def read_state(journal_dir: Path) -> CarriedState:
     header, arrays = unpack(path.read_bytes(), str(path))
     try:
         blocks = [LiveBlock(*row) for row in arrays["blocks"].tolist()]
-        backward = BackwardState(tuple(tuple(w) for w in arrays["watches"].reshape(-1, 5).tolist())
-                                 if "watches" in arrays else ())
         return CarriedState(int(header["last_iteration"]), blocks, int(header["next_block_id"]),
-                            {int(m): int(o) for m, o in header["order"]}, backward)
+                            {int(m): int(o) for m, o in header["order"]})
     except (KeyError, ValueError, TypeError) as exc:
         raise CorruptTraceError(f"{path} is damaged ({exc!r}); it cannot be read") from None

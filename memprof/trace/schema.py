@@ -38,7 +38,6 @@ META_KEYS: tuple[str, ...] = (
     "world_size",
 )
 
-PHASES: tuple[str, ...] = ("forward", "backward", "optimizer", "other")
 
 
 def _category_fields() -> list[pa.Field]:

@@ -24,9 +24,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from memprof.analysis.iteration import IterationProcessor, ProcessedIteration, write_processed
+from memprof.analysis.iteration import IterationProcessor, ProcessedIteration
 from memprof.trace.journal import JOURNAL_DIR, JournalReader, read_spec, read_state, write_state
-from memprof.trace.writer import TraceWriter
+from memprof.trace.writer import TraceWriter, write_iterations
 
 #: Iterations written together as one Parquet part per table: parts cost mostly per file, not per row.
 FLUSH_ITERATIONS = 16
@@ -64,7 +64,7 @@ class _Worker:
         if not self.batch:
             return
         try:
-            write_processed(self.writer, self.batch)
+            write_iterations(self.writer, self.batch)
             write_state(self.journal_dir, self.processor.state)
         except OSError as exc:
             _send({"write_error": str(exc)})

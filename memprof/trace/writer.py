@@ -10,13 +10,16 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from memprof.atomic import write_atomically
-from memprof.trace.schema import META_FILE, SCHEMAS, table_dir_name
+from memprof.trace.schema import EVENTS, ITERATIONS, LAYERS, META_FILE, SCHEMAS, table_dir_name
+
+if TYPE_CHECKING:
+    from memprof.analysis.iteration import ProcessedIteration
 
 
 def write_meta(run_dir: Path, meta: Mapping[str, Any]) -> None:
@@ -81,3 +84,19 @@ class TraceWriter:
         write_atomically(path, memoryview(sink.getvalue()))
         self._next_part[table] += 1
         return path
+
+
+def write_iterations(writer: TraceWriter, batch: Sequence[ProcessedIteration]) -> None:
+    """Writes the parts of a batch of iterations; the iterations rows last.
+
+    A reader keeps only iterations that have their row, so a kill between parts never leaves an
+    iteration half-written.
+
+    Raises:
+        OSError: a part could not be written (the parts written before it stay valid).
+    """
+    if not batch:
+        return
+    writer.append(LAYERS, [row for item in batch for row in item.layers])
+    writer.append(EVENTS, pa.concat_tables([item.events for item in batch]))
+    writer.append(ITERATIONS, [item.row for item in batch])

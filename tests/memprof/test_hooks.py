@@ -5,7 +5,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from memprof.capture.hooks import HookRecorder, Mark, module_tree, pointers, storages
+from memprof.analysis.records import Mark
+from memprof.capture.hooks import HookRecorder
+from memprof.capture.tensor_walk import module_tree, pointers, storages
 
 
 def test_pointers_give_the_storage_address_of_tensors_and_views() -> None:

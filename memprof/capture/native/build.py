@@ -1,14 +1,16 @@
 """Builds and loads memprof's native allocator reporter (``memprof/capture/native/reporter.cpp``).
 
-The reporter is a few dozen lines of C++ that sit in PyTorch's profiler slot and receive every
-allocation and free the CPU and CUDA allocators report there, into a buffer. It is compiled on first
-use against the installed torch's own headers (about 3 s with g++; cached per torch version and
-source, so later runs load it at once) and called through ``ctypes``, so it needs no build step at
-install time and no Python headers. Where it cannot be built (no C++ compiler, no torch headers),
-memprof falls back to PyTorch's profiler as its source of allocator events, which gives the same
-events at a higher cost per step.
+The reporter is a small C++ ``ProfilerStateBase`` that sits in PyTorch's profiler slot of the thread
+that starts it and appends every allocation and free the CPU and CUDA allocators report there to a
+buffer, which :class:`memprof.capture.native.stream.NativeAllocationStream` drains at each
+``record_stats()``. It is compiled on first use against the installed torch's own headers (g++,
+seconds; cached per torch version and source hash under :func:`cache_dir`, so later runs load it at
+once) and called through ``ctypes`` with a C ABI, so installing memprof needs no compiler and no torch
+at build time. Where it cannot be built (no C++ compiler, no torch headers) or ``MEMPROF_NATIVE=0``,
+:func:`memprof.capture.streams.open_stream` falls back to torch.profiler, which gives the same events
+at a higher cost per step.
 
-Run ``python -c "from memprof.capture.native.build import main; main()"`` to build it ahead of time (``make
+``python -c "from memprof.capture.native.build import main; main()"`` builds it ahead of time (``make
 setup`` does).
 """
 
@@ -28,7 +30,7 @@ import torch
 from memprof.atomic import atomic_path
 
 SOURCE = Path(__file__).parent / "reporter.cpp"
-ABI_VERSION = 2
+ABI_VERSION = 3
 #: Set to ``0`` to never use the native reporter (memprof then reads torch.profiler's events).
 ENV_SWITCH = "MEMPROF_NATIVE"
 _BUILD_TIMEOUT_S = 300
@@ -114,12 +116,6 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "memprof_drain": ([handle, ctypes.c_void_p, i64], i64),
         "memprof_net_bytes": ([handle, ctypes.c_int], i64),
         "memprof_last_oom": ([handle, ctypes.c_void_p], i64),
-        "memprof_nodes_on": ([handle], ctypes.c_int),
-        "memprof_nodes_off": ([handle], ctypes.c_int),
-        "memprof_thread_id": ([], i64),
-        "memprof_thread_callbacks": ([], ctypes.c_int),
-        "memprof_nodes_pending": ([handle], i64),
-        "memprof_nodes_drain": ([handle, ctypes.c_void_p, i64], i64),
     }
     for name, (args, result) in signatures.items():
         function = getattr(lib, name)

@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import ctypes
 import warnings
-from typing import Any
 
 import numpy as np
 import torch
 
-from memprof.analysis.records import NODE_COLUMNS
 from memprof.capture.kineto import SLOT_TAKEN, AllocationEvents
 from memprof.capture.native.build import NativeBuildError, load
 from memprof.errors import ProfilerError
@@ -47,7 +45,6 @@ class NativeAllocationStream:
             raise NativeBuildError("the native reporter could not allocate its state")
         self._cuda = self.device.type == "cuda"
         self._net_at_collect = 0
-        self._nodes_on = False
 
     def start(self) -> None:
         """Installs the reporter in this thread's profiler slot.
@@ -62,26 +59,6 @@ class NativeAllocationStream:
             raise ProfilerError("memprof's native reporter could not be installed in the profiler slot")
         self.active = True
 
-    def watch_backward(self) -> int:
-        """Also records the autograd nodes that backward runs (see :mod:`memprof.analysis.backward_replay`).
-
-        Call on the training thread after :meth:`start`; :meth:`close` stops it.
-
-        Returns:
-            RecordFunction's id of this thread, which the nodes its forward makes carry.
-
-        Raises:
-            ProfilerError: the reporter could not register its callback.
-        """
-        if self._lib.memprof_nodes_on(self._handle) != 0:
-            raise ProfilerError("memprof's native reporter could not register its backward-node callback")
-        self._nodes_on = True
-        return int(self._lib.memprof_thread_id())
-
-    def node_rows(self) -> np.ndarray:
-        """The backward-node rows recorded since the last call (``NODE_COLUMNS`` int64 columns)."""
-        return self._drain(self._lib.memprof_nodes_pending, self._lib.memprof_nodes_drain, NODE_COLUMNS)
-
     def net_bytes(self) -> int:
         """Net bytes this device allocated since the last :meth:`collect` (no copy, safe inside backward)."""
         return int(self._lib.memprof_net_bytes(self._handle, int(self._cuda))) - self._net_at_collect
@@ -90,7 +67,7 @@ class NativeAllocationStream:
         """Returns the events recorded since the last call; with ``restart=False`` also uninstalls the reporter."""
         if self.active and not restart:
             self._stop()
-        rows = self._drain(self._lib.memprof_pending, self._lib.memprof_drain, _COLUMNS)
+        rows = self._drain()
         self._net_at_collect = int(self._lib.memprof_net_bytes(self._handle, int(self._cuda)))
         return self._select(rows)
 
@@ -98,18 +75,15 @@ class NativeAllocationStream:
         """Stops recording and returns the last events."""
         return self.collect(restart=False)
 
-    def _drain(self, pending: Any, drain: Any, columns: int) -> np.ndarray:
-        """Copies one of the reporter's buffers out: ``pending`` says how many rows, ``drain`` moves them."""
-        count = int(pending(self._handle))
-        rows = np.empty((count, columns), dtype=np.int64)
+    def _drain(self) -> np.ndarray:
+        """Copies the reporter's buffer of events out."""
+        count = int(self._lib.memprof_pending(self._handle))
+        rows = np.empty((count, _COLUMNS), dtype=np.int64)
         if count:
-            rows = rows[:int(drain(self._handle, rows.ctypes.data, count))]
+            rows = rows[:int(self._lib.memprof_drain(self._handle, rows.ctypes.data, count))]
         return rows
 
     def _stop(self) -> None:
-        if self._nodes_on:
-            self._nodes_on = False
-            self._lib.memprof_nodes_off(self._handle)
         code = self._lib.memprof_pop(self._handle)
         self.active = False
         if code == 1:
@@ -136,8 +110,6 @@ class NativeAllocationStream:
         lib, handle = getattr(self, "_lib", None), getattr(self, "_handle", None)
         if lib is None or handle is None or not handle.value:
             return
-        if self._nodes_on:  # dropped without close(): the callback is harmless once the reporter is gone
-            lib.memprof_nodes_off(handle)
         if self.active:  # dropped without close(): take the reporter out of the slot if it is ours here
             lib.memprof_pop(handle)
         lib.memprof_destroy(handle)
