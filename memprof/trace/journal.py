@@ -152,7 +152,7 @@ def decode_record(data: bytes, what: str = "a journal record") -> IterationRecor
         CorruptTraceError: the bytes are not such a record.
     """
     header, a = unpack(data, what)
-    if "node_rows" in a:
+    if "node_rows" in a or "watches" in a:
         raise CorruptTraceError(f"{what} was written by an older memprof, whose backward marks came from its native "
                                 "reporter and are not replayed any more; profile the run again")
     try:
@@ -314,6 +314,9 @@ def read_state(journal_dir: Path) -> CarriedState:
     path = journal_dir / STATE_FILE
     header, arrays = unpack(path.read_bytes(), str(path))
     try:
+        if len(arrays.get("watches", ())):  # an older memprof's backward marks waiting on the next iteration
+            raise CorruptTraceError(f"{path} was written by an older memprof whose backward marks came from its "
+                                    "native reporter; profile the run again")
         blocks = [LiveBlock(*row) for row in arrays["blocks"].tolist()]
         return CarriedState(int(header["last_iteration"]), blocks, int(header["next_block_id"]),
                             {int(m): int(o) for m, o in header["order"]})

@@ -62,11 +62,12 @@ def test_empty_record_round_trip():
     _same(decode_record(encode_record(record)), record)
 
 
-def test_a_record_with_native_backward_rows_is_refused():
+@pytest.mark.parametrize("key", ["node_rows", "watches"])  # a forward without backward left only watches
+def test_a_record_with_native_backward_rows_is_refused(key):
     """A journal left by a memprof that took backward marks from its native reporter cannot be replayed."""
     record = _record(3)
     header, arrays = unpack(encode_record(record), "a record")
-    arrays["node_rows"] = np.zeros((1, 5), dtype=np.int64)
+    arrays[key] = np.zeros((1, 5), dtype=np.int64)
     with pytest.raises(CorruptTraceError, match="older memprof"):
         decode_record(pack(header, arrays))
 

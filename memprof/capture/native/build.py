@@ -3,8 +3,8 @@
 The reporter is a small C++ ``ProfilerStateBase`` that sits in PyTorch's profiler slot of the thread
 that starts it and appends every allocation and free the CPU and CUDA allocators report there to a
 buffer, which :class:`memprof.capture.native.stream.NativeAllocationStream` drains at each
-``record_stats()``. It is compiled on first use against the installed torch's own headers (g++,
-seconds; cached per torch version and source hash under :func:`cache_dir`, so later runs load it at
+``record_stats()``. It is compiled on first use against the installed torch's own headers (about
+10 s with g++; cached per torch version and source hash under :func:`cache_dir`, so later runs load it at
 once) and called through ``ctypes`` with a C ABI, so installing memprof needs no compiler and no torch
 at build time. Where it cannot be built (no C++ compiler, no torch headers) or ``MEMPROF_NATIVE=0``,
 :func:`memprof.capture.streams.open_stream` falls back to torch.profiler, which gives the same events
