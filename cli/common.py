@@ -79,7 +79,7 @@ def load_chain(source: str | Path, container: str | None = None) -> Chain:
 
     path = Path(source)
     if path.is_dir():
-        from memprof.trace.reader import load_trace
+        from memprof.trace import load_trace
         from planner.from_trace import chain_from_trace
 
         return chain_from_trace(load_trace(path), container=container)

@@ -6,9 +6,9 @@ from __future__ import annotations
 import argparse
 
 from cli.common import whole_number
-from memprof.analysis.console import format_failure, format_report
+from memprof.analysis import format_failure, format_report
 from memprof.errors import TraceError
-from memprof.trace.reader import load_trace
+from memprof.trace import load_trace
 from planner.advice import planner_advice
 
 

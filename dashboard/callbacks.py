@@ -26,9 +26,8 @@ from dashboard.figures import (
 )
 from dashboard.figures_timeline import DEFAULT_MAX_POINTS, relayout_range, timeline_figure
 from dashboard.layout import LAYER_TABLE_COLUMNS, TREE_SIZES, first_trace_help
-from memprof.analysis.console import format_failure
-from memprof.trace.ranks import peak_imbalance
-from memprof.trace.reader import Trace
+from memprof.analysis import format_failure
+from memprof.trace import Trace, peak_imbalance
 from memprof.units import format_bytes
 
 _NO_RUN = "Choose a run on the Runs tab."

@@ -19,8 +19,17 @@ from dashboard.cache import BoundedCache
 from memprof import RunEntry, Trace, list_runs, load_trace
 from memprof.categories import CATEGORY_COLUMNS
 from memprof.errors import MemprofError, TraceError, TraceNotFoundError
-from memprof.trace.ranks import rank_dirs, rank_of, rank_peaks
-from memprof.trace.schema import EVENTS, ITERATIONS, LAYERS, META_FILE, TABLES, table_dir_name
+from memprof.trace import (
+    EVENTS,
+    ITERATIONS,
+    LAYERS,
+    META_FILE,
+    TABLES,
+    rank_dirs,
+    rank_of,
+    rank_peaks,
+    table_dir_name,
+)
 from memprof.units import format_bytes
 
 T = TypeVar("T")

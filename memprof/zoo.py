@@ -139,7 +139,8 @@ class Rotary(nn.Module):
 
     @torch.no_grad()
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        angles = positions[:, None].float() * self.inv_freq[None, :]
+        inv_freq = self.get_buffer("inv_freq")
+        angles = positions[:, None].float() * inv_freq[None, :]
         both = torch.cat([angles, angles], dim=-1)
         return both.cos(), both.sin()
 

@@ -19,7 +19,7 @@ from planner.errors import InfeasibleBudgetError, NotAChainError
 from planner.solve import min_feasible_budget, solve, store_all_budget
 
 if TYPE_CHECKING:
-    from memprof.trace.reader import Trace
+    from memprof.trace import Trace
 
 
 def planner_advice(trace: Trace, failure: Mapping[str, Any]) -> list[str]:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from memprof.phases import Phase
 
 if TYPE_CHECKING:
-    from memprof.trace.reader import Trace
+    from memprof.trace import Trace
     from planner.schedule import Schedule
     from planner.simulator import Prediction
 

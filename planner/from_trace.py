@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from memprof.trace.reader import Trace
+from memprof.trace import Trace
 from planner import step_costs
 from planner.chain import Chain, Stage
 from planner.chain_finder import Candidate, ModuleTree, candidates, container_candidate

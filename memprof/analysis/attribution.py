@@ -12,6 +12,7 @@ always sum to the allocator's total. The work is split in two passes:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -267,7 +268,8 @@ class _Walker:
                 sum(sizes[b] if b is not None else n for b, n in zip(blocks, unique.values())))
 
 
-_MARK_HANDLERS = {
+# Keyed by int: marks read back from the journal carry plain ints (a Mark hashes as its value).
+_MARK_HANDLERS: dict[int, Callable[[_Walker, int, int, Any], None]] = {
     Mark.FWD_ENTER: _Walker._fwd_enter,
     Mark.FWD_EXIT: _Walker._fwd_exit,
     Mark.BWD_ENTER: _Walker._bwd_enter,
@@ -280,7 +282,7 @@ _MARK_HANDLERS = {
 
 #: The category a mark's storages are observed in: a model's inputs (the root's forward enter), the
 #: feature maps modules return, and the gradients that flow through backward.
-_MARK_ROLES = {Mark.FWD_ENTER: INPUTS, Mark.FWD_EXIT: FEATURE, Mark.BWD_ENTER: GRADS, Mark.BWD_EXIT: GRADS}
+_MARK_ROLES: dict[int, int] = {Mark.FWD_ENTER: INPUTS, Mark.FWD_EXIT: FEATURE, Mark.BWD_ENTER: GRADS, Mark.BWD_EXIT: GRADS}
 
 
 def sweep(events: AllocationEvents, marks: list, observations: list, baseline_frees: list,
@@ -324,8 +326,8 @@ def sweep(events: AllocationEvents, marks: list, observations: list, baseline_fr
                 if in_forward:
                     walker.fwd_blocks.append(block)
             else:
-                block = live.pop(a, None)
-                if block is None:
+                block = live.pop(a, -1)  # block indices are >= 0
+                if block < 0:
                     continue
                 free_change[block] = len(c_block)
                 sign = -1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from memprof.categories import CATEGORY_COLUMNS
 from memprof.units import format_bytes
@@ -17,7 +18,7 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     return out
 
 
-def format_report(iteration: Mapping[str, object], layers: Sequence[Mapping[str, object]], device: str,
+def format_report(iteration: Mapping[str, Any], layers: Sequence[Mapping[str, Any]], device: str,
                   top: int = 8) -> str:
     """Renders one iteration's summary: peak and current memory, categories at the peak, top layers.
 
@@ -54,7 +55,7 @@ def format_report(iteration: Mapping[str, object], layers: Sequence[Mapping[str,
     return "\n".join(lines)
 
 
-def format_failure(failure: Mapping[str, object]) -> str:
+def format_failure(failure: Mapping[str, Any]) -> str:
     """Renders the post-mortem stored in ``meta.json`` when a step ran out of memory."""
     categories = failure.get("categories") or {}
     lines = [
@@ -65,10 +66,10 @@ def format_failure(failure: Mapping[str, object]) -> str:
         f"  allocated: {format_bytes(int(failure.get('allocated_bytes') or 0))}"
         + (f" (budget {format_bytes(int(failure['budget_bytes']))})" if failure.get("budget_bytes") else ""),
         "  what filled memory: " + ", ".join(
-            f"{name} {format_bytes(int(value))}" for name, value in categories.items() if int(value) > 0),  # type: ignore[union-attr]
+            f"{name} {format_bytes(int(value))}" for name, value in categories.items() if int(value) > 0),
     ]
     holders = failure.get("top_feature_maps") or []
     if holders:
         lines.append("  largest feature maps: " + ", ".join(
-            f"{h['module']} ({h['kind']}) {format_bytes(int(h['feature_map_bytes']))}" for h in holders))  # type: ignore[index,union-attr]
+            f"{h['module']} ({h['kind']}) {format_bytes(int(h['feature_map_bytes']))}" for h in holders))
     return "\n".join(lines)

@@ -13,7 +13,7 @@ from memprof.categories import CATEGORY_COLUMNS
 from memprof.phases import PHASE_OF_CODE, Phase
 from memprof.trace.schema import EVENTS_SCHEMA
 
-_MARK_NAMES = {
+_MARK_NAMES: dict[int, tuple[str, str]] = {  # keyed by int, as the marks' kinds arrive
     Mark.FWD_ENTER: (Phase.FORWARD.value, "enter"),
     Mark.FWD_EXIT: (Phase.FORWARD.value, "exit"),
     Mark.BWD_ENTER: (Phase.BACKWARD.value, "enter"),

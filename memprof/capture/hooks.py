@@ -63,7 +63,7 @@ class HookRecorder:
         self._node_key = f"memprof-{id(self)}"
         # Module owning each parameter: the guard names it when a weight gradient crosses the budget.
         position = {id(p): i for i, p in enumerate(params)}
-        self._owner = {}
+        self._owner: dict[int, int] = {}
         for index, module in enumerate(modules):
             for param in module.parameters(recurse=False):
                 self._owner.setdefault(position.get(id(param), -1), index)
@@ -99,7 +99,8 @@ class HookRecorder:
         if not found:
             return
         try:
-            storage = (tensor.to_local() if hasattr(tensor, "device_mesh") else tensor).untyped_storage()
+            local = tensor.to_local() if hasattr(tensor, "device_mesh") else tensor  # type: ignore[attr-defined]  # DTensor
+            storage = local.untyped_storage()
         except (RuntimeError, NotImplementedError):
             return
         ptr = found[0][0]
@@ -167,7 +168,8 @@ class HookRecorder:
             ptr = obj.data_ptr()
         except (RuntimeError, NotImplementedError):  # sparse or nested: no single storage
             return False
-        self.marks.append((now, kind, index, [(ptr - obj.storage_offset() * obj.element_size(), obj.nbytes)]))
+        base = ptr - obj.storage_offset() * obj.element_size()  # an int for eager tensors (SymInt only when traced)
+        self.marks.append((now, kind, index, [(base, obj.nbytes)]))  # type: ignore[list-item]
         if node is not None and _grad_enabled():
             self._wait_on(node, backward_kind, index, [False], obj.output_nr)
         return True

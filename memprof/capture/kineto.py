@@ -92,7 +92,7 @@ class KinetoAllocationStream:
         config, activities, scopes = self._config()
         with _native_stderr_silenced():
             _prepare_profiler(config, activities)
-            _enable_profiler(config, activities, scopes)
+            _enable_profiler(config, activities, scopes)  # type: ignore[call-arg]  # the stub lacks `scopes`
         self.active = True
 
     def _stop(self):  # -> torch.autograd._ProfilerResult
@@ -135,7 +135,7 @@ class KinetoAllocationStream:
         want_cuda = self.device.type == "cuda"
         want_index = self.device.index if self.device.index is not None else 0
         check_device = want_cuda or torch.cuda.is_available()
-        rows = []
+        rows: list[tuple[int, ...]] = []
         append = rows.append
         stack = list(result.experimental_event_tree())
         while stack:

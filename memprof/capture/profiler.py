@@ -344,7 +344,9 @@ class MemoryProfiler:
             return  # restarting torch.profiler inside autograd's backward would leak its callbacks
         else:
             # a guarded run is always inline (see __init__), so the carried state is here to read
-            allocated = self._sink.allocated_bytes() + self._stream.net_bytes()
+            sink = self._sink
+            assert isinstance(sink, InlineSink), "a guarded run processes inline"
+            allocated = sink.allocated_bytes() + self._stream.net_bytes()
         if allocated > (self.budget_bytes or 0):
             module_name = self._names[module] if module >= 0 else ""  # -1: at the end of backward
             name = module_name or type(self.model).__name__

@@ -17,7 +17,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, NamedTuple
 
 from memprof.analysis.iteration import IterationProcessor
 from memprof.analysis.records import CarriedState, IterationRecord, RunSpec
@@ -95,6 +95,14 @@ def _worker_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": root + (os.pathsep + path if path else ""), "OMP_NUM_THREADS": "1"}
 
 
+class _Worker(NamedTuple):
+    """The worker process and its two pipes (typed as present: it is always started with both)."""
+
+    process: subprocess.Popen[bytes]
+    stdin: IO[bytes]
+    stdout: IO[bytes]
+
+
 class BackgroundSink:
     """Journals each record and has the background worker process it.
 
@@ -121,21 +129,27 @@ class BackgroundSink:
         self._buffer = b""
         self._eof = False
         self._error: str | None = None
-        self._proc: subprocess.Popen | None = None  # started with the first record: attach/close costs nothing
+        self._proc: _Worker | None = None  # started with the first record: attach/close costs nothing
         #: Why the worker stopped, once it did (the caller warns once).
         self.stopped: str | None = None
 
-    def _start(self) -> subprocess.Popen:
+    def _start(self) -> _Worker:
         proc = subprocess.Popen(
             [sys.executable, "-m", "memprof.trace.worker", str(self.run_dir)], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=_worker_env(), start_new_session=True)
+        assert proc.stdin is not None and proc.stdout is not None  # both are pipes (PIPE above)
         os.set_blocking(proc.stdout.fileno(), False)
-        return proc
+        return _Worker(proc, proc.stdin, proc.stdout)
+
+    def _running(self) -> _Worker:
+        if self._proc is None:
+            raise RuntimeError("memprof's worker was asked for before it was started")  # a bug, not bad input
+        return self._proc
 
     @property
     def pid(self) -> int | None:
         """The worker's process id (``None`` before the first record)."""
-        return self._proc.pid if self._proc is not None else None
+        return self._proc.process.pid if self._proc is not None else None
 
     @property
     def mode(self) -> str:
@@ -159,8 +173,8 @@ class BackgroundSink:
             lost = Outcome(record.iteration, write_error=str(exc))
             return outcomes + self._take_over(None, record) + [lost]
         try:
-            self._proc.stdin.write(f"{record.iteration}\n".encode())
-            self._proc.stdin.flush()
+            self._running().stdin.write(f"{record.iteration}\n".encode())
+            self._running().stdin.flush()
         except OSError:
             return outcomes + self._take_over(self._why_stopped())
         self._submitted += 1
@@ -172,14 +186,15 @@ class BackgroundSink:
         """Waits for the worker to process every record, stops it and removes the journal."""
         outcomes: list[Outcome] = []
         if self._inline is None and self._proc is not None:
+            worker = self._proc
             try:
-                self._proc.stdin.write(b"end\n")
-                self._proc.stdin.close()
+                worker.stdin.write(b"end\n")
+                worker.stdin.close()
             except OSError:
                 pass
             while self._inline is None and not self._eof:
                 outcomes += self._read(block=True)
-            if self._inline is None and (self._proc.wait() != 0 or self._error):
+            if self._inline is None and (worker.process.wait() != 0 or self._error):
                 # it answered everything but failed before its last batch was written: redo that inline
                 outcomes += self._take_over(self._why_stopped())
             self._reap()
@@ -190,7 +205,7 @@ class BackgroundSink:
     # ------------------------------------------------------------------ talking to the worker
     def _read(self, block: bool) -> list[Outcome]:
         """Answers available now; with ``block``, waits until some come (or the worker ends)."""
-        fd = self._proc.stdout.fileno()
+        fd = self._running().stdout.fileno()
         if block and not select.select([fd], [], [], _STALL_S)[0]:
             return self._take_over(f"it sent nothing for {_STALL_S:.0f} s")
         outcomes: list[Outcome] = []
@@ -220,13 +235,13 @@ class BackgroundSink:
 
     def _reap(self) -> None:
         if self._proc is not None and not self._proc.stdout.closed:
-            self._proc.wait()
+            self._proc.process.wait()
             self._proc.stdout.close()
 
     def _why_stopped(self) -> str:
         if self._error:
             return f"it failed: {self._error}"
-        code = self._proc.poll()
+        code = self._proc.process.poll() if self._proc is not None else None
         return f"it exited with status {code}" if code is not None else "it stopped answering"
 
     # ------------------------------------------------------------------ taking over
@@ -235,8 +250,8 @@ class BackgroundSink:
 
         ``reason`` is why the worker stopped (``None``: it did not fail, the journal did).
         """
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.kill()
+        if self._proc is not None and self._proc.process.poll() is None:
+            self._proc.process.kill()
         self._reap()
         self._journal.close()
         self.stopped = reason

@@ -5,4 +5,69 @@
 :mod:`~memprof.trace.reader` (with :mod:`~memprof.trace.recovery` for a killed run and
 :mod:`~memprof.trace.ranks` for distributed runs) is the one way everything else reads a trace.
 The worker's modules import neither torch nor pandas; the reader uses pandas.
+
+Public names load on first use: the reader's need pandas, which the worker never imports.
 """
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from memprof.trace.ranks import peak_imbalance, rank_dirs, rank_of, rank_peaks
+    from memprof.trace.reader import RunEntry, Trace, list_runs, load_trace
+    from memprof.trace.schema import (
+        EVENTS,
+        ITERATIONS,
+        LAYERS,
+        META_FILE,
+        SCHEMA_VERSION,
+        TABLES,
+        table_dir_name,
+    )
+    from memprof.trace.writer import TraceWriter
+
+_LAZY = {
+    "EVENTS": "memprof.trace.schema",
+    "ITERATIONS": "memprof.trace.schema",
+    "LAYERS": "memprof.trace.schema",
+    "META_FILE": "memprof.trace.schema",
+    "RunEntry": "memprof.trace.reader",
+    "SCHEMA_VERSION": "memprof.trace.schema",
+    "TABLES": "memprof.trace.schema",
+    "Trace": "memprof.trace.reader",
+    "TraceWriter": "memprof.trace.writer",
+    "list_runs": "memprof.trace.reader",
+    "load_trace": "memprof.trace.reader",
+    "peak_imbalance": "memprof.trace.ranks",
+    "rank_dirs": "memprof.trace.ranks",
+    "rank_of": "memprof.trace.ranks",
+    "rank_peaks": "memprof.trace.ranks",
+    "table_dir_name": "memprof.trace.schema",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = [
+    "EVENTS",
+    "ITERATIONS",
+    "LAYERS",
+    "META_FILE",
+    "RunEntry",
+    "SCHEMA_VERSION",
+    "TABLES",
+    "Trace",
+    "TraceWriter",
+    "list_runs",
+    "load_trace",
+    "peak_imbalance",
+    "rank_dirs",
+    "rank_of",
+    "rank_peaks",
+    "table_dir_name",
+]

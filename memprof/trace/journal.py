@@ -1,11 +1,17 @@
 """The journal: raw iteration records on disk, between the training process and the worker.
 
-``record_stats()`` only writes what it saw (:class:`IterationRecord`) as one file under
-``<run>/.journal/``; the background worker turns each into Parquet parts and deletes it. Should both
-processes die, the reader finishes the remaining records in memory (:mod:`memprof.trace.recovery`).
+``record_stats()`` only appends what it saw (:class:`~memprof.analysis.records.IterationRecord`) to a
+segment file under ``<run>/.journal/`` (``seg-<first iteration>.log``, :data:`SEGMENT_RECORDS` records
+each), one ``writev`` per record. A record is a frame: magic, Adler-32 checksum and length, then the
+payload; a reader stops at the first incomplete or damaged frame, which is what a killed writer leaves.
+The background worker (:mod:`memprof.trace.worker`) turns the records into Parquet parts and writes its
+carried state (``state.bin``, atomically) after each batch; a segment is deleted once every iteration
+in it is in the tables. ``spec.json`` (the run's :class:`~memprof.analysis.records.RunSpec`) is also
+written atomically. Should both processes die, the reader finishes the remaining records in memory
+(:mod:`memprof.trace.recovery`).
 
-Files are flat little-endian int64 arrays after a JSON header, never pickles: a trace copied from
-someone else is data, and reading it must not run code. Every file is written atomically.
+Payloads are flat little-endian int64 arrays after a JSON header, never pickles: a trace copied from
+someone else is data, and reading it must not run code.
 """
 
 from __future__ import annotations
@@ -63,7 +69,7 @@ def pack_parts(header: dict[str, Any], arrays: dict[str, np.ndarray]) -> list[by
     for array in arrays.values():
         flat = np.ascontiguousarray(array, dtype="<i8").reshape(-1)
         if flat.size:  # (a memoryview of an empty array cannot be cast to bytes)
-            parts.append(memoryview(flat).cast("B"))
+            parts.append(flat.data.cast("B"))
     return parts
 
 
@@ -72,7 +78,7 @@ def pack(header: dict[str, Any], arrays: dict[str, np.ndarray]) -> bytes:
     return b"".join(pack_parts(header, arrays))
 
 
-def unpack(data: bytes, what: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+def unpack(data: bytes | memoryview, what: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """Inverse of :func:`pack`.
 
     Raises:
@@ -145,7 +151,7 @@ def encode_record_parts(record: IterationRecord) -> list[bytes | memoryview]:
     return pack_parts(header, arrays)
 
 
-def decode_record(data: bytes, what: str = "a journal record") -> IterationRecord:
+def decode_record(data: bytes | memoryview, what: str = "a journal record") -> IterationRecord:
     """Rebuilds an :class:`IterationRecord` from :func:`encode_record`'s bytes.
 
     Raises:
@@ -208,21 +214,22 @@ class JournalWriter:
             OSError: it could not be written (a partial frame is ignored by every reader).
         """
         path = segment_path(self.journal_dir, record.iteration)
-        if path != self._path:
+        fd = self._fd
+        if path != self._path or fd is None:
             self.close()
-            self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            fd = self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
             self._path = path
         parts = encode_record_parts(record)
         checksum = 1  # Adler-32's start value
         for part in parts:
             checksum = zlib.adler32(part, checksum)
         parts.insert(0, _FRAME.pack(_FRAME_MAGIC, checksum, sum(len(p) for p in parts)))
-        written = os.writev(self._fd, parts)
+        written = os.writev(fd, parts)
         total = sum(len(p) for p in parts)
         if written < total:  # a short write (rare on regular files): write the rest in one piece
             rest = memoryview(b"".join(parts))[written:]
             while rest:
-                rest = rest[os.write(self._fd, rest):]
+                rest = rest[os.write(fd, rest):]
 
     def close(self) -> None:
         """Closes the open segment."""
