@@ -18,15 +18,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import torch
-
 from cli.common import port_number, require_dashboard_extra, whole_number
 from dashboard.server import DEFAULT_HOST, DEFAULT_PORT, check_can_listen, serve
-from memprof import MemoryProfiler, load_trace, zoo
 from memprof.units import format_bytes
-from planner import chain_from_trace
 
+# torch, the example models and the planner load when the demo runs, not when `memprof --help` is built.
 if TYPE_CHECKING:
+    import torch
+
+    from memprof.zoo import ModelAndData
     from planner.measure import Comparison
     from planner.schedule import Schedule
 
@@ -39,20 +39,31 @@ class DemoModel:
     """An embedded model, its batch size and the container holding its chain."""
 
     name: str
-    build: Callable[[], zoo.ModelAndData]
+    builder: str  # a function of memprof.zoo
+    options: dict[str, int]
     batch_size: int
     container: str | None
 
+    def build(self) -> ModelAndData:
+        """The model and its batch maker, from :mod:`memprof.zoo`."""
+        from memprof import zoo
+
+        make: Callable[..., ModelAndData] = getattr(zoo, self.builder)
+        return make(**self.options)
+
 
 DEMO_MODELS = (
-    DemoModel("resnet", lambda: zoo.cnn(channels=32, blocks=6, image=32), 16, None),
-    DemoModel("gpt", lambda: zoo.transformer(vocab=512, dim=128, heads=4, layers=6, seq=64), 8, None),
-    DemoModel("llama", lambda: zoo.llama(vocab=512, dim=128, heads=4, kv_heads=2, layers=6, seq=64), 8, None),
+    DemoModel("resnet", "cnn", {"channels": 32, "blocks": 6, "image": 32}, 16, None),
+    DemoModel("gpt", "transformer", {"vocab": 512, "dim": 128, "heads": 4, "layers": 6, "seq": 64}, 8, None),
+    DemoModel("llama", "llama", {"vocab": 512, "dim": 128, "heads": 4, "kv_heads": 2, "layers": 6, "seq": 64}, 8,
+              None),
 )
 
 
 def make_optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
     """Adam, for the profiled and the measured runs alike: the whole step's peak counts its state and step."""
+    import torch
+
     return torch.optim.Adam(model.parameters(), lr=1e-3)
 
 
@@ -80,6 +91,10 @@ class Progress:
 
 def profile_model(spec: DemoModel, out_dir: Path, tag: str, iterations: int) -> Path:
     """Profiles a few training iterations of one embedded model; returns the run directory."""
+    import torch
+
+    from memprof import MemoryProfiler, zoo
+
     torch.manual_seed(0)
     model, make_batch = spec.build()
     optimizer = make_optimizer(model)
@@ -96,7 +111,10 @@ def profile_model(spec: DemoModel, out_dir: Path, tag: str, iterations: int) -> 
 
 def plan_and_measure(spec: DemoModel, run_dir: Path, out_dir: Path, tag: str, measure: bool) -> list[str]:
     """Plans every algorithm at several budgets and executes a selection; returns summary lines."""
-    from planner import ALGORITHMS, min_feasible_budget, solve, store_all_budget
+    import torch
+
+    from memprof import load_trace
+    from planner import ALGORITHMS, chain_from_trace, min_feasible_budget, solve, store_all_budget
     from planner.errors import InfeasibleBudgetError
     from planner.measure import measure_schedule
 

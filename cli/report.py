@@ -6,10 +6,7 @@ from __future__ import annotations
 import argparse
 
 from cli.common import whole_number
-from memprof.analysis import format_failure, format_report
 from memprof.errors import TraceError
-from memprof.trace import load_trace
-from planner.advice import planner_advice
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -27,6 +24,10 @@ def run_report(args: argparse.Namespace) -> int:
     Raises:
         TraceError: the run cannot be read, or it has no such iteration.
     """
+    from memprof.analysis import format_failure, format_report  # the reader needs pandas: only when run
+    from memprof.trace import load_trace
+    from planner.advice import planner_advice
+
     trace = load_trace(args.run_dir)
     iterations = trace.iterations
     if iterations.empty:
