@@ -73,6 +73,7 @@ class IterationProcessor:
             "reserved_bytes": record.reserved_bytes,
             "num_events": len(sw.marks) + 2,
             "num_allocations": int(sum(1 for a in sw.alloc_change if a >= 0)),
+            "detail": True,
             **peak_summary(sw, s, list(spec.names)),
         }
         layers = layer_rows(sw, s, list(spec.infos), record.iteration, order, list(spec.weight_bytes),

@@ -18,13 +18,19 @@ from memprof.errors import CorruptTraceError, SchemaVersionError, TraceError, Tr
 from memprof.trace.recovery import recover, recovered_frame
 from memprof.trace.schema import (
     FORMAT_NAME,
+    ITERATIONS,
     META_FILE,
     META_KEYS,
+    READABLE_VERSIONS,
     SCHEMA_VERSION,
     SCHEMAS,
     TABLES,
+    V1_DEFAULTS,
     table_dir_name,
 )
+
+#: ``(first, last)`` iteration of a part, from its footer's statistics; ``None`` when it has none.
+IterationRange = tuple[int, int] | None
 
 
 def read_meta(run_dir: Path) -> dict[str, Any]:
@@ -52,9 +58,10 @@ def read_meta(run_dir: Path) -> dict[str, Any]:
         found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
         raise CorruptTraceError(f"{path} is not memprof metadata: expected format {FORMAT_NAME!r}, found {found!r}")
     version = meta.get("schema_version")
-    if version != SCHEMA_VERSION:
+    if isinstance(version, bool) or version not in READABLE_VERSIONS:
         raise SchemaVersionError(
-            f"{path} has schema_version {version!r}; this memprof reads version {SCHEMA_VERSION}"
+            f"{path} has schema_version {version!r}; this memprof reads versions "
+            f"{', '.join(map(str, READABLE_VERSIONS))}"
             + (": upgrade memprof to read it" if isinstance(version, int) and version > SCHEMA_VERSION else "")
         )
     missing = [k for k in META_KEYS if k not in meta]
@@ -73,25 +80,52 @@ def table_parts(run_dir: Path, table: str) -> list[Path]:
     return sorted(p for p in directory.glob("part-*.parquet") if not p.name.startswith("."))
 
 
-def _check_part(path: Path, table: str) -> None:
+def _required(table: str, version: int) -> list[pa.Field]:
+    """The columns a part of ``table`` must have in a trace of schema ``version``."""
+    absent = V1_DEFAULTS.get(table, {}) if version == 1 else {}
+    return [f for f in SCHEMAS[table] if f.name not in absent]
+
+
+def _check_part(path: Path, table: str, version: int) -> IterationRange:
+    """Validates a part's footer; returns the range of iterations it holds."""
     try:
-        schema = pq.read_schema(path)
+        metadata = pq.read_metadata(path)
+        schema = metadata.schema.to_arrow_schema()
     except (OSError, pa.ArrowException, UnicodeDecodeError) as exc:
         raise CorruptTraceError(
             f"{path} is not a readable Parquet file ({exc.__class__.__name__}: {exc}); it may be truncated"
         ) from None
-    missing = [name for name in SCHEMAS[table].names if name not in schema.names]
+    required = _required(table, version)
+    missing = [f.name for f in required if f.name not in schema.names]
     if missing:
         raise CorruptTraceError(f"{path} is not a memprof {table} table: missing columns {missing}")
-    wrong = [f"{f.name} ({schema.field(f.name).type}, expected {f.type})" for f in SCHEMAS[table]
+    wrong = [f"{f.name} ({schema.field(f.name).type}, expected {f.type})" for f in required
              if not schema.field(f.name).type.equals(f.type)]
     if wrong:
         raise CorruptTraceError(f"{path} has columns of the wrong type: {', '.join(wrong)}")
+    return _iteration_range(metadata, schema.get_field_index("iteration"))
+
+
+def _iteration_range(metadata: pq.FileMetaData, column: int) -> IterationRange:
+    lows, highs = [], []
+    for group in range(metadata.num_row_groups):
+        stats = metadata.row_group(group).column(column).statistics
+        if metadata.row_group(group).num_rows == 0:
+            continue
+        if stats is None or not stats.has_min_max:
+            return None
+        lows.append(stats.min)
+        highs.append(stats.max)
+    return (int(min(lows)), int(max(highs))) if lows else None
 
 
 @dataclass(frozen=True)
 class Trace:
     """One profiled run: its metadata and three tables, read lazily and cached.
+
+    The ``iterations`` table has a row for every recorded iteration; ``layers`` and ``events`` (the
+    detail) hold rows only for the iterations in :attr:`detail_iterations`. Read the detail of a few
+    iterations with ``read(table, iterations=[...])``: only the parts that hold them are opened.
 
     Attributes:
         path: the run directory.
@@ -102,44 +136,77 @@ class Trace:
     meta: dict[str, Any]
     _parts: dict[str, tuple[Path, ...]] = field(repr=False)
     _recovered: list[ProcessedIteration] = field(default_factory=list, repr=False)
+    _ranges: dict[str, tuple[IterationRange, ...]] = field(default_factory=dict, repr=False)
 
-    def read(self, table: str, columns: Sequence[str] | None = None) -> pd.DataFrame:
-        """Reads one table (all parts), optionally only some columns.
+    def read(self, table: str, columns: Sequence[str] | None = None,
+             iterations: Iterable[int] | None = None) -> pd.DataFrame:
+        """Reads one table (all parts), optionally only some columns and some iterations.
+
+        Args:
+            table: ``"iterations"``, ``"layers"`` or ``"events"``.
+            columns: the columns to read (default: all).
+            iterations: read only these iterations' rows (default: all); parts and row groups that
+                cannot hold them are skipped.
 
         Raises:
             CorruptTraceError: a part cannot be read or lacks a requested column.
         """
         if table not in SCHEMAS:
             raise KeyError(f"unknown table {table!r}; expected one of {TABLES}")
-        frame = self._read_parts(table, columns)
-        if table != "iterations" and "iteration" in frame.columns and self._parts["iterations"]:
+        wanted = None if iterations is None else sorted({int(i) for i in iterations})
+        if wanted is not None and columns is not None and "iteration" not in columns:
+            frame = self.read(table, ["iteration", *columns], wanted)
+            return frame[list(columns)]
+        frame = self._read_parts(table, columns, wanted)
+        if table != ITERATIONS and "iteration" in frame.columns and self._parts[ITERATIONS]:
             # a run killed between an iteration's parts wrote layers/events but not its row: drop them
             frame = frame[frame.iteration.isin(self._written_iterations)].reset_index(drop=True)
         recovered = recovered_frame(self._recovered, table)
         if recovered is not None:  # iterations still in the journal of a killed or running run
-            recovered = recovered[~recovered.iteration.isin(self._written_iterations)]
+            keep = ~recovered.iteration.isin(self._written_iterations)
+            if wanted is not None:
+                keep &= recovered.iteration.isin(wanted)
+            recovered = recovered[keep]
             if columns:
                 recovered = recovered[[c for c in columns if c in recovered.columns]]
-            frame = pd.concat([frame, recovered], ignore_index=True) if len(frame) else recovered.reset_index(drop=True)
+            if len(recovered):
+                frame = pd.concat([frame, recovered], ignore_index=True) if len(frame) else recovered
+                frame = frame.reset_index(drop=True)
         return frame
 
     @cached_property
     def _written_iterations(self) -> set[int]:
-        if not self._parts["iterations"]:
+        if not self._parts[ITERATIONS]:
             return set()
-        return set(self._read_parts("iterations", ["iteration"]).iteration.tolist())
+        return set(self._read_parts(ITERATIONS, ["iteration"], None).iteration.tolist())
 
-    def _read_parts(self, table: str, columns: Sequence[str] | None) -> pd.DataFrame:
+    @property
+    def version(self) -> int:
+        """The trace's schema version."""
+        return int(self.meta["schema_version"])
+
+    def _read_parts(self, table: str, columns: Sequence[str] | None, wanted: list[int] | None) -> pd.DataFrame:
         parts = self._parts[table]
+        if wanted is not None:
+            ranges = self._ranges.get(table) or (None,) * len(parts)
+            parts = tuple(p for p, r in zip(parts, ranges) if _may_hold(r, wanted))
         if not parts:
             return _empty_frame(table, columns)
+        defaults = V1_DEFAULTS.get(table, {}) if self.version == 1 else {}
+        names = list(columns) if columns else None
+        filters = [("iteration", "in", wanted)] if wanted is not None else None
         frames = []
         for part in parts:
             try:
-                frames.append(pq.read_table(part, columns=list(columns) if columns else None,
-                                            page_checksum_verification=True).to_pandas())
+                read_names = [c for c in names if c not in defaults] if names else None
+                data = pq.read_table(part, columns=read_names, filters=filters, page_checksum_verification=True)
             except (OSError, pa.ArrowException, KeyError, UnicodeDecodeError) as exc:
                 raise CorruptTraceError(f"cannot read {part}: {exc}") from None
+            frame = data.to_pandas()
+            for name, value in defaults.items():
+                if (names is None or name in names) and name not in frame.columns:
+                    frame[name] = pd.Series([value] * len(frame), dtype=SCHEMAS[table].field(name).type.to_pandas_dtype())
+            frames.append(frame[names] if names else frame)
         if len(frames) == 1:
             return frames[0]
         return pd.concat(_latest_parts_only(frames), ignore_index=True)
@@ -147,22 +214,35 @@ class Trace:
     @cached_property
     def iterations(self) -> pd.DataFrame:
         """One row per recorded iteration."""
-        return self.read("iterations")
+        return self.read(ITERATIONS)
+
+    @cached_property
+    def detail_iterations(self) -> list[int]:
+        """The iterations whose detail (layers and events rows) the trace holds, in order."""
+        frame = self.read(ITERATIONS, columns=["iteration", "detail"])
+        return sorted(int(i) for i in frame.iteration[frame.detail.astype(bool)])
 
     @cached_property
     def layers(self) -> pd.DataFrame:
-        """One row per iteration and module."""
+        """One row per detailed iteration and module."""
         return self.read("layers")
 
     @cached_property
     def events(self) -> pd.DataFrame:
-        """The memory timeline: one row per hook event."""
+        """The memory timeline of the detailed iterations: one row per hook event."""
         return self.read("events")
 
     @property
     def run_id(self) -> str:
         """The run's identifier."""
         return str(self.meta["run_id"])
+
+
+def _may_hold(found: IterationRange, wanted: list[int]) -> bool:
+    if found is None:
+        return True
+    low, high = found
+    return any(low <= i <= high for i in wanted)
 
 
 def _latest_parts_only(frames: list[pd.DataFrame]) -> list[pd.DataFrame]:
@@ -205,12 +285,13 @@ def load_trace(run_dir: str | Path) -> Trace:
     # the journal first, the parts second: what a live worker writes meanwhile is then in the parts
     recovered = recover(run_dir)
     parts: dict[str, tuple[Path, ...]] = {}
+    ranges: dict[str, tuple[IterationRange, ...]] = {}
+    version = int(meta["schema_version"])
     for table in TABLES:
         found = table_parts(run_dir, table)
-        for part in found:
-            _check_part(part, table)
+        ranges[table] = tuple(_check_part(part, table, version) for part in found)
         parts[table] = tuple(found)
-    return Trace(path=run_dir, meta=meta, _parts=parts, _recovered=recovered)
+    return Trace(path=run_dir, meta=meta, _parts=parts, _recovered=recovered, _ranges=ranges)
 
 
 @dataclass(frozen=True)

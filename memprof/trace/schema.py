@@ -1,9 +1,10 @@
 """The trace contract: file names, the schema version and the columns of every table.
 
 A run is a directory ``<out_dir>/<run_id>/`` (``<out_dir>/<run_id>/rank=<r>/`` under
-``torch.distributed``) holding ``meta.json`` and three tables. Each table is a directory of Parquet
-parts (``iterations.parquet/part-000001.parquet`` ...), one part per flush, each written to a hidden
-temporary name and renamed into place, so a killed run leaves every flushed iteration readable and
+``torch.distributed``) holding ``meta.json`` and three tables: ``iterations`` (one summary row per
+iteration), ``layers`` and ``events`` (the detail, kept for the iterations the detail policy chose).
+Each table is a directory of Parquet parts (``iterations.parquet/part-000001.parquet`` ...), each
+written to a hidden temporary name and renamed into place, so a killed run leaves every flushed iteration readable and
 ``pandas.read_parquet(run_dir / "events.parquet")`` reads a table as one frame. ``docs/trace-format.md``
 documents every column.
 """
@@ -15,7 +16,9 @@ import pyarrow as pa
 from memprof.categories import CATEGORY_COLUMNS
 
 #: Bumped whenever a column changes meaning or a required column is added or removed.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+#: Versions this reader opens. Version 1 traces (before the detail policy) have detail for every iteration.
+READABLE_VERSIONS: tuple[int, ...] = (1, 2)
 #: Marker in ``meta.json`` that tells a memprof trace from another tool's JSON.
 FORMAT_NAME = "memprof-trace"
 
@@ -57,9 +60,12 @@ ITERATIONS_SCHEMA = pa.schema(
         pa.field("peak_module", pa.string()),
         pa.field("num_events", pa.int64()),
         pa.field("num_allocations", pa.int64()),
+        pa.field("detail", pa.bool_()),
         *_category_fields(),
     ]
 )
+#: Columns a version 1 trace lacks, with the value they take when it is read.
+V1_DEFAULTS: dict[str, dict[str, object]] = {"iterations": {"detail": True}}
 
 LAYERS_SCHEMA = pa.schema(
     [

@@ -219,11 +219,11 @@ def _edit_meta(run: Path, **changes) -> None:
 _DELETE = object()
 
 
-@pytest.mark.parametrize("version", [0, 2, 999, -1, "1", None, 1.5, _DELETE])
+@pytest.mark.parametrize("version", [0, 3, 999, -1, "1", None, 1.5, True, _DELETE])
 def test_schema_versions_old_and_new(work, version):
     _edit_meta(work, schema_version=version)
     error = api_error("schema version", lambda: load_trace(work), SchemaVersionError)
-    if version in (2, 999):
+    if version in (3, 999):
         assert "upgrade memprof" in str(error)
     line = cli_fails("schema version", ["report", str(work)], work)
     assert "schema_version" in line

@@ -71,7 +71,7 @@ def test_unknown_schema_version_is_reported(run_dir, tmp_path):
     meta = json.loads((copy / "meta.json").read_text())
     meta["schema_version"] = 999
     (copy / "meta.json").write_text(json.dumps(meta))
-    with pytest.raises(SchemaVersionError, match="999.*reads version 1.*upgrade"):
+    with pytest.raises(SchemaVersionError, match="999.*reads versions 1, 2.*upgrade"):
         load_trace(copy)
 
 
