@@ -4,9 +4,13 @@ the planner's answer in whole-step memory (what the step needs, which schedule f
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from cli.common import whole_number
 from memprof.errors import TraceError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -41,11 +45,24 @@ def run_report(args: argparse.Namespace) -> int:
             raise TraceError(f"run {trace.run_id} has no iteration {args.iteration}; it has "
                              f"{int(iterations.iteration.min())}..{int(iterations.iteration.max())}")
         row = chosen.iloc[0]
-    layers = trace.layers
-    layers = layers[layers.iteration == row.iteration]
-    print(f"run {trace.run_id} | model {trace.meta['model']} | {len(iterations)} iterations")
+    layers = trace.read("layers", iterations=[int(row.iteration)])
+    detailed = trace.detail_iterations
+    print(f"run {trace.run_id} | model {trace.meta['model']} | {len(iterations)} iterations, "
+          f"{len(detailed)} with detail")
     print(format_report(row.to_dict(), layers.to_dict("records"), trace.meta["device"], top=args.top))
+    if layers.empty and detailed:
+        print(_no_detail_note(iterations, detailed, int(row.iteration)))
     if trace.meta.get("failure"):
         print(format_failure(trace.meta["failure"]))
         print("\n".join(planner_advice(trace, trace.meta["failure"])))
     return 0
+
+
+def _no_detail_note(iterations: pd.DataFrame, detailed: list[int], iteration: int) -> str:
+    """Where to look when the shown iteration kept only its summary row."""
+    peaks = iterations.set_index("iteration").peak_allocated_bytes
+    highest = max(detailed, key=lambda i: (int(peaks.get(i, 0)), -i))
+    nearest = min(detailed, key=lambda i: (abs(i - iteration), i))
+    return (f"iteration {iteration} kept its summary only (the detail policy in meta.json); the layers of "
+            f"iteration {nearest} (the nearest with detail) or {highest} (the highest detailed peak) are shown "
+            f"with --iteration")

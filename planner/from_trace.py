@@ -3,8 +3,9 @@
 The chain is found in the module tree by :mod:`planner.chain_finder`; every candidate is costed, and by
 default the one whose step can save the most memory (the widest range between its minimum feasible and
 store-all budgets) is kept. Costs are medians over the recorded iterations (the first is dropped when there
-are more, since it includes one-off allocations and warm-up); the step around the chain
-(:mod:`planner.step_costs`) comes from the last complete iteration's timeline.
+are more, since it includes one-off allocations and warm-up), over the latest iterations that kept their
+detail; the step around the chain (:mod:`planner.step_costs`) comes from the last complete detailed
+iteration's timeline.
 """
 
 from __future__ import annotations
@@ -22,20 +23,27 @@ _COST_COLUMNS = ["forward_ms", "backward_ms", "output_bytes", "saved_bytes", "in
 _RANKING_SLOTS = 100  # a coarse grid is enough to rank candidates; the chosen chain is solved finely later
 
 
-def _complete(trace: Trace, frame: pd.DataFrame) -> pd.DataFrame:
-    """Drops the partial iteration of a failed run (its backward never happened)."""
+#: Costs are medians over at most this many detailed iterations, the latest: enough to smooth timing noise,
+#: and a long run's thousand detailed iterations are not all read.
+MEDIAN_ITERATIONS = 32
+
+
+def _usable(trace: Trace) -> list[int]:
+    """The detailed iterations a chain is costed from: all but the partial one of a failed run."""
+    detailed = trace.detail_iterations
     failure = trace.meta.get("failure") or {}
-    if "iteration" in failure and frame.iteration.nunique() > 1:
-        frame = frame[frame.iteration != failure["iteration"]]
-    return frame
+    if "iteration" in failure and len(detailed) > 1:
+        detailed = [i for i in detailed if i != failure["iteration"]]
+    return detailed
 
 
 def _structure(trace: Trace) -> pd.DataFrame:
     columns = ["iteration", "module", "parent", "order", "calls", "kind", "input_ids", "output_ids"]
-    layers = _complete(trace, trace.read("layers", columns=columns))
+    usable = _usable(trace)
+    layers = trace.read("layers", columns=columns, iterations=usable[-1:]) if usable else pd.DataFrame()
     if layers.empty:
         raise NotAChainError(f"run {trace.run_id} has no layer rows: record at least one iteration with record_stats()")
-    return layers[layers.iteration == layers.iteration.max()]
+    return layers
 
 
 def _candidates(trace: Trace, tree: ModuleTree, container: str | None) -> list[Candidate]:
@@ -60,16 +68,15 @@ def _candidates(trace: Trace, tree: ModuleTree, container: str | None) -> list[C
 
 
 def _medians(trace: Trace) -> pd.DataFrame:
-    layers = _complete(trace, trace.read("layers", columns=["iteration", "module", *_COST_COLUMNS]))
-    iterations = sorted(layers.iteration.unique())
-    if len(iterations) > 1:
-        layers = layers[layers.iteration != iterations[0]]
+    usable = _usable(trace)
+    if len(usable) > 1:  # the first includes one-off allocations and warm-up
+        usable = [i for i in usable if i != usable[0]]
+    layers = trace.read("layers", columns=["iteration", "module", *_COST_COLUMNS], iterations=usable[-MEDIAN_ITERATIONS:])
     return layers.groupby("module")[_COST_COLUMNS].median()
 
 
 def _timeline(trace: Trace) -> step_costs.Timeline:
-    events = _complete(trace, trace.read("events"))
-    return step_costs.Timeline(events[events.iteration == events.iteration.max()])
+    return step_costs.Timeline(trace.read("events", iterations=_usable(trace)[-1:]))
 
 
 def _stages(candidate: Candidate, costs: pd.DataFrame, fresh_grads: bool, freed: tuple[int, ...]) -> list[Stage]:

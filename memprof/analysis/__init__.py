@@ -4,7 +4,7 @@ Torch-free and pandas-free on purpose: the background worker runs it without imp
 (``tests/memprof/test_imports.py`` checks). The flow is :mod:`~memprof.analysis.records` (the seam
 with capture) -> :mod:`~memprof.analysis.attribution` (each block's category) ->
 :mod:`~memprof.analysis.timeline` and :mod:`~memprof.analysis.layers` (event and layer rows), run per
-iteration by :mod:`~memprof.analysis.iteration`.
+iteration by :mod:`~memprof.analysis.iteration`, which keeps the detail :mod:`~memprof.analysis.detail` chooses.
 
 Public names load on first use, so importing one module does not load the others.
 """
@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from memprof.analysis.console import format_failure, format_report
+    from memprof.analysis.detail import DetailPolicy
     from memprof.analysis.iteration import IterationProcessor, ProcessedIteration
     from memprof.analysis.records import (
         AllocationEvents,
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
 _LAZY = {
     "AllocationEvents": "memprof.analysis.records",
     "CarriedState": "memprof.analysis.records",
+    "DetailPolicy": "memprof.analysis.detail",
     "Drained": "memprof.analysis.records",
     "IterationProcessor": "memprof.analysis.iteration",
     "IterationRecord": "memprof.analysis.records",
@@ -48,6 +50,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "AllocationEvents",
     "CarriedState",
+    "DetailPolicy",
     "Drained",
     "IterationProcessor",
     "IterationRecord",

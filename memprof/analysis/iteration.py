@@ -7,7 +7,8 @@ run, so all three produce identical rows. Torch-free.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pyarrow as pa
@@ -18,6 +19,7 @@ from memprof.analysis.failure import failure_details
 from memprof.analysis.layers import layer_rows, subtree_bytes
 from memprof.analysis.records import CarriedState, IterationRecord, LiveBlock, Mark, RunSpec
 from memprof.analysis.timeline import event_table, peak_summary, series
+from memprof.trace.schema import EVENTS_SCHEMA
 
 
 @dataclass(frozen=True)
@@ -27,10 +29,12 @@ class ProcessedIteration:
     Attributes:
         iteration: its number.
         row: its row of the iterations table.
-        layers: its rows of the layers table.
-        events: its rows of the events table.
+        layers: its rows of the layers table (empty when it keeps no detail).
+        events: its rows of the events table (empty when it keeps no detail).
         report: the console report, on iterations where one is due.
         failure: the post-mortem details, when the iteration failed.
+        detail: whether it keeps its layers and events rows.
+        before: the iteration before a failed one, analysed again with its detail, when it had kept none.
     """
 
     iteration: int
@@ -39,6 +43,25 @@ class ProcessedIteration:
     events: pa.Table
     report: str | None = None
     failure: dict[str, Any] | None = None
+    detail: bool = True
+    before: ProcessedIteration | None = None
+
+    @property
+    def detailed(self) -> tuple[int, ...]:
+        """The iterations whose detail this item carries (itself, and the one before a failure)."""
+        own = (self.iteration,) if self.detail else ()
+        return (self.before.iteration, *own) if self.before is not None else own
+
+
+def flatten(batch: Sequence[ProcessedIteration]) -> list[ProcessedIteration]:
+    """The items of a batch in order, each ``before`` in front of its item, one item per iteration (the last).
+
+    An iteration analysed again with its detail replaces its first analysis when both are in one batch; when
+    they are in different parts, the reader's rule (the last part that holds an iteration wins) does the same.
+    """
+    ordered = [x for item in batch for x in ((item.before, item) if item.before is not None else (item,))]
+    last = {item.iteration: index for index, item in enumerate(ordered)}
+    return [item for index, item in enumerate(ordered) if last[item.iteration] == index]
 
 
 class IterationProcessor:
@@ -53,10 +76,26 @@ class IterationProcessor:
         self.spec = spec
         self.state = state
         self._parents = spec.parents
+        self._empty_events = EVENTS_SCHEMA.empty_table()
+        # The last iteration when it kept no detail, with the state before it: should the next one fail,
+        # it is analysed again with its detail (the step before an out-of-memory error is the one to see).
+        self._previous: tuple[CarriedState, IterationRecord] | None = None
 
     def process(self, record: IterationRecord) -> ProcessedIteration:
         """Analyses ``record`` and advances the carried state past it."""
-        spec, state = self.spec, self.state
+        state = self.state
+        processed, self.state = self._analyse(state, record, forced=False)
+        previous = self._previous
+        self._previous = None if processed.detail else (state, record)
+        if record.failed and previous is not None and previous[1].iteration == record.iteration - 1:
+            before, _ = self._analyse(*previous, forced=True, report=False)
+            return replace(processed, before=before)
+        return processed
+
+    def _analyse(self, state: CarriedState, record: IterationRecord, forced: bool,
+                 report: bool = True) -> tuple[ProcessedIteration, CarriedState]:
+        """One iteration's rows from the state before it (a pure function of both), and the state after it."""
+        spec = self.spec
         sw = sweep(record.events, record.marks, record.observations,
                    [] if spec.use_truth else record.frees, state.blocks, self._parents, state.next_block_id,
                    use_truth=spec.use_truth)
@@ -64,7 +103,11 @@ class IterationProcessor:
         order = dict(state.order)
         for call in sorted(sw.forward_calls, key=lambda c: c.start_ns):
             order.setdefault(call.module, len(order))
-        grads = {**record.grads, **record.param_grads}
+        summary = peak_summary(sw, s, list(spec.names))
+        peak = int(summary["peak_allocated_bytes"])
+        policy = spec.detail
+        detail = (forced or record.detail or record.failed or policy.scheduled(record.iteration)
+                  or policy.new_peak(peak, state.detailed_peak_bytes))
         row = {
             "iteration": record.iteration,
             "epoch": record.epoch,
@@ -73,22 +116,28 @@ class IterationProcessor:
             "reserved_bytes": record.reserved_bytes,
             "num_events": len(sw.marks) + 2,
             "num_allocations": int(sum(1 for a in sw.alloc_change if a >= 0)),
-            "detail": True,
-            **peak_summary(sw, s, list(spec.names)),
+            "detail": detail,
+            **summary,
         }
-        layers = layer_rows(sw, s, list(spec.infos), record.iteration, order, list(spec.weight_bytes),
-                            subtree_bytes(list(spec.infos), grads))
-        table = event_table(sw, s, record.iteration, record.start_ns, record.end_ns, list(spec.names),
-                            record.reserved_bytes)
+        report_due = report and spec.print_period > 0 and record.iteration % spec.print_period == 0
+        layers: list[dict[str, Any]] = []
+        if detail or report_due:  # the console report shows the layers
+            grads = {**record.grads, **record.param_grads}
+            layers = layer_rows(sw, s, list(spec.infos), record.iteration, order, list(spec.weight_bytes),
+                                subtree_bytes(list(spec.infos), grads))
+        table = self._empty_events
+        if detail:
+            table = event_table(sw, s, record.iteration, record.start_ns, record.end_ns, list(spec.names),
+                                record.reserved_bytes)
         ids, sizes, categories = sw.block_ids, sw.sizes, sw.categories
-        self.state = CarriedState(record.iteration,
-                                  [LiveBlock(ids[i], ptr, sizes[i], categories[i]) for ptr, i in sw.live.items()],
-                                  sw.next_block_id, order)
-        report = None
-        if spec.print_period and record.iteration % spec.print_period == 0:
-            report = format_report(row, layers, spec.device)
+        after = CarriedState(record.iteration,
+                             [LiveBlock(ids[i], ptr, sizes[i], categories[i]) for ptr, i in sw.live.items()],
+                             sw.next_block_id, order,
+                             max(state.detailed_peak_bytes, peak) if detail else state.detailed_peak_bytes)
+        text = format_report(row, layers, spec.device) if report_due else None
         failure = failure_details(table, layers, record.iteration) if record.failed else None
-        return ProcessedIteration(record.iteration, row, layers, table, report, failure)
+        return ProcessedIteration(record.iteration, row, layers if detail else [], table, text, failure,
+                                  detail), after
 
 
 def root_forward_ran(record: IterationRecord) -> bool:

@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from memprof.analysis.detail import DetailPolicy
 from memprof.categories import CATEGORIES
 
 #: Category codes used in observations and blocks (index into ``CATEGORIES``).
@@ -108,6 +109,7 @@ class IterationRecord:
         reserved_bytes: the allocator's reserved bytes at its end (0 without a caching allocator).
         peak_reserved_bytes: the highest reserved bytes seen during it.
         failed: the iteration was cut short by an out-of-memory error or the budget guard.
+        detail: the user asked to keep its detail (``record_stats(detail=True)``).
     """
 
     iteration: int
@@ -123,6 +125,7 @@ class IterationRecord:
     reserved_bytes: int = 0
     peak_reserved_bytes: int = 0
     failed: bool = False
+    detail: bool = False
 
 
 # ------------------------------------------------------ what the run carries from one iteration to the next
@@ -167,6 +170,7 @@ class RunSpec:
         use_truth: the allocator's running totals are absolute (CUDA) and correct the attribution.
         device: the profiled device, as a string (shown in the console report).
         print_period: console report every this many iterations (0: never).
+        detail: which iterations keep their layers and events rows.
     """
 
     names: tuple[str, ...]
@@ -175,6 +179,7 @@ class RunSpec:
     use_truth: bool
     device: str
     print_period: int
+    detail: DetailPolicy = field(default_factory=DetailPolicy)
 
     @property
     def parents(self) -> list[int]:
@@ -185,7 +190,7 @@ class RunSpec:
         """A JSON-ready dict (see :meth:`from_json`)."""
         return {"names": list(self.names), "infos": [asdict(i) for i in self.infos],
                 "weight_bytes": list(self.weight_bytes), "use_truth": self.use_truth, "device": self.device,
-                "print_period": self.print_period}
+                "print_period": self.print_period, "detail": self.detail.to_json()}
 
     @staticmethod
     def from_json(data: dict[str, Any]) -> RunSpec:
@@ -201,8 +206,10 @@ class RunSpec:
         weight_bytes = tuple(int(b) for b in data["weight_bytes"])
         if not len(names) == len(infos) == len(weight_bytes):
             raise ValueError(f"{len(names)} names, {len(infos)} modules and {len(weight_bytes)} weight sizes")
+        # a spec without a policy was written before there was one, when every iteration kept its detail
+        detail = DetailPolicy.from_json(data["detail"]) if "detail" in data else DetailPolicy.everything()
         return RunSpec(names, infos, weight_bytes, bool(data["use_truth"]), str(data["device"]),
-                       int(data["print_period"]))
+                       int(data["print_period"]), detail)
 
 
 @dataclass
@@ -214,12 +221,14 @@ class CarriedState:
         blocks: blocks alive at that moment, with their categories.
         next_block_id: first id to give a new block.
         order: module index -> position of its first forward call in the run.
+        detailed_peak_bytes: the highest peak of the iterations that kept their detail (0: none yet).
     """
 
     last_iteration: int
     blocks: list[LiveBlock]
     next_block_id: int
     order: dict[int, int] = field(default_factory=dict)
+    detailed_peak_bytes: int = 0
 
     @property
     def allocated_bytes(self) -> int:

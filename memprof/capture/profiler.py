@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from memprof.analysis.detail import DEFAULT_EVERY, DEFAULT_FIRST, DEFAULT_PEAK_RISE, DetailPolicy
 from memprof.analysis.iteration import IterationProcessor, root_forward_ran
 from memprof.analysis.layers import subtree_bytes
 from memprof.analysis.records import CAT, CarriedState, IterationRecord, LiveBlock, Mark, RunSpec
@@ -98,6 +99,13 @@ class MemoryProfiler:
             ``record_stats()`` only journals what it saw (about 1 ms); the console report then
             prints when the worker has it, usually during the next iteration. ``False``: do it all
             inside ``record_stats()`` (a few ms per step).
+        detail_first: the first this many iterations keep their detail (the ``layers`` and ``events``
+            rows); every iteration keeps its summary row in ``iterations``.
+        detail_every: every this many iterations keep their detail (0: none by number; 1: all).
+        detail_peak_rise: an iteration whose peak rises more than this fraction above every detailed
+            iteration's keeps its detail, so the run's highest peak is within it of a detailed one. The
+            iteration before an out-of-memory error, the failed one, and those passed
+            ``record_stats(detail=True)`` always keep theirs (see :class:`memprof.analysis.DetailPolicy`).
 
     Raises:
         ProfilerError: the model already has a live profiler, or another torch.profiler is running.
@@ -106,7 +114,8 @@ class MemoryProfiler:
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
                  out_dir: str | Path = "traces", run_id: str | None = None, print_period: int = 1,
                  stream: IO[str] | None = None, extra_meta: dict[str, Any] | None = None,
-                 budget_bytes: int | None = None, background: bool = True) -> None:
+                 budget_bytes: int | None = None, background: bool = True, detail_first: int = DEFAULT_FIRST,
+                 detail_every: int = DEFAULT_EVERY, detail_peak_rise: float = DEFAULT_PEAK_RISE) -> None:
         if not isinstance(model, nn.Module):
             raise ProfilerError(f"expected a torch.nn.Module to profile, found {type(model).__name__}")
         if isinstance(print_period, bool) or not isinstance(print_period, int) or print_period < 0:
@@ -132,6 +141,8 @@ class MemoryProfiler:
                                          or budget_bytes <= 0):
             raise ProfilerError(f"budget_bytes must be a positive whole number of bytes, found {budget_bytes!r}")
         self.budget_bytes = budget_bytes
+        self.detail = DetailPolicy(first=detail_first, every=detail_every, peak_rise=detail_peak_rise)
+        self._detailed: set[int] = set()
         _warn_if_compiled(model)
         self._stream = open_stream(self.device)
         self._names, self._modules = module_tree(model)
@@ -151,7 +162,7 @@ class MemoryProfiler:
         self._write_error: str | None = None
         self._worker_warned = False
         spec = RunSpec(tuple(self._names), tuple(self._infos), tuple(weight_bytes), use_truth=self._cuda,
-                       device=str(self.device), print_period=print_period)
+                       device=str(self.device), print_period=print_period, detail=self.detail)
         self._sink = self._open_sink(spec, CarriedState(-1, self._baseline(), 1), background and budget_bytes is None)
         self._stream.start()
         self._recorder.attach()
@@ -192,6 +203,7 @@ class MemoryProfiler:
             "allocator_source": self._stream.source,
             "status": "running",
             "iterations": 0,
+            "detail": self.detail.to_json(),
             "python": sys.version.split()[0],
         }
 
@@ -226,12 +238,16 @@ class MemoryProfiler:
         return list(found.values())
 
     # ------------------------------------------------------------------ the loop
-    def record_stats(self) -> None:
-        """Ends the current iteration: attributes its memory, writes it to the trace, maybe prints."""
-        self._check_open()
-        self._finish_iteration()
+    def record_stats(self, detail: bool = False) -> None:
+        """Ends the current iteration: attributes its memory, writes it to the trace, maybe prints.
 
-    def _finish_iteration(self, restart: bool = True, failed: bool = False) -> None:
+        Args:
+            detail: keep this iteration's detail (layers and events) whatever the detail policy says.
+        """
+        self._check_open()
+        self._finish_iteration(detail=bool(detail))
+
+    def _finish_iteration(self, restart: bool = True, failed: bool = False, detail: bool = False) -> None:
         end_ns = time_ns()
         events = self._stream.collect(restart=restart)
         drained = self._recorder.drain()
@@ -242,7 +258,8 @@ class MemoryProfiler:
                  if i not in seen and p.grad is not None and (found := pointers(p.grad))}
         record = IterationRecord(iteration=self.iteration, epoch=self.epoch, start_ns=self._iteration_start_ns,
                                  end_ns=end_ns, events=events, **drained._asdict(), grads=grads,
-                                 reserved_bytes=reserved, peak_reserved_bytes=peak_reserved, failed=failed)
+                                 reserved_bytes=reserved, peak_reserved_bytes=peak_reserved, failed=failed,
+                                 detail=detail)
         self._handle(self._sink.submit(record))
         if self.iteration == 0 and not root_forward_ran(record) and len(events) and self._failure is None:
             warnings.warn(
@@ -256,6 +273,7 @@ class MemoryProfiler:
     def _handle(self, outcomes: list[Outcome]) -> None:
         """Prints the reports, keeps the post-mortem, and says once what went wrong writing."""
         for outcome in outcomes:
+            self._detailed.update(outcome.detailed)
             if outcome.report is not None:
                 print(outcome.report, file=self.stream or sys.stdout, flush=True)
             if outcome.failure is not None and self._failure is not None:
@@ -302,7 +320,8 @@ class MemoryProfiler:
                 self._write_error = self._write_error or str(exc)
             status = "failed" if self._failure else "closed"
             self._meta.update(status=status, iterations=self.iteration, epochs=self.epoch,
-                              processing=self._sink.mode)
+                              processing=self._sink.mode,
+                              detail={**self.detail.to_json(), "iterations": sorted(self._detailed)})
             if self._failure:
                 self._meta["failure"] = self._failure
             if self._write_error:

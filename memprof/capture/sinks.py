@@ -48,12 +48,14 @@ class Outcome:
         report: its console report, when one was due.
         failure: post-mortem details, when it failed.
         write_error: why its parts could not be written, if they could not.
+        detailed: the iterations whose detail was kept with it (itself, and the one before a failure).
     """
 
     iteration: int
     report: str | None = None
     failure: dict[str, Any] | None = None
     write_error: str | None = None
+    detailed: tuple[int, ...] = ()
 
 
 class InlineSink:
@@ -77,7 +79,7 @@ class InlineSink:
             write_iterations(self.writer, [processed])
         except OSError as exc:
             error = str(exc)
-        return [Outcome(record.iteration, processed.report, processed.failure, error)]
+        return [Outcome(record.iteration, processed.report, processed.failure, error, processed.detailed)]
 
     def allocated_bytes(self) -> int:
         """Bytes alive at the end of the last processed iteration."""
@@ -228,7 +230,8 @@ class BackgroundSink:
                 else:
                     self._answered += 1
                     self._reported = int(message["done"])
-                    outcomes.append(Outcome(self._reported, message.get("report"), message.get("failure")))
+                    outcomes.append(Outcome(self._reported, message.get("report"), message.get("failure"),
+                                            detailed=tuple(message.get("detailed", ()))))
         if self._eof and self._answered < self._submitted:
             return outcomes + self._take_over(self._why_stopped())
         return outcomes
@@ -274,7 +277,8 @@ class BackgroundSink:
                 break
             for outcome in self._inline.submit(old):  # reports already shown are not shown twice
                 outcomes.append(outcome if outcome.iteration > self._reported else
-                                Outcome(outcome.iteration, write_error=outcome.write_error))
+                                Outcome(outcome.iteration, write_error=outcome.write_error,
+                                        detailed=outcome.detailed))
         if record is not None:
             outcomes += self._inline.submit(record)
         return outcomes

@@ -141,7 +141,7 @@ def encode_record_parts(record: IterationRecord) -> list[bytes | memoryview]:
     ev = record.events
     header = {"kind": "record", "iteration": record.iteration, "epoch": record.epoch, "start_ns": record.start_ns,
               "end_ns": record.end_ns, "reserved_bytes": record.reserved_bytes,
-              "peak_reserved_bytes": record.peak_reserved_bytes, "failed": record.failed}
+              "peak_reserved_bytes": record.peak_reserved_bytes, "failed": record.failed, "detail": record.detail}
     arrays = {
         "events": np.stack([ev.time_ns, ev.ptr, ev.size_bytes, ev.total_allocated_bytes, ev.total_reserved_bytes]),
         "marks": head, "mark_storages": storage,
@@ -172,7 +172,7 @@ def decode_record(data: bytes | memoryview, what: str = "a journal record") -> I
             param_grads={i: (p, n) for i, p, n in a["param_grads"].tolist()},
             grads={i: (p, n) for i, p, n in a["grads"].tolist()},
             reserved_bytes=int(header["reserved_bytes"]), peak_reserved_bytes=int(header["peak_reserved_bytes"]),
-            failed=bool(header["failed"]))
+            failed=bool(header["failed"]), detail=bool(header.get("detail", False)))
     except (KeyError, ValueError, TypeError, IndexError) as exc:
         raise CorruptTraceError(f"{what} is damaged ({exc!r}); it cannot be read") from None
 
@@ -303,7 +303,7 @@ def read_spec(journal_dir: Path) -> RunSpec:
 def write_state(journal_dir: Path, state: CarriedState) -> None:
     """Writes the carried state (atomically), then deletes the segments it makes redundant."""
     header = {"kind": "state", "last_iteration": state.last_iteration, "next_block_id": state.next_block_id,
-              "order": [[m, o] for m, o in state.order.items()]}
+              "order": [[m, o] for m, o in state.order.items()], "detailed_peak_bytes": state.detailed_peak_bytes}
     arrays = {"blocks": _flat(state.blocks, 4)}
     write_atomically(journal_dir / STATE_FILE, pack(header, arrays))
     for first in segment_starts(journal_dir):
@@ -326,6 +326,7 @@ def read_state(journal_dir: Path) -> CarriedState:
                                     "native reporter; profile the run again")
         blocks = [LiveBlock(*row) for row in arrays["blocks"].tolist()]
         return CarriedState(int(header["last_iteration"]), blocks, int(header["next_block_id"]),
-                            {int(m): int(o) for m, o in header["order"]})
+                            {int(m): int(o) for m, o in header["order"]},
+                            int(header.get("detailed_peak_bytes", 0)))
     except (KeyError, ValueError, TypeError) as exc:
         raise CorruptTraceError(f"{path} is damaged ({exc!r}); it cannot be read") from None

@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 import pyarrow as pa
 
-from memprof.analysis.iteration import IterationProcessor, ProcessedIteration
+from memprof.analysis.iteration import IterationProcessor, ProcessedIteration, flatten
 from memprof.errors import CorruptTraceError
 from memprof.trace.journal import JOURNAL_DIR, JournalReader, read_spec, read_state
 from memprof.trace.schema import EVENTS, ITERATIONS, LAYERS
@@ -54,6 +54,7 @@ def recovered_frame(items: list[ProcessedIteration], table: str) -> pd.DataFrame
     """The rows of ``table`` among the recovered iterations (``None`` when there are none)."""
     if not items:
         return None
+    items = flatten(items)
     if table == ITERATIONS:
         return rows_to_table(ITERATIONS, [item.row for item in items]).to_pandas()
     if table == LAYERS:

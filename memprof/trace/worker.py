@@ -55,7 +55,8 @@ class _Worker:
                 break
             processed = self.processor.process(record)
             self.batch.append(processed)
-            _send({"done": processed.iteration, "report": processed.report, "failure": processed.failure})
+            _send({"done": processed.iteration, "report": processed.report, "failure": processed.failure,
+                   "detailed": list(processed.detailed)})
             if len(self.batch) >= FLUSH_ITERATIONS:
                 self.flush()
 

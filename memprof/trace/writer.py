@@ -10,16 +10,14 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from memprof.analysis.iteration import ProcessedIteration, flatten
 from memprof.atomic import write_atomically
 from memprof.trace.schema import EVENTS, ITERATIONS, LAYERS, META_FILE, SCHEMAS, table_dir_name
-
-if TYPE_CHECKING:
-    from memprof.analysis.iteration import ProcessedIteration
 
 
 def write_meta(run_dir: Path, meta: Mapping[str, Any]) -> None:
@@ -90,13 +88,15 @@ def write_iterations(writer: TraceWriter, batch: Sequence[ProcessedIteration]) -
     """Writes the parts of a batch of iterations; the iterations rows last.
 
     A reader keeps only iterations that have their row, so a kill between parts never leaves an
-    iteration half-written.
+    iteration half-written. An item's ``before`` (the iteration before a failure, analysed again with its
+    detail) is written in front of it, its row too: the reader's last-part rule then shows it detailed.
 
     Raises:
         OSError: a part could not be written (the parts written before it stay valid).
     """
     if not batch:
         return
-    writer.append(LAYERS, [row for item in batch for row in item.layers])
-    writer.append(EVENTS, pa.concat_tables([item.events for item in batch]))
-    writer.append(ITERATIONS, [item.row for item in batch])
+    items = flatten(batch)
+    writer.append(LAYERS, [row for item in items for row in item.layers])
+    writer.append(EVENTS, pa.concat_tables([item.events for item in items]))
+    writer.append(ITERATIONS, [item.row for item in items])

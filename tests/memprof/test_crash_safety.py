@@ -49,7 +49,9 @@ FORK_SERVER = textwrap.dedent(
         torch.manual_seed(seed)
         model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
         optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
-        profiler = MemoryProfiler(model, optimizer, out_dir=out_dir, run_id="run", print_period=0)
+        # detail for iterations 0, 3, 6 ... only: a kill lands on detailed and detail-free iterations alike
+        profiler = MemoryProfiler(model, optimizer, out_dir=out_dir, run_id="run", print_period=0,
+                                  detail_first=1, detail_every=3, detail_peak_rise=100.0)
         for i in range(2000):  # ends on its own should the test fail before the kill
             zoo.train_step(model, optimizer, (torch.randn(4, 8), torch.randint(0, 4, (4,))))
             profiler.record_stats()
@@ -155,6 +157,10 @@ def _check_sums(trace) -> None:
                                   iterations.peak_allocated_bytes.to_numpy())
 
 
+def _detailed(iteration: int) -> bool:
+    return iteration % 3 == 0  # the training script's policy: the first one and every third
+
+
 def _check_killed_run(run_dir: Path, completed: list[int]) -> bool:
     """Asserts what a killed run must keep; returns whether the interrupted iteration was left torn."""
     trace = load_trace(run_dir)
@@ -162,15 +168,20 @@ def _check_killed_run(run_dir: Path, completed: list[int]) -> bool:
     sets = {table: set(getattr(trace, table).iteration.tolist()) for table in ("iterations", "layers", "events")}
     last = max(completed)
     assert completed == list(range(last + 1))
-    for table, found in sets.items():
-        # Every reported iteration is there; at most the one being written when the kill came is extra.
-        assert set(completed) <= found, f"{table} lost a completed iteration: {sorted(found)} vs {completed}"
-        assert found <= set(range(last + 2)), f"{table} holds iterations that never ran: {sorted(found)}"
+    # Every reported iteration is there; at most the one being written when the kill came is extra.
+    assert set(completed) <= sets["iterations"] <= set(range(last + 2)), sorted(sets["iterations"])
+    detailed = {i for i in sets["iterations"] if _detailed(i)}
+    assert set(trace.detail_iterations) == detailed
+    for table in ("layers", "events"):  # the detail: exactly the detailed iterations, none lost
+        assert sets[table] == detailed, f"{table} holds {sorted(sets[table])}, expected {sorted(detailed)}"
     _check_sums(trace)
     modules = trace.layers.groupby("iteration").module.apply(frozenset)
     assert modules.nunique() == 1 and modules.iloc[0] == frozenset({"", "0", "1", "2"})
     assert len(trace.iterations) == len(sets["iterations"])  # no iteration written twice
-    return len({frozenset(s) for s in sets.values()}) > 1
+    # torn: the interrupted iteration reached some of the tables it belongs in, not all
+    interrupted = last + 1
+    belongs = [sets["iterations"]] + ([sets["layers"], sets["events"]] if _detailed(interrupted) else [])
+    return len({interrupted in found for found in belongs}) > 1
 
 
 @pytest.fixture(scope="module")
@@ -180,7 +191,6 @@ def fork_server(tmp_path_factory):
     server = ForkServer(script)
     yield server
     server.close()
-
 
 def test_sigkill_at_random_moments_keeps_every_completed_iteration(fork_server, tmp_path,
                                                                   record_testsuite_property):
