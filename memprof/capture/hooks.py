@@ -57,7 +57,8 @@ class HookRecorder:
         self.param_grads: dict[int, Storage] = {}
         self._free_sink: list[FreeRow] = []
         self._handles: list[Any] = []
-        self._finalizers: list[weakref.finalize] = []
+        # data_ptr -> the finalizer watching that storage; one per storage, however often it is seen
+        self._finalizers: dict[int, weakref.finalize] = {}
         self._backward_active = False
         # Names this recorder's entry in autograd nodes' metadata, apart from any other recorder's.
         self._node_key = f"memprof-{id(self)}"
@@ -89,7 +90,7 @@ class HookRecorder:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
-        for finalizer in self._finalizers:
+        for finalizer in self._finalizers.values():
             finalizer.detach()
         self._finalizers.clear()
 
@@ -104,13 +105,16 @@ class HookRecorder:
         except (RuntimeError, NotImplementedError):
             return
         ptr = found[0][0]
-        self._finalizers.append(weakref.finalize(storage, _note_free, self._free_sink, ptr))
+        watching = self._finalizers.get(ptr)
+        if watching is not None and watching.alive:  # a batch fed again: one finalizer is enough
+            return
+        self._finalizers[ptr] = weakref.finalize(storage, _note_free, self._free_sink, ptr)
 
     def drain(self) -> Drained:
         """Returns and clears what was recorded since the last drain."""
         frees = list(self._free_sink)
         self._free_sink.clear()  # in place: the finalizers hold this list
-        self._finalizers = [f for f in self._finalizers if f.alive]
+        self._finalizers = {ptr: f for ptr, f in self._finalizers.items() if f.alive}
         out = Drained(marks=self.marks, observations=self.observations, frees=frees, param_grads=self.param_grads)
         self._backward_active = False  # a backward that raised never ran its end callback
         self.marks, self.observations, self.param_grads = [], [], {}
