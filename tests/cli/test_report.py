@@ -83,3 +83,21 @@ def test_report_of_a_run(capsys):
 def test_bad_options_are_one_line(capsys, argv, fragment):
     assert exit_code(["report", str(EXAMPLE_RUN), *argv]) == 2
     one_line_error(capsys, "memprof report: error:", fragment)
+
+
+def test_report_of_an_iteration_without_detail_says_where_the_detail_is(tmp_path, capsys):
+    torch.manual_seed(0)
+    model, make_batch = zoo.mlp(blocks=2, width=32)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with MemoryProfiler(model, optimizer, out_dir=tmp_path, run_id="long", print_period=0, detail_first=2,
+                        detail_every=0, detail_peak_rise=100.0) as prof:
+        for step in range(6):
+            zoo.train_step(model, optimizer, make_batch(64 if step == 4 else 8))
+            prof.record_stats()
+    assert main(["report", str(prof.run_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "6 iterations, 2 with detail" in out and "memprof | iteration 4" in out  # the peak, summary only
+    assert "iteration 4 kept its summary only" in out and "iteration 1 (the nearest with detail)" in out
+    assert main(["report", str(prof.run_dir), "--iteration", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "feature maps" in out and "kept its summary only" not in out  # the layers table is there
