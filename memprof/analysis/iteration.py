@@ -104,7 +104,7 @@ class IterationProcessor:
         for call in sorted(sw.forward_calls, key=lambda c: c.start_ns):
             order.setdefault(call.module, len(order))
         summary = peak_summary(sw, s, list(spec.names))
-        peak = int(summary["peak_allocated_bytes"])
+        peak = int(s.total.max())
         policy = spec.detail
         detail = (forced or record.detail or record.failed or policy.scheduled(record.iteration)
                   or policy.new_peak(peak, state.detailed_peak_bytes))
