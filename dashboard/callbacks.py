@@ -11,19 +11,19 @@ from typing import Any
 from urllib.parse import parse_qs
 
 import dash
+import numpy as np
 import plotly.graph_objects as go
 from dash import Input, Output, State
 
 from dashboard import ids
 from dashboard.data import VIEW_ERRORS, TraceStore
 from dashboard.figures import (
-    breakdown_figure,
     empty_figure,
     headline,
     layer_tree_figure,
-    peaks_figure,
     rank_peaks_figure,
 )
+from dashboard.figures_overview import breakdown_figure, decimate, peaks_figure
 from dashboard.figures_timeline import DEFAULT_MAX_POINTS, relayout_range, timeline_figure
 from dashboard.layout import LAYER_TABLE_COLUMNS, TREE_SIZES, first_trace_help
 from memprof.analysis import format_failure
@@ -100,11 +100,14 @@ def overview_view(store: TraceStore, names: list[str] | None) -> tuple[str, go.F
     text = headline(iterations)
     failure = store.meta(names[0]).get("failure")
     if failure:
-        text = f"{post_mortem(store.trace(names[0]), failure)} {text}"
+        # cached: the planner's advice costs a chain, and the overview is drawn on every visit
+        advice = store.memo(names[0], "post-mortem", lambda _: post_mortem(store.trace(names[0]), failure))
+        text = f"{advice} {text}"
     if compare is not None and not compare.empty and not iterations.empty:
         a, b = int(iterations["peak_allocated_bytes"].max()), int(compare["peak_allocated_bytes"].max())
         text += f" {names[1]} peaks at {b / a:.2f}x of it." if a else ""
-    return text, peaks_figure(iterations, compare, names), breakdown_figure(iterations)
+    detail = store.detail_iterations(names[0])
+    return text, peaks_figure(iterations, compare, names, detail), breakdown_figure(iterations)
 
 
 _HIDDEN, _SHOWN = {"display": "none"}, {"display": "block"}
@@ -133,19 +136,69 @@ def ranks_view(store: TraceStore, names: list[str] | None) -> tuple[dict, str, g
     return _SHOWN, text, rank_peaks_figure(peaks, high)
 
 
+#: The most iterations an iteration picker offers (a run whose every iteration has detail can have 100,000).
+MAX_PICKER_OPTIONS = 5_000
+
+
 def iteration_options(store: TraceStore, names: list[str] | None) -> tuple[list[dict], int | None]:
-    """The first chosen run's iterations for a dropdown, and the default: the one with the highest peak."""
+    """The first chosen run's detailed iterations for a dropdown, and the default: the one with the highest peak.
+
+    Only iterations with detail (layers and events rows) can be opened, so only they are offered. When
+    more than :data:`MAX_PICKER_OPTIONS` have detail, the lowest and highest peak of each stretch of them
+    are offered (the highest always among them).
+    """
     if not names:
         return [], None
     try:
         iterations = store.iterations(names[0])
+        detail = store.detail_iterations(names[0])
     except VIEW_ERRORS:
         return [], None
-    if iterations.empty:
+    rows = iterations[iterations["iteration"].isin(detail)]
+    if rows.empty:
         return [], None
-    options = [{"label": f"iteration {int(i)}", "value": int(i)} for i in iterations["iteration"]]
-    peak = int(iterations.loc[iterations["peak_allocated_bytes"].idxmax(), "iteration"])
-    return options, peak
+    peaks = rows["peak_allocated_bytes"].to_numpy()
+    numbers = rows["iteration"].to_numpy()
+    keep = decimate(peaks, MAX_PICKER_OPTIONS)
+    options = [{"label": f"iteration {i} (peak {format_bytes(p)})", "value": i}
+               for i, p in zip(numbers[keep].tolist(), peaks[keep].tolist())]
+    return options, int(numbers[int(np.argmax(peaks))])
+
+
+def detail_note(store: TraceStore, names: list[str] | None) -> str:
+    """How many of the first chosen run's iterations were recorded and how many have detail."""
+    if not names:
+        return ""
+    try:
+        recorded, detailed = len(store.iterations(names[0])), len(store.detail_iterations(names[0]))
+    except VIEW_ERRORS:
+        return ""
+    if not recorded:
+        return ""
+    if detailed == recorded:
+        return f"All {recorded:,} iterations have detail (layers and timeline)."
+    if not detailed:
+        return f"None of the {recorded:,} iterations has detail: there are no layers or timeline to show."
+    offered = f", the {MAX_PICKER_OPTIONS:,} listed span them" if detailed > MAX_PICKER_OPTIONS else ""
+    return (f"{detailed:,} of {recorded:,} iterations have detail (layers and timeline{offered}); "
+            "they are marked on the peaks figure: click near one to open it.")
+
+
+def nearest_detailed(store: TraceStore, names: list[str] | None, click: dict | None) -> int | None:
+    """The detailed iteration of the first chosen run nearest to a point clicked on the peaks figure."""
+    points = (click or {}).get("points") or []
+    if not names or not points or not isinstance(points[0].get("x"), int | float):
+        return None
+    try:
+        detail = store.detail_iterations(names[0])
+    except VIEW_ERRORS:
+        return None
+    if not len(detail):
+        return None
+    x = float(points[0]["x"])
+    at = int(np.searchsorted(detail, x))
+    candidates = detail[max(at - 1, 0):at + 1]
+    return int(candidates[np.argmin(np.abs(candidates - x))])
 
 
 def layers_view(store: TraceStore, names: list[str] | None, iteration: int | None,
@@ -247,10 +300,20 @@ def register(app: dash.Dash, store: TraceStore) -> None:
 
     @app.callback(Output(ids.LAYERS_ITERATION, "options"), Output(ids.LAYERS_ITERATION, "value"),
                   Output(ids.TIMELINE_ITERATION, "options"), Output(ids.TIMELINE_ITERATION, "value"),
-                  Input(ids.SELECTED_RUNS, "data"))
-    def _iterations(names):
+                  Output(ids.OVERVIEW_DETAIL, "children"), Output(ids.LAYERS_DETAIL, "children"),
+                  Output(ids.TIMELINE_DETAIL, "children"),
+                  Input(ids.SELECTED_RUNS, "data"), Input(ids.OVERVIEW_PEAKS, "clickData"))
+    def _iterations(names, click):
+        note = detail_note(store, names)
+        if dash.ctx.triggered_id == ids.OVERVIEW_PEAKS:
+            # a click on the peaks figure picks the nearest detailed iteration; the options stay
+            chosen = nearest_detailed(store, names, click)
+            if chosen is None:
+                raise dash.exceptions.PreventUpdate
+            said = f"{note} Iteration {chosen} is open on the Layers and Timeline tabs."
+            return dash.no_update, chosen, dash.no_update, chosen, said, note, note
         options, value = iteration_options(store, names)
-        return options, value, options, value
+        return options, value, options, value, note, note, note
 
     @app.callback(Output(ids.LAYERS_TABLE, "data"), Output(ids.LAYERS_TREE, "figure"),
                   Input(ids.SELECTED_RUNS, "data"), Input(ids.LAYERS_ITERATION, "value"),
