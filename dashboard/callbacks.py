@@ -181,7 +181,20 @@ def detail_note(store: TraceStore, names: list[str] | None) -> str:
         return f"None of the {recorded:,} iterations has detail: there are no layers or timeline to show."
     offered = f", the {MAX_PICKER_OPTIONS:,} listed span them" if detailed > MAX_PICKER_OPTIONS else ""
     return (f"{detailed:,} of {recorded:,} iterations have detail (layers and timeline{offered}); "
-            "they are marked on the peaks figure: click near one to open it.")
+            f"they are marked on the peaks figure: click near one to open it.{_undetailed_peak(store, names[0])}")
+
+
+def _undetailed_peak(store: TraceStore, name: str) -> str:
+    """A sentence when the run's highest peak is an iteration without detail: which detailed one is opened."""
+    iterations = store.iterations(name)
+    peak = int(iterations.loc[iterations["peak_allocated_bytes"].idxmax(), "iteration"])
+    detail = store.detail_iterations(name)
+    opened = iterations[iterations["iteration"].isin(detail)]
+    if peak in detail or opened.empty:
+        return ""
+    row = opened.loc[opened["peak_allocated_bytes"].idxmax()]
+    return (f" The run's peak, iteration {peak}, has no detail; the highest detailed peak is iteration "
+            f"{int(row['iteration'])} ({format_bytes(int(row['peak_allocated_bytes']))}), opened first.")
 
 
 def nearest_detailed(store: TraceStore, names: list[str] | None, click: dict | None) -> int | None:

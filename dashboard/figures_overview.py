@@ -31,7 +31,10 @@ BAR_MAX_ITERATIONS = 200
 #: Up to this many points a line also shows a marker per iteration.
 MARKERS_MAX_POINTS = 200
 DETAIL_NAME = "detailed iteration (Layers, Timeline)"
-_DETAIL_MARKER = {"symbol": "diamond", "size": 7, "color": "#222222", "line": {"width": 1, "color": "white"}}
+_DETAIL_MARKER = {"symbol": "diamond", "size": 6, "color": "#222222", "opacity": 0.8,
+                  "line": {"width": 0.5, "color": "white"}}
+#: Drawing order: the reserved line behind the allocated one, the detail markers in front.
+_ZORDER = {"peak_reserved_bytes": 0, "peak_allocated_bytes": 1, "detail": 2}
 _MARGIN = {"l": 70, "r": 20, "t": 70, "b": 40}  # room for a subtitle
 _DECIMATED = " (each point the lowest or highest of its stretch of iterations)"
 
@@ -52,7 +55,8 @@ def _peak_line(frame: pd.DataFrame, column: str, name: str, color: str, dash: st
     y = values[keep]
     return go.Scatter(x=frame["iteration"].to_numpy()[keep], y=y, name=name,
                       mode="lines+markers" if markers and len(keep) <= MARKERS_MAX_POINTS else "lines",
-                      line={"color": color, "dash": dash, "width": 1.5}, customdata=_bytes_hover(y),
+                      line={"color": color, "dash": dash, "width": 1.5}, zorder=_ZORDER[column],
+                      opacity=1.0 if column == "peak_allocated_bytes" else 0.7, customdata=_bytes_hover(y),
                       hovertemplate="iteration %{x}: %{customdata}<extra>" + name + "</extra>")
 
 
@@ -63,7 +67,7 @@ def detail_markers(iterations: pd.DataFrame, detail: np.ndarray, max_points: int
     keep = decimate(values, max_points)
     y = values[keep]
     return go.Scatter(x=rows["iteration"].to_numpy()[keep], y=y, name=DETAIL_NAME, mode="markers",
-                      marker=_DETAIL_MARKER, customdata=_bytes_hover(y),
+                      marker=_DETAIL_MARKER, zorder=_ZORDER["detail"], customdata=_bytes_hover(y),
                       hovertemplate="iteration %{x}: %{customdata}, has detail<extra></extra>")
 
 

@@ -6,8 +6,9 @@ one part of ``iterations`` and, when it holds detailed iterations, one part of `
 ``events`` with the rows of those iterations only. Detailed are the first :data:`FIRST_DETAILED`
 iterations, every ``every``-th and :attr:`LongRun.detailed_spike`, as a detail policy would choose.
 
-The run's highest peak (:attr:`LongRun.peak_iteration`) is an iteration without detail, so tests can
-tell the run's peak from the highest detailed one (:attr:`LongRun.detailed_spike`). Everything is built
+The run's highest peak (:attr:`LongRun.peak_iteration`) is an iteration without detail unless ``every``
+divides it (``every=1``: every iteration detailed, as before the detail policy), so tests can tell the
+run's peak from the highest detailed one (:attr:`LongRun.detailed_spike`). Everything is built
 with numpy and written as whole Arrow tables, so 100,000 iterations take seconds.
 """
 
@@ -40,7 +41,7 @@ class LongRun:
     Attributes:
         iterations: how many iterations the run recorded.
         detail: the detailed iterations, ascending.
-        peak_iteration: the iteration with the run's highest peak (not detailed).
+        peak_iteration: the iteration with the run's highest peak.
         detailed_spike: the detailed iteration with the highest peak.
         modules: modules (layers rows) per detailed iteration.
         events_per_iteration: events rows per detailed iteration.
@@ -153,7 +154,7 @@ def write_long_run(run_dir: Path, iterations: int, every: int = 100, part_iterat
     Args:
         run_dir: the run directory to create.
         iterations: how many iterations (at least 100).
-        every: every ``every``-th iteration is detailed.
+        every: every ``every``-th iteration is detailed (1: all).
         part_iterations: iterations per batch (one part of each table per batch), as the worker writes.
         seed: seed of the noise on the peaks.
     """
@@ -161,8 +162,6 @@ def write_long_run(run_dir: Path, iterations: int, every: int = 100, part_iterat
         raise ValueError(f"a long run needs at least 100 iterations, found {iterations}")
     peak_iteration = iterations * 3 // 5 + 7  # not a multiple of ``every`` for the usual choices
     detailed_spike = iterations * 2 // 5 + 13
-    if peak_iteration % every == 0 or peak_iteration == detailed_spike:
-        raise ValueError(f"every={every} would give detail to the peak iteration {peak_iteration}; pick another")
     activations = activation_peaks(iterations, peak_iteration, detailed_spike, seed)
     index = np.arange(iterations)
     detail = (index < FIRST_DETAILED) | (index % every == 0) | (index == detailed_spike)
