@@ -88,13 +88,13 @@ def _request(client: Any, name: str) -> None:
         raise RuntimeError(f"overview request failed with {response.status_code}")
 
 
-def bench_run(root: Path, name: str, run: LongRun, repeats: int) -> dict[str, Any]:
-    """Times every view of run ``name``."""
+def bench_run(root: Path, name: str, run: LongRun, repeats: int, cold_repeats: int) -> dict[str, Any]:
+    """Times every view of run ``name``, the only run of the traces folder ``root``."""
     fresh = lambda: TraceStore(root, BoundedCache())  # noqa: E731
     result: dict[str, Any] = {"name": name, "iterations": run.iterations, "detail": len(run.detail),
                               "parts": len(list((root / name / "iterations.parquet").glob("part-*.parquet")))}
-    result["open_s"] = _median_s(lambda _: fresh().iterations(name), repeats)
-    result["overview_cold_s"] = _median_s(lambda _: _overview(fresh(), name), repeats)
+    result["open_s"] = _median_s(lambda _: fresh().iterations(name), cold_repeats)
+    result["overview_cold_s"] = _median_s(lambda _: _overview(fresh(), name), cold_repeats)
     store = fresh()
     result["payload_kib"] = _overview(store, name) / 1024
     result["overview_warm_s"] = _median_s(lambda _: _overview(store, name), repeats)
@@ -151,8 +151,9 @@ def _browse(chrome: Any, url: str, name: str, iterations: int) -> tuple[float, f
     return loaded, time.perf_counter() - start
 
 
-def bench_browser(root: Path, runs: dict[str, LongRun], repeats: int) -> dict[str, tuple[float, float]] | str:
-    """Per run, the medians of :func:`_browse` on a fresh server each time; or why they were not measured."""
+def bench_browser(roots: dict[str, Path], runs: dict[str, LongRun], repeats: int) -> dict[str, tuple[float, float]] | str:
+    """Per run (alone in its traces folder), the medians of :func:`_browse` on a fresh server each time; or why
+    they were not measured."""
     chromium, driver_path = shutil.which("chromium"), shutil.which("chromedriver")
     try:
         from selenium import webdriver
@@ -176,7 +177,7 @@ def bench_browser(root: Path, runs: dict[str, LongRun], repeats: int) -> dict[st
         for name, run in runs.items():
             times = []
             for _ in range(repeats):
-                server = make_server("127.0.0.1", 0, create_app(root).server, threaded=True)  # a cold server
+                server = make_server("127.0.0.1", 0, create_app(roots[name]).server, threaded=True)  # cold
                 thread = threading.Thread(target=server.serve_forever, daemon=True)
                 thread.start()
                 try:
@@ -191,7 +192,7 @@ def bench_browser(root: Path, runs: dict[str, LongRun], repeats: int) -> dict[st
     return results
 
 
-def report(rows: list[dict[str, Any]], browser: dict[str, tuple[float, float]] | str, repeats: int) -> str:
+def report(rows: list[dict[str, Any]], browser: dict[str, tuple[float, float]] | str, repeats: int, cold: int) -> str:
     """The results as a Markdown table, one column per run."""
     ms = lambda s: f"{1e3 * s:.0f} ms" if s < 1 else f"{s:.2f} s"  # noqa: E731
     header = ["measurement", *(f"{r['iterations']:,} it., {r['detail']:,} detailed, {r['parts']:,} parts" for r in rows)]
@@ -215,7 +216,8 @@ def report(rows: list[dict[str, Any]], browser: dict[str, tuple[float, float]] |
         line("browser: run ticked again, Overview opened, until drawn", lambda r: ms(browser[r["name"]][1]))
     else:
         lines.append(f"\nBrowser not measured: {browser}.")
-    return "\n".join([f"Medians of {repeats} runs; `python -m benchmarks.bench_long_dashboard`.", "", *lines, ""])
+    return "\n".join([f"Medians of {repeats} runs ({cold} of the cold ones and the browser's); "
+                      "`python -m benchmarks.bench_long_dashboard`.", "", *lines, ""])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -228,13 +230,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-browser", action="store_true")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="memprof-bench-") as tmp:
-        root = Path(tmp)
-        runs = {"short": write_long_run(root / "short", args.short, every=1)}
+        # one folder per run: the Runs table (read on page load) then summarises that run only
+        roots = {name: Path(tmp) / name for name in ("short", *(f"long-{part}" for part in args.part_iterations))}
+        runs = {"short": write_long_run(roots["short"] / "short", args.short, every=1)}
         for part in args.part_iterations:
-            runs[f"long-{part}"] = write_long_run(root / f"long-{part}", args.iterations, args.every, part)
-        rows = [bench_run(root, name, run, args.repeats) for name, run in runs.items()]
-        browser = "--no-browser" if args.no_browser else bench_browser(root, runs, max(1, args.repeats // 2))
-    print(report(rows, browser, args.repeats))
+            name = f"long-{part}"
+            runs[name] = write_long_run(roots[name] / name, args.iterations, args.every, part)
+        cold = max(1, min(3, args.repeats))
+        rows = [bench_run(roots[name], name, run, args.repeats, cold) for name, run in runs.items()]
+        browser = "--no-browser" if args.no_browser else bench_browser(roots, runs, cold)
+    print(report(rows, browser, args.repeats, cold))
     return 0
 
 
