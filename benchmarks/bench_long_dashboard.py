@@ -214,6 +214,8 @@ def report(rows: list[dict[str, Any]], browser: dict[str, tuple[float, float]] |
     if isinstance(browser, dict):
         line("browser: page load until the overview is drawn (cold server)", lambda r: ms(browser[r["name"]][0]))
         line("browser: run ticked again, Overview opened, until drawn", lambda r: ms(browser[r["name"]][1]))
+        lines.append("\nA page load includes the page's own start (scripts, layout: about the short run's time) and the "
+                     "first callbacks of every tab (runs table, layers, timeline, planner), all on the same cores.")
     else:
         lines.append(f"\nBrowser not measured: {browser}.")
     return "\n".join([f"Medians of {repeats} runs ({cold} of the cold ones and the browser's); "
