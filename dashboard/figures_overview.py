@@ -66,8 +66,10 @@ def detail_markers(iterations: pd.DataFrame, detail: np.ndarray, max_points: int
     values = rows["peak_allocated_bytes"].to_numpy()
     keep = decimate(values, max_points)
     y = values[keep]
-    return go.Scatter(x=rows["iteration"].to_numpy()[keep], y=y, name=DETAIL_NAME, mode="markers",
-                      marker=_DETAIL_MARKER, zorder=_ZORDER["detail"], customdata=_bytes_hover(y),
+    # smaller where many would hide the line they sit on
+    marker = {**_DETAIL_MARKER, "size": _DETAIL_MARKER["size"] if len(keep) <= MARKERS_MAX_POINTS else 4}
+    return go.Scatter(x=rows["iteration"].to_numpy()[keep], y=y, name=DETAIL_NAME, mode="markers", marker=marker,
+                      zorder=_ZORDER["detail"], customdata=_bytes_hover(y),
                       hovertemplate="iteration %{x}: %{customdata}, has detail<extra></extra>")
 
 

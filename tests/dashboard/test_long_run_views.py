@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from dashboard import callbacks as cb
-from dashboard import ids
+from dashboard import ids, pickers
 from dashboard.callbacks_planner import chain_options
 from dashboard.data import TraceStore
 from dashboard.figures_overview import DETAIL_NAME, OVERVIEW_MAX_POINTS
@@ -70,11 +70,11 @@ def test_overview_is_bounded_keeps_the_peak_and_marks_the_detail(store, long_run
 
 def test_picker_offers_exactly_the_detailed_iterations(store, long_run):
     run = long_run[1]
-    options, value = cb.iteration_options(store, ["long"])
+    options, value = pickers.iteration_options(store, ["long"])
     assert [o["value"] for o in options] == list(run.detail)
     assert value == run.detailed_spike  # the highest detailed peak, not the run's (undetailed) peak
     assert options[0]["label"].startswith("iteration 0 (peak ")
-    note = cb.detail_note(store, ["long"])
+    note = pickers.detail_note(store, ["long"])
     assert note.startswith(f"{len(run.detail):,} of {ITERATIONS:,} iterations have detail")
     assert f"The run's peak, iteration {run.peak_iteration}, has no detail; the highest detailed peak is " \
            f"iteration {run.detailed_spike} (" in note
@@ -105,11 +105,11 @@ def test_a_click_picks_the_nearest_detailed_iteration(store, long_run):
     run = long_run[1]
     click = {"points": [{"x": run.peak_iteration, "y": 1, "curveNumber": 0}]}
     nearest = min(run.detail, key=lambda i: abs(i - run.peak_iteration))
-    assert cb.nearest_detailed(store, ["long"], click) == nearest
-    assert cb.nearest_detailed(store, ["long"], {"points": [{"x": -50}]}) == 0
-    assert cb.nearest_detailed(store, ["long"], {"points": [{"x": 10**9}]}) == run.detail[-1]
-    assert cb.nearest_detailed(store, ["long"], None) is None
-    assert cb.nearest_detailed(store, ["long"], {"points": [{"x": "a"}]}) is None
+    assert pickers.nearest_detailed(store, ["long"], click) == nearest
+    assert pickers.nearest_detailed(store, ["long"], {"points": [{"x": -50}]}) == 0
+    assert pickers.nearest_detailed(store, ["long"], {"points": [{"x": 10**9}]}) == run.detail[-1]
+    assert pickers.nearest_detailed(store, ["long"], None) is None
+    assert pickers.nearest_detailed(store, ["long"], {"points": [{"x": "a"}]}) is None
 
 
 def test_a_click_through_the_server_sets_both_pickers(long_run):
@@ -152,9 +152,9 @@ def _as_version_1(run_dir: Path) -> None:
 def test_a_version_1_trace_offers_every_iteration(traces):
     _as_version_1(traces.root / "mlp")
     store = TraceStore(traces.root)
-    options, value = cb.iteration_options(store, ["mlp"])
+    options, value = pickers.iteration_options(store, ["mlp"])
     assert [o["value"] for o in options] == [0, 1, 2] and value == 2
-    assert cb.detail_note(store, ["mlp"]) == "All 3 iterations have detail (layers and timeline)."
+    assert pickers.detail_note(store, ["mlp"]) == "All 3 iterations have detail (layers and timeline)."
     _, peaks, _ = cb.overview_view(store, ["mlp"])
     assert DETAIL_NAME not in [t.name for t in peaks.data] and peaks.data[0].mode == "lines+markers"
     assert cb.timeline_view(store, ["mlp"], 1)[1].endswith("events drawn.")
@@ -171,6 +171,6 @@ def test_a_run_without_detail_says_so(tmp_path):
         for part in (run / f"{table}.parquet").glob("part-*.parquet"):
             part.unlink()
     store = TraceStore(tmp_path)
-    assert cb.iteration_options(store, ["bare"]) == ([], None)
-    assert cb.detail_note(store, ["bare"]).startswith("None of the 300 iterations has detail")
+    assert pickers.iteration_options(store, ["bare"]) == ([], None)
+    assert pickers.detail_note(store, ["bare"]).startswith("None of the 300 iterations has detail")
     assert chain_options(store, ["bare"])[0] == [{"label": "auto-detected chain", "value": "auto"}]
