@@ -31,6 +31,8 @@ SECTIONS = {
     "real_models": ("6. The planner on models written by others (Hugging Face, torchvision-style)",
                     ["benchmarks.bench_real_models"], ["--repeats", "1"]),
     "dashboard": ("Dashboard responsiveness", ["benchmarks.bench_dashboard"], []),
+    "long_dashboard": ("The dashboard on a 100,000-iteration run", ["benchmarks.bench_long_dashboard"],
+                       ["--repeats", "3", "--part-iterations", "1000"]),
 }
 
 

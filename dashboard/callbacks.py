@@ -17,15 +17,15 @@ from dash import Input, Output, State
 from dashboard import ids
 from dashboard.data import VIEW_ERRORS, TraceStore
 from dashboard.figures import (
-    breakdown_figure,
     empty_figure,
     headline,
     layer_tree_figure,
-    peaks_figure,
     rank_peaks_figure,
 )
+from dashboard.figures_overview import breakdown_figure, peaks_figure
 from dashboard.figures_timeline import DEFAULT_MAX_POINTS, relayout_range, timeline_figure
 from dashboard.layout import LAYER_TABLE_COLUMNS, TREE_SIZES, first_trace_help
+from dashboard.pickers import detail_note, iteration_options, nearest_detailed
 from memprof.analysis import format_failure
 from memprof.trace import Trace, peak_imbalance
 from memprof.units import format_bytes
@@ -100,11 +100,14 @@ def overview_view(store: TraceStore, names: list[str] | None) -> tuple[str, go.F
     text = headline(iterations)
     failure = store.meta(names[0]).get("failure")
     if failure:
-        text = f"{post_mortem(store.trace(names[0]), failure)} {text}"
+        # cached: the planner's advice costs a chain, and the overview is drawn on every visit
+        advice = store.memo(names[0], "post-mortem", lambda _: post_mortem(store.trace(names[0]), failure))
+        text = f"{advice} {text}"
     if compare is not None and not compare.empty and not iterations.empty:
         a, b = int(iterations["peak_allocated_bytes"].max()), int(compare["peak_allocated_bytes"].max())
         text += f" {names[1]} peaks at {b / a:.2f}x of it." if a else ""
-    return text, peaks_figure(iterations, compare, names), breakdown_figure(iterations)
+    detail = store.detail_iterations(names[0])
+    return text, peaks_figure(iterations, compare, names, detail), breakdown_figure(iterations)
 
 
 _HIDDEN, _SHOWN = {"display": "none"}, {"display": "block"}
@@ -131,21 +134,6 @@ def ranks_view(store: TraceStore, names: list[str] | None) -> tuple[dict, str, g
             f"{imbalance.ratio:.2f}x ({format_bytes(imbalance.spread_bytes)} apart). Every rank needs the "
             "memory of the highest.")
     return _SHOWN, text, rank_peaks_figure(peaks, high)
-
-
-def iteration_options(store: TraceStore, names: list[str] | None) -> tuple[list[dict], int | None]:
-    """The first chosen run's iterations for a dropdown, and the default: the one with the highest peak."""
-    if not names:
-        return [], None
-    try:
-        iterations = store.iterations(names[0])
-    except VIEW_ERRORS:
-        return [], None
-    if iterations.empty:
-        return [], None
-    options = [{"label": f"iteration {int(i)}", "value": int(i)} for i in iterations["iteration"]]
-    peak = int(iterations.loc[iterations["peak_allocated_bytes"].idxmax(), "iteration"])
-    return options, peak
 
 
 def layers_view(store: TraceStore, names: list[str] | None, iteration: int | None,
@@ -247,10 +235,20 @@ def register(app: dash.Dash, store: TraceStore) -> None:
 
     @app.callback(Output(ids.LAYERS_ITERATION, "options"), Output(ids.LAYERS_ITERATION, "value"),
                   Output(ids.TIMELINE_ITERATION, "options"), Output(ids.TIMELINE_ITERATION, "value"),
-                  Input(ids.SELECTED_RUNS, "data"))
-    def _iterations(names):
+                  Output(ids.OVERVIEW_DETAIL, "children"), Output(ids.LAYERS_DETAIL, "children"),
+                  Output(ids.TIMELINE_DETAIL, "children"),
+                  Input(ids.SELECTED_RUNS, "data"), Input(ids.OVERVIEW_PEAKS, "clickData"))
+    def _iterations(names, click):
+        note = detail_note(store, names)
+        if dash.ctx.triggered_id == ids.OVERVIEW_PEAKS:
+            # a click on the peaks figure picks the nearest detailed iteration; the options stay
+            chosen = nearest_detailed(store, names, click)
+            if chosen is None:
+                raise dash.exceptions.PreventUpdate
+            said = f"{note} Iteration {chosen} is open on the Layers and Timeline tabs."
+            return dash.no_update, chosen, dash.no_update, chosen, said, note, note
         options, value = iteration_options(store, names)
-        return options, value, options, value
+        return options, value, options, value, note, note, note
 
     @app.callback(Output(ids.LAYERS_TABLE, "data"), Output(ids.LAYERS_TREE, "figure"),
                   Input(ids.SELECTED_RUNS, "data"), Input(ids.LAYERS_ITERATION, "value"),

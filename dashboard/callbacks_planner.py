@@ -57,7 +57,7 @@ def chain_options(store: TraceStore, names: list[str] | None) -> tuple[list[dict
     if names:
         with contextlib.suppress(*VIEW_ERRORS):
             options += [{"label": f"children of {m}", "value": _MODULE_PREFIX + m}
-                        for m in container_choices(store.layers(names[0]))]
+                        for m in container_choices(store.model_layers(names[0]))]
     return options, AUTO
 
 

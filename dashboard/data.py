@@ -134,23 +134,39 @@ class TraceStore:
         """The iterations table, sorted by iteration."""
         return self.memo(name, ITERATIONS, lambda _: _sorted(self.trace(name).read(ITERATIONS), ["iteration"]))
 
-    def layers(self, name: str) -> pd.DataFrame:
-        """The columns of the layers table the Layers view shows, every iteration."""
-        return self.memo(name, LAYERS, lambda _: self.trace(name).read(LAYERS, columns=list(LAYER_COLUMNS)))
+    def detail_iterations(self, name: str) -> np.ndarray:
+        """The iterations whose detail (layers and events rows) the run holds, ascending.
+
+        Read from the cached iterations table's ``detail`` column (what ``Trace.detail_iterations``
+        lists), so no table is read again; every iteration when the column is absent.
+        """
+        def build(_: Path) -> np.ndarray:
+            frame = self.iterations(name)
+            numbers = frame["iteration"].to_numpy(dtype=np.int64)
+            if "detail" in frame.columns:
+                numbers = numbers[frame["detail"].to_numpy(dtype=bool)]
+            return np.unique(numbers)
+
+        return self.memo(name, "detail", build)
 
     def layers_at(self, name: str, iteration: int) -> pd.DataFrame:
-        """The modules of one iteration, in first-forward order."""
-        frame = self.layers(name)
-        return _sorted(frame[frame["iteration"] == iteration], ["order", "module"])
+        """The modules of one iteration, in first-forward order; only the parts that may hold it are read."""
+        return self.memo(name, (LAYERS, int(iteration)), lambda _: _sorted(self.trace(name).read(
+            LAYERS, columns=list(LAYER_COLUMNS), iterations=[int(iteration)]), ["order", "module"]))
+
+    def model_layers(self, name: str) -> pd.DataFrame:
+        """The modules of the first detailed iteration (the model's structure); empty when none has detail."""
+        detailed = self.detail_iterations(name)
+        if not len(detailed):
+            return pd.DataFrame({column: [] for column in LAYER_COLUMNS})
+        return self.layers_at(name, int(detailed[0]))
 
     def timeline(self, name: str, iteration: int) -> pd.DataFrame:
         """The events of one iteration with ``time_ms`` since its first event, in event order."""
         return self.memo(name, (EVENTS, int(iteration)), lambda _: self._read_timeline(name, int(iteration)))
 
     def _read_timeline(self, name: str, iteration: int) -> pd.DataFrame:
-        events = self.trace(name).read(EVENTS, columns=list(TIMELINE_COLUMNS))
-        frame = events[events["iteration"].to_numpy() == iteration]
-        frame = _sorted(frame, ["seq"])
+        frame = _sorted(self.trace(name).read(EVENTS, columns=list(TIMELINE_COLUMNS), iterations=[iteration]), ["seq"])
         times = frame["time_ns"].to_numpy(dtype=np.int64)
         origin = times[0] if len(times) else 0
         frame = frame.assign(time_ms=(times - origin) / 1e6)

@@ -90,38 +90,6 @@ def empty_figure(message: str) -> go.Figure:
     return fig
 
 
-def peaks_figure(iterations: pd.DataFrame, compare: pd.DataFrame | None = None,
-                 names: Sequence[str] = ("", "")) -> go.Figure:
-    """Peak allocated and reserved bytes per iteration, optionally beside a second run's.
-
-    Args:
-        iterations: the iterations table (``iteration``, ``peak_allocated_bytes``, ``peak_reserved_bytes``).
-        compare: a second run's iterations table, or ``None``.
-        names: the two runs' names, used in the legend when comparing.
-    """
-    fig = go.Figure()
-    top = 0.0
-    for frame, run, dash in ((iterations, names[0], "solid"), (compare, names[1] if len(names) > 1 else "", "dot")):
-        if frame is None:
-            continue
-        suffix = f" ({plot_text(run)})" if compare is not None else ""
-        for column, label, color in (("peak_allocated_bytes", "peak allocated", "#4c78a8"),
-                                     ("peak_reserved_bytes", "peak reserved", "#f58518")):
-            if column == "peak_reserved_bytes" and not frame[column].any():
-                continue  # no caching allocator (CPU): nothing reserved to show
-            top = max(top, float(frame[column].max()) if len(frame) else 0.0)
-            fig.add_trace(go.Scatter(
-                x=frame["iteration"].to_numpy(), y=frame[column].to_numpy(), name=label + suffix,
-                mode="lines+markers", line={"color": color, "dash": dash},
-                customdata=[format_bytes(v) for v in frame[column]],
-                hovertemplate="iteration %{x}: %{customdata}<extra>" + label + suffix + "</extra>",
-            ))
-    fig.update_layout(title="Peak memory per iteration", xaxis=iteration_axis(iterations["iteration"]),
-                      yaxis={"title": "bytes", "rangemode": "tozero", **byte_ticks(top)}, margin=_MARGIN,
-                      height=360, legend={"orientation": "h", "y": -0.2}, template=TEMPLATE)
-    return fig
-
-
 def rank_peaks_figure(peaks: pd.DataFrame, highlight_rank: int | None = None) -> go.Figure:
     """Peak allocated bytes per iteration, one line per rank of a distributed run.
 
@@ -140,28 +108,6 @@ def rank_peaks_figure(peaks: pd.DataFrame, highlight_rank: int | None = None) ->
     fig.update_layout(title="Peak allocated per iteration, by rank", xaxis=iteration_axis(peaks["iteration"]),
                       yaxis={"title": "bytes", "rangemode": "tozero", **byte_ticks(top)}, margin=_MARGIN,
                       height=340, legend={"orientation": "h", "y": -0.2}, template=TEMPLATE)
-    return fig
-
-
-def breakdown_figure(iterations: pd.DataFrame) -> go.Figure:
-    """Bytes of each category at each iteration's peak, stacked, with the allocator's cache on top."""
-    fig = go.Figure()
-    x = iterations["iteration"].to_numpy()
-    for column in CATEGORY_COLUMNS:
-        values = iterations[column].to_numpy()
-        fig.add_trace(go.Bar(x=x, y=values, name=column, marker_color=CATEGORY_COLORS[column],
-                             customdata=[format_bytes(v) for v in values],
-                             hovertemplate="iteration %{x}: %{customdata}<extra>" + column + "</extra>"))
-    cache = np.clip(iterations["peak_reserved_bytes"].to_numpy() - iterations["peak_allocated_bytes"].to_numpy(),
-                    0, None)
-    if cache.any():
-        fig.add_trace(go.Bar(x=x, y=cache, name="cache (reserved, unallocated)", marker_color=CACHE_COLOR,
-                             customdata=[format_bytes(v) for v in cache],
-                             hovertemplate="iteration %{x}: %{customdata}<extra>cache</extra>"))
-    top = float(np.max(iterations[list(CATEGORY_COLUMNS)].to_numpy().sum(axis=1) + cache)) if len(x) else 0.0
-    fig.update_layout(barmode="stack", title="What the memory held at each iteration's peak",
-                      xaxis=iteration_axis(x), yaxis={"title": "bytes", **byte_ticks(top)},
-                      margin=_MARGIN, height=380, template=TEMPLATE)
     return fig
 
 

@@ -27,18 +27,21 @@ RUNS_SELECTION = "runs-selection"
 OVERVIEW_HEADLINE = "overview-headline"
 OVERVIEW_PEAKS = "overview-peaks"
 OVERVIEW_BREAKDOWN = "overview-breakdown"
+OVERVIEW_DETAIL = "overview-detail"  # how many iterations have detail
 OVERVIEW_RANKS_BOX = "overview-ranks-box"  # shown only for the ranks of a distributed run
 OVERVIEW_RANKS_TEXT = "overview-ranks-text"
 OVERVIEW_RANKS = "overview-ranks"
 
 # Layers
 LAYERS_ITERATION = "layers-iteration"
+LAYERS_DETAIL = "layers-detail"
 LAYERS_SIZE = "layers-size"
 LAYERS_TABLE = "layers-table"
 LAYERS_TREE = "layers-tree"
 
 # Timeline
 TIMELINE_ITERATION = "timeline-iteration"
+TIMELINE_DETAIL = "timeline-detail"
 TIMELINE_GRAPH = "timeline-graph"
 TIMELINE_INFO = "timeline-info"
 TIMELINE_ZOOM = "timeline-zoom"  # dcc.Store: {run, iteration, range} of the last zoom

@@ -80,6 +80,7 @@ def _runs_tab() -> dcc.Tab:
 def _overview_tab() -> dcc.Tab:
     return dcc.Tab(label="Overview", value=ids.TAB_OVERVIEW, children=[
         html.H3(id=ids.OVERVIEW_HEADLINE, className="headline"),
+        html.P(id=ids.OVERVIEW_DETAIL, className="note"),
         dcc.Graph(id=ids.OVERVIEW_PEAKS, config={"displaylogo": False}),
         dcc.Graph(id=ids.OVERVIEW_BREAKDOWN, config={"displaylogo": False}),
         html.Div(id=ids.OVERVIEW_RANKS_BOX, style={"display": "none"}, children=[
@@ -106,6 +107,7 @@ def _layers_tab() -> dcc.Tab:
             dcc.RadioItems(id=ids.LAYERS_SIZE, options=[{"label": lbl, "value": key} for key, lbl in TREE_SIZES],
                            value="weight_bytes", inline=True),
         ]),
+        html.P(id=ids.LAYERS_DETAIL, className="note"),
         data_table(id=ids.LAYERS_TABLE, columns=columns, data=[], sort_action="native",
                              filter_action="native", page_size=25, style_table=_TABLE_STYLE, style_cell=_CELL_STYLE),
         dcc.Graph(id=ids.LAYERS_TREE, config={"displaylogo": False}),
@@ -117,6 +119,7 @@ def _timeline_tab() -> dcc.Tab:
         html.Div(className="controls", children=[
             html.Label("iteration"), dcc.Dropdown(id=ids.TIMELINE_ITERATION, clearable=False, className="picker"),
         ]),
+        html.P(id=ids.TIMELINE_DETAIL, className="note"),
         html.P(id=ids.TIMELINE_INFO, className="note"),
         dcc.Graph(id=ids.TIMELINE_GRAPH, config={"displaylogo": False}),
     ])

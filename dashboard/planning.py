@@ -250,8 +250,8 @@ def compare_measured(store: TraceStore, name: str) -> MeasuredRun:
 def _compare(store: TraceStore, name: str) -> MeasuredRun:
     schedule = planner.Schedule.from_json(store.meta(name)["schedule"])
     prediction = planner.simulate(schedule.chain, schedule)
-    iterations = store.iterations(name)
-    last = int(iterations["iteration"].max()) if not iterations.empty else 0
+    detailed = store.detail_iterations(name)
+    last = int(detailed[-1]) if len(detailed) else 0  # the last iteration with a timeline
     frame = store.timeline(name, last)
     # whole step: the allocator's memory; chain-only: activation memory (allocated minus model state)
     measured = measured_step(frame) if schedule.chain.step is not None else measured_activation(frame)

@@ -6,12 +6,10 @@ import numpy as np
 import pandas as pd
 
 from dashboard.figures import (
-    breakdown_figure,
     byte_ticks,
     empty_figure,
     headline,
     layer_tree_figure,
-    peaks_figure,
     plot_text,
 )
 from memprof.categories import CATEGORY_COLUMNS
@@ -30,33 +28,6 @@ def _iterations(peaks, reserved, **cats):
 def test_plot_text_escapes_markup():
     assert plot_text("<b>x</b> & y") == "&lt;b&gt;x&lt;/b&gt; &amp; y"
     assert plot_text("features.0") == "features.0"
-
-
-def test_peaks_figure_plots_the_table(store):
-    iterations = store.iterations("mlp")
-    fig = peaks_figure(iterations)
-    allocated, reserved = fig.data
-    assert list(allocated.y) == iterations["peak_allocated_bytes"].tolist()
-    assert list(reserved.y) == iterations["peak_reserved_bytes"].tolist()
-    assert list(allocated.x) == [0, 1, 2]
-
-
-def test_peaks_figure_compares_two_runs(store):
-    a, b = store.iterations("mlp"), store.iterations("ddp/rank=0")
-    fig = peaks_figure(a, b, ("mlp", "<i>b</i>"))
-    assert len(fig.data) == 4
-    assert list(fig.data[2].y) == b["peak_allocated_bytes"].tolist()
-    assert "&lt;i&gt;b&lt;/i&gt;" in fig.data[2].name
-
-
-def test_breakdown_stacks_categories_and_cache():
-    frame = _iterations([1000, 3000], [4096, 4096], weights=[600, 600], feature_maps=[400, 2400])
-    fig = breakdown_figure(frame)
-    by_name = {t.name: list(t.y) for t in fig.data}
-    assert by_name["weights"] == [600, 600]
-    assert by_name["feature_maps"] == [400, 2400]
-    assert by_name["cache (reserved, unallocated)"] == [3096, 1096]
-    assert fig.layout.barmode == "stack"
 
 
 def test_headline_names_peak_dominant_and_cache():
@@ -124,12 +95,6 @@ def test_byte_ticks_over_a_window_far_from_zero():
     assert ticks["ticktext"][0] == "3.1 GiB" and ticks["ticktext"][-1] == "3.4 GiB"
     assert len([v for v in ticks["tickvals"] if 3.1 * 1024**3 <= v <= 3.4 * 1024**3]) >= 4
     assert byte_ticks(500, bottom_bytes=-5) == byte_ticks(500) == byte_ticks(500, bottom_bytes=900)
-
-
-def test_nothing_reserved_is_not_drawn():
-    frame = _iterations([1000, 3000], [0, 0], weights=[1000, 3000])
-    assert [t.name for t in peaks_figure(frame).data] == ["peak allocated"]
-    assert "cache (reserved, unallocated)" not in [t.name for t in breakdown_figure(frame).data]
 
 
 def test_iteration_axis_ticks_whole_iterations_only():

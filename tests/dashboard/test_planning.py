@@ -38,8 +38,8 @@ from tests.dashboard.fixtures import (
 
 
 def test_container_choices_are_modules_with_two_children(store):
-    assert container_choices(store.layers("mlp")) == ["features"]
-    assert container_choices(store.layers("mlp").iloc[0:0]) == []
+    assert container_choices(store.model_layers("mlp")) == ["features"]
+    assert container_choices(store.model_layers("mlp").iloc[0:0]) == []
 
 
 def test_model_state_bytes_at_the_peak(store):
