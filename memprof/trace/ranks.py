@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from memprof.errors import TraceNotFoundError
-from memprof.trace.rank_scan import ATTEMPTS, RankAggregate, plan_rank, scan
+from memprof.trace.rank_scan import RankResult, aggregate_ranks
 
 _RANK_DIR = re.compile(r"^rank=(\d+)$")
 PEAK_COLUMNS = ("iteration", "peak_allocated_bytes", "peak_reserved_bytes")
@@ -88,16 +88,8 @@ def scan_ranks(run_root: str | Path, max_points: int | None = DEFAULT_MAX_POINTS
     found = rank_dirs(run_root)
     if not found:
         raise TraceNotFoundError(f"{run_root} holds no rank=<r> folders; expected a run written under torchrun")
-    for attempt in range(ATTEMPTS):
-        plans = [plan_rank(rank, directory) for rank, directory in found]
-        try:
-            aggregates = scan(Path(run_root), plans, max_points)
-            break
-        except FileNotFoundError:  # a compaction merged parts under us: list them again
-            if attempt == ATTEMPTS - 1:
-                raise
-    ranks = tuple(rank for rank, _ in found)
-    return RankScan(_summary(aggregates), _peaks(aggregates), ranks, max_points)
+    results = aggregate_ranks(Path(run_root), found, max_points)
+    return RankScan(_summary(results), _peaks(results), tuple(rank for rank, _ in found), max_points)
 
 
 def rank_summary(run_root: str | Path) -> pd.DataFrame:
@@ -115,26 +107,24 @@ def rank_peaks(run_root: str | Path, max_points: int | None = DEFAULT_MAX_POINTS
     return scan_ranks(run_root, max_points).peaks
 
 
-def _summary(aggregates: dict[int, RankAggregate]) -> pd.DataFrame:
-    rows = [{"rank": a.rank, "peak_allocated_bytes": a.peak_allocated_bytes, "peak_iteration": a.peak_iteration,
-             "peak_module": a.peak_module, "peak_phase": a.peak_phase, "iterations": a.iterations,
-             "peak_reserved_bytes": a.peak_reserved_bytes}
-            for _, a in sorted(aggregates.items()) if a.intervals]
+def _summary(results: list[RankResult]) -> pd.DataFrame:
+    rows = [{"rank": r.aggregate.rank, "peak_allocated_bytes": r.aggregate.peak_allocated_bytes,
+             "peak_iteration": r.aggregate.peak_iteration, "peak_module": r.peak_module, "peak_phase": r.peak_phase,
+             "iterations": r.aggregate.iterations, "peak_reserved_bytes": r.aggregate.peak_reserved_bytes}
+            for r in results if r.aggregate.intervals]
     frame = pd.DataFrame(rows, columns=list(SUMMARY_COLUMNS))
-    ints = [c for c in SUMMARY_COLUMNS if c not in ("peak_module", "peak_phase")]
-    return frame.astype(dict.fromkeys(ints, "int64"))
+    return frame.astype({c: "int64" for c in SUMMARY_COLUMNS if c not in ("peak_module", "peak_phase")})
 
 
-def _peaks(aggregates: dict[int, RankAggregate]) -> pd.DataFrame:
-    frames = []
-    for rank, aggregate in sorted(aggregates.items()):
+def _peaks(results: list[RankResult]) -> pd.DataFrame:
+    frames = [pd.DataFrame({c: pd.Series(dtype="int64") for c in ("rank", *PEAK_COLUMNS)})]
+    for result in results:
+        aggregate = result.aggregate
         kept = aggregate.bucket_peak >= 0  # buckets without an iteration stay at -1
-        frames.append(pd.DataFrame({"rank": np.full(int(kept.sum()), rank, np.int64),
+        frames.append(pd.DataFrame({"rank": np.full(int(kept.sum()), aggregate.rank, np.int64),
                                     "iteration": aggregate.bucket_iteration[kept],
                                     "peak_allocated_bytes": aggregate.bucket_peak[kept],
                                     "peak_reserved_bytes": aggregate.bucket_reserved[kept]}))
-    if not frames:
-        return pd.DataFrame({c: pd.Series(dtype="int64") for c in ("rank", *PEAK_COLUMNS)})
     return pd.concat(frames, ignore_index=True)
 
 
