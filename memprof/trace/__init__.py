@@ -12,7 +12,15 @@ Public names load on first use: the reader's need pandas, which the worker never
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from memprof.trace.ranks import RankScan, peak_imbalance, rank_dirs, rank_of, rank_peaks, rank_summary, scan_ranks
+    from memprof.trace.ranks import (
+        RankScan,
+        peak_imbalance,
+        rank_dirs,
+        rank_of,
+        rank_peaks,
+        rank_summary,
+        scan_ranks,
+    )
     from memprof.trace.reader import RunEntry, Trace, list_runs, load_trace
     from memprof.trace.schema import (
         EVENTS,

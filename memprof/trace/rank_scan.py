@@ -161,14 +161,22 @@ def scan(run_root: Path, plans: list[RankPlan], max_points: int | None) -> dict[
                 aggregates[plan.rank].add_batch(plan.recovered)
         if not rank_of_part:
             return aggregates
-        dataset = ds.dataset(list(rank_of_part), schema=_SCHEMA, format="parquet", partitioning=_PARTITIONING,
-                             partition_base_dir=str(run_root))
+        dataset = _dataset(run_root, list(rank_of_part))
         for fragment in dataset.get_fragments():
             _scan_part(fragment, dataset.schema, rank_of_part[fragment.path], folder)
         folder.flush()
     except IndexError as exc:
         raise PartsChanged(str(exc)) from None
     return aggregates
+
+
+def _dataset(run_root: Path, files: list[str]) -> ds.Dataset:
+    """Every rank's parts as one dataset with a ``rank`` column from the ``rank=<r>`` folders."""
+    try:
+        return ds.dataset(files, schema=_SCHEMA, format="parquet", partitioning=_PARTITIONING,
+                          partition_base_dir=str(run_root))
+    except FileNotFoundError as exc:  # listed by the plan, gone now
+        raise PartsChanged(f"{exc} vanished") from None
 
 
 def _scan_part(fragment: ds.Fragment, schema: pa.Schema, rank: int, folder: _Folder) -> None:
