@@ -68,6 +68,11 @@ class RankScan:
     ranks: tuple[int, ...]
     max_points: int | None
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes the two frames hold (what a cache of scans counts)."""
+        return int(sum(f.memory_usage(index=True, deep=True).sum() for f in (self.summary, self.peaks)))
+
 
 def scan_ranks(run_root: str | Path, max_points: int | None = DEFAULT_MAX_POINTS) -> RankScan:
     """Reads every rank's ``iterations`` as one dataset, streaming: the summary and the decimated peaks.
