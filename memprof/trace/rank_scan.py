@@ -1,10 +1,11 @@
 """One streaming pass over the ``iterations`` tables of every rank, read as one Parquet dataset.
 
-The parts of all ranks form one :mod:`pyarrow.dataset` partitioned on ``rank=<r>``. The pass reads
-only the numeric columns it aggregates, batch by batch, into a :class:`RankAggregate` per rank; memory
-holds a few batches (up to :data:`FOLD_ROWS` rows of one rank) plus the aggregates. The module and phase at
-each rank's peak are then read for that one iteration only, from the part whose footer says it holds
-it: decoding those strings for every row would double the pass. Iterations still in a rank's journal
+The parts of all ranks are the fragments of one :mod:`pyarrow.dataset` partitioned on ``rank=<r>``
+(Hive style), read one after the other. The pass reads only the numeric columns it aggregates, batch
+by batch, into a :class:`RankAggregate` per rank; memory holds up to :data:`FOLD_ROWS` rows of one rank
+plus the aggregates. The module and phase at each rank's peak are then read for that one iteration
+only, from the parts whose footers say they may hold it: decoding those strings for every row would
+double the pass. Iterations still in a rank's journal
 (a killed or running rank) are folded in like one more batch.
 """
 
@@ -18,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from memprof.errors import CorruptTraceError, RankTraceError, TraceError
@@ -32,10 +34,13 @@ _LABELS = ("peak_module", "peak_phase")
 _RANK = pa.field("rank", pa.int64())
 _SCHEMA = pa.schema([*(ITERATIONS_SCHEMA.field(name) for name in SCAN_COLUMNS), _RANK])
 _PARTITIONING = ds.partitioning(pa.schema([_RANK]), flavor="hive")
+_FORMAT = ds.ParquetFileFormat(default_fragment_scan_options=ds.ParquetFragmentScanOptions(
+    page_checksum_verification=True))
+_FILESYSTEM = pafs.LocalFileSystem()
 #: Rows per batch read from a part.
 BATCH_ROWS = 65_536
-#: Rows folded at a time (a rank's consecutive batches gathered: ~6 MB).
-FOLD_ROWS = 262_144
+#: Rows folded at a time (a rank's consecutive batches gathered: 1.5 MB, and the temporaries of folding them).
+FOLD_ROWS = 65_536
 #: Passes tried when the parts change under the pass (merged away by a compaction): list them again.
 ATTEMPTS = 3
 
@@ -145,48 +150,36 @@ def aggregate_ranks(run_root: Path, found: list[tuple[int, Path]], max_points: i
 def scan(run_root: Path, plans: list[RankPlan], max_points: int | None) -> dict[int, RankAggregate]:
     """One pass over every planned rank's parts and journal rows; the aggregates by rank.
 
-    The dataset's parts are read one after the other (each with Arrow's threads): a scan of the whole
-    dataset at once queues decoded batches whenever folding is slower than decoding.
-
     Raises:
         RankTraceError: a part cannot be decoded (the message names its rank).
         PartsChanged: a part vanished, or held iterations outside its footer's span, during the pass.
     """
     aggregates = {plan.rank: RankAggregate.start(plan.rank, *plan.span(), max_points) for plan in plans}
-    rank_of_part = {str(part): plan.rank for plan in plans for part, _ in plan.parts}
     folder = _Folder(aggregates)
     try:
         for plan in plans:
             if plan.recovered is not None:
                 aggregates[plan.rank].add_batch(plan.recovered)
-        if not rank_of_part:
-            return aggregates
-        dataset = _dataset(run_root, list(rank_of_part))
-        for fragment in dataset.get_fragments():
-            _scan_part(fragment, dataset.schema, rank_of_part[fragment.path], folder)
+            for part, _ in plan.parts:
+                _scan_part(run_root, part, plan.rank, folder)
         folder.flush()
     except IndexError as exc:
         raise PartsChanged(str(exc)) from None
     return aggregates
 
 
-def _dataset(run_root: Path, files: list[str]) -> ds.Dataset:
-    """Every rank's parts as one dataset with a ``rank`` column from the ``rank=<r>`` folders."""
-    try:
-        return ds.dataset(files, schema=_SCHEMA, format="parquet", partitioning=_PARTITIONING,
-                          partition_base_dir=str(run_root))
-    except FileNotFoundError as exc:  # listed by the plan, gone now
-        raise PartsChanged(f"{exc} vanished") from None
+def _scan_part(run_root: Path, part: Path, rank: int, folder: _Folder) -> None:
+    """Folds one part: a fragment of the Hive-partitioned dataset, its ``rank`` read from the ``rank=<r>`` folder.
 
-
-def _scan_part(fragment: ds.Fragment, schema: pa.Schema, rank: int, folder: _Folder) -> None:
-    options = ds.ParquetFragmentScanOptions(page_checksum_verification=True)
+    Each fragment is made, read and dropped in turn: a ``FileSystemDataset`` of every part keeps each
+    fragment's decoded footer once read, memory that grows with the number of parts.
+    """
+    where = _PARTITIONING.parse("/" + part.relative_to(run_root).as_posix())
+    fragment = _FORMAT.make_fragment(str(part), _FILESYSTEM, partition_expression=where)
     try:
-        for batch in fragment.to_batches(schema=schema, columns=[*NUMERIC_COLUMNS, "rank"], batch_size=BATCH_ROWS,
-                                         fragment_scan_options=options):
+        for batch in fragment.to_batches(schema=_SCHEMA, columns=[*NUMERIC_COLUMNS, "rank"], batch_size=BATCH_ROWS):
             folder.push(batch)
     except (OSError, pa.ArrowException) as exc:
-        part = Path(fragment.path)
         if not part.exists():
             raise PartsChanged(f"{part} vanished ({exc})") from None
         raise _damaged(rank, part, exc) from None
@@ -255,12 +248,23 @@ def _rows_of(plan: RankPlan, iteration: int) -> Iterator[pa.Table | pa.RecordBat
         if span is not None and not span[0] <= iteration <= span[1]:
             continue
         try:
-            yield pq.read_table(part, columns=["iteration", *_LABELS], filters=[("iteration", "=", iteration)],
-                                page_checksum_verification=True)
+            yield from _row_groups_holding(part, iteration)
         except (OSError, pa.ArrowException) as exc:
             if not part.exists():
                 raise PartsChanged(f"{part} vanished ({exc})") from None
             raise _damaged(plan.rank, part, exc) from None
+
+
+def _row_groups_holding(part: Path, iteration: int) -> Iterator[pa.Table]:
+    """The rows of ``iteration`` in each row group of ``part`` whose statistics say it may hold it."""
+    reader = pq.ParquetFile(part, page_checksum_verification=True)
+    column = reader.schema_arrow.get_field_index("iteration")
+    for index in range(reader.metadata.num_row_groups):
+        stats = reader.metadata.row_group(index).column(column).statistics
+        if stats is not None and stats.has_min_max and not stats.min <= iteration <= stats.max:
+            continue
+        rows = reader.read_row_group(index, columns=["iteration", *_LABELS], use_threads=False)
+        yield rows.filter(pc.equal(rows.column("iteration"), iteration))
 
 
 def _damaged(rank: int, part: Path, exc: Exception) -> RankTraceError:

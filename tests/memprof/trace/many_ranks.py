@@ -5,10 +5,12 @@
 compaction writes them, and a part written again as after a crash) and ``layers`` rows for a few
 detailed iterations. The ``reference_*`` functions load every rank whole with :func:`load_trace` and
 pandas; the streaming reader and the documented DuckDB queries are tested against them.
+:func:`documented_queries` reads those queries from docs/trace-format.md.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -27,6 +29,8 @@ from tests.dashboard.fixtures import meta
 MODULES: tuple[str, ...] = ("", "encoder", "encoder.block.0", "encoder.block.1", "encoder.block.2", "head", "loss")
 PHASES: tuple[str, ...] = ("forward", "backward", "optimizer", "other")
 MIB = 1 << 20
+#: The document whose "Many ranks" section shows the DuckDB and pyarrow queries.
+DOC = Path(__file__).resolve().parents[3] / "docs" / "trace-format.md"
 
 
 def iteration_table(rank: int, first: int, count: int, ranks: int = 1) -> pa.Table:
@@ -140,3 +144,30 @@ def reference_peaks(run: Path, max_points: int | None) -> pd.DataFrame:
                                     "peak_allocated_bytes": best.peak_allocated_bytes,
                                     "peak_reserved_bytes": own.groupby("bucket").peak_reserved_bytes.max()}))
     return pd.concat(frames, ignore_index=True)
+
+
+def _section() -> str:
+    """The "Many ranks" section of :data:`DOC`."""
+    text = DOC.read_text(encoding="utf-8")
+    start = text.index("\n## Many ranks\n")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end > 0 else len(text)]
+
+
+def _blocks(text: str) -> list[tuple[str, str]]:
+    return re.findall(r"```(sql|python)\n(.*?)```", text, flags=re.S)
+
+
+def documented_queries() -> dict[str, tuple[str, str]]:
+    """``{question: (duckdb sql, pyarrow code)}`` in document order."""
+    queries = {}
+    for part in _section().split("\n### ")[1:]:
+        title = part.splitlines()[0].strip()
+        blocks = dict(_blocks(part))
+        queries[title] = (blocks["sql"], blocks["python"])
+    return queries
+
+
+def setup_code() -> str:
+    """The pyarrow helper that the pyarrow blocks start from."""
+    return _blocks(_section().split("\n### ")[0])[0][1]

@@ -6,7 +6,6 @@ The queries are read from the document itself, so the documented text is what is
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pandas as pd
@@ -14,38 +13,15 @@ import pytest
 
 from memprof.trace.ranks import rank_summary
 from memprof.trace.schema import LAYERS
-from tests.memprof.trace.many_ranks import reference_frame, reference_summary, write_many_ranks
+from tests.memprof.trace.many_ranks import (
+    documented_queries,
+    reference_frame,
+    reference_summary,
+    setup_code,
+    write_many_ranks,
+)
 
-DOC = Path(__file__).resolve().parents[3] / "docs" / "trace-format.md"
 DETAILED_ITERATION = 500  # the iteration the layers query names
-
-
-def _section() -> str:
-    text = DOC.read_text(encoding="utf-8")
-    start = text.index("\n## Many ranks\n")
-    end = text.find("\n## ", start + 1)
-    return text[start:end if end > 0 else len(text)]
-
-
-def _blocks(text: str) -> list[tuple[str, str]]:
-    return re.findall(r"```(sql|python)\n(.*?)```", text, flags=re.S)
-
-
-def documented_queries() -> dict[str, tuple[str, str]]:
-    """``{question: (duckdb sql, pyarrow code)}`` in document order."""
-    queries = {}
-    for part in _section().split("\n### ")[1:]:
-        title = part.splitlines()[0].strip()
-        blocks = dict(_blocks(part))
-        queries[title] = (blocks["sql"], blocks["python"])
-    return queries
-
-
-def setup_code() -> str:
-    """The pyarrow helper that the pyarrow blocks start from."""
-    return _blocks(_section().split("\n### ")[0])[0][1]
-
-
 QUERIES = documented_queries()
 
 
