@@ -31,6 +31,8 @@ SECTIONS = {
     "real_models": ("6. The planner on models written by others (Hugging Face, torchvision-style)",
                     ["benchmarks.bench_real_models"], ["--repeats", "1"]),
     "dashboard": ("Dashboard responsiveness", ["benchmarks.bench_dashboard"], []),
+    "ranks": ("Many ranks: one streaming pass vs DuckDB vs loading every rank", ["benchmarks.bench_ranks"],
+              ["--iterations", "10000", "--repeats", "2"]),
 }
 
 

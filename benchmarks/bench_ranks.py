@@ -33,6 +33,7 @@ from pathlib import Path
 
 RESULTS_PATH = Path(__file__).parent / "results" / "ranks.md"
 VIEW_TARGET_S = 2.0
+TARGET_RUN = (64, 100_000)  # ranks x iterations the view's target is set for
 PEAK_COLUMNS = ["iteration", "peak_allocated_bytes", "peak_reserved_bytes"]
 #: name -> (what the table calls it, the documented DuckDB question it runs, if any)
 MEASURES: dict[str, tuple[str, str | None]] = {
@@ -186,10 +187,12 @@ def report(args: argparse.Namespace, sizes: list[int], runs: dict[int, dict], re
         cells = [f"{results[s][name]['median_s']:.3f} | {results[s][name]['rss_growth_mib']:.0f}" for s in sizes]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     view = results[big]["view"]
-    met = "met" if view["median_s"] < VIEW_TARGET_S else "NOT met"
-    lines += ["", f"The ranks view of {args.ranks} x {big:,} builds in {view['median_s']:.2f} s (target: under "
-              f"{VIEW_TARGET_S:.0f} s, {met}); it draws {view['points']:,} points "
-              f"({view['figure_kib']:.0f} KiB of figure JSON)."]
+    if (args.ranks, big) == TARGET_RUN:
+        verdict = f"target: under {VIEW_TARGET_S:.0f} s, {'met' if view['median_s'] < VIEW_TARGET_S else 'NOT met'}"
+    else:
+        verdict = f"the target, under {VIEW_TARGET_S:.0f} s, is set for {TARGET_RUN[0]} x {TARGET_RUN[1]:,}"
+    lines += ["", f"The ranks view of {args.ranks} x {big:,} builds in {view['median_s']:.2f} s ({verdict}); it draws "
+              f"{view['points']:,} points ({view['figure_kib']:.0f} KiB of figure JSON)."]
     return "\n".join(lines) + "\n"
 
 

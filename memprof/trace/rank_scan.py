@@ -5,8 +5,8 @@ The parts of all ranks are the fragments of one :mod:`pyarrow.dataset` partition
 by batch, into a :class:`RankAggregate` per rank; memory holds up to :data:`FOLD_ROWS` rows of one rank
 plus the aggregates. The module and phase at each rank's peak are then read for that one iteration
 only, from the parts whose footers say they may hold it: decoding those strings for every row would
-double the pass. Iterations still in a rank's journal
-(a killed or running rank) are folded in like one more batch.
+double the pass. Iterations still in a rank's journal (a killed or running rank) are folded in like
+one more batch.
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def plan_rank(rank: int, directory: Path) -> RankPlan:
         read_meta(directory)
         parts = tuple((part, _part_span(part)) for part in table_parts(directory, ITERATIONS))
         frame = recovered_frame(recover(directory), ITERATIONS)
-    except TraceError as exc:
+    except (TraceError, OSError) as exc:
         raise RankTraceError(f"rank {rank} of {directory.parent} cannot be read: {exc}; fix or move away "
                              f"{directory} to compare the other ranks", rank) from exc
     recovered = None
