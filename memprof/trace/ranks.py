@@ -77,16 +77,19 @@ class RankScan:
 def scan_ranks(run_root: str | Path, max_points: int | None = DEFAULT_MAX_POINTS) -> RankScan:
     """Reads every rank's ``iterations`` as one dataset, streaming: the summary and the decimated peaks.
 
-    Memory is bounded by one batch of rows plus, per rank, a summary row and ``max_points`` buckets;
-    the ranks are never loaded whole.
+    Memory is bounded by a block of rows of one rank (:data:`memprof.trace.rank_scan.FOLD_ROWS`) plus,
+    per rank, a summary row and ``max_points`` buckets; the ranks are never loaded whole. Iterations
+    still in a rank's journal (a killed or running rank) are included, as :func:`memprof.load_trace` shows them.
 
     Args:
         run_root: the run's folder holding ``rank=<r>`` folders.
         max_points: most peaks kept per rank (at least 1); ``None`` keeps one per iteration.
 
     Raises:
+        ValueError: ``max_points`` is below 1.
         TraceNotFoundError: ``run_root`` holds no ``rank=<r>`` folder.
         RankTraceError: a rank's trace is unreadable (the error's ``rank`` and message name it).
+        CorruptTraceError: parts kept vanishing during every attempt (a compaction rewriting the run).
     """
     if max_points is not None and max_points < 1:
         raise ValueError(f"max_points must be at least 1 (or None for every iteration), found {max_points}")
