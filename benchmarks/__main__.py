@@ -33,6 +33,8 @@ SECTIONS = {
     "dashboard": ("Dashboard responsiveness", ["benchmarks.bench_dashboard"], []),
     "long_dashboard": ("The dashboard on a 100,000-iteration run", ["benchmarks.bench_long_dashboard"],
                        ["--repeats", "3", "--part-iterations", "1000"]),
+    "ranks": ("Many ranks: one streaming pass vs DuckDB vs loading every rank", ["benchmarks.bench_ranks"],
+              ["--iterations", "10000", "--repeats", "2"]),
 }
 
 

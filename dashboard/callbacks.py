@@ -28,6 +28,7 @@ from dashboard.layout import LAYER_TABLE_COLUMNS, TREE_SIZES, first_trace_help
 from dashboard.pickers import detail_note, iteration_options, nearest_detailed
 from memprof.analysis import format_failure
 from memprof.trace import Trace, peak_imbalance
+from memprof.trace.ranks import RankImbalance, RankScan
 from memprof.units import format_bytes
 
 _NO_RUN = "Choose a run on the Runs tab."
@@ -118,22 +119,31 @@ def ranks_view(store: TraceStore, names: list[str] | None) -> tuple[dict, str, g
     if not names:
         return _HIDDEN, "", empty_figure(_NO_RUN)
     try:
-        peaks = store.rank_peaks(names[0])
+        scan = store.rank_peaks(names[0])
     except VIEW_ERRORS as exc:
         message = f"Cannot compare the ranks of {names[0]}: {exc}"
         return _SHOWN, message, empty_figure(message)
-    if peaks is None:
+    if scan is None:
         return _HIDDEN, "", empty_figure("not a distributed run")
-    imbalance = peak_imbalance(peaks)
+    imbalance = peak_imbalance(scan.summary)
     if imbalance is None:
         return _SHOWN, "No rank has a complete iteration yet.", empty_figure("no iterations")
+    decimated = len(scan.peaks) < int(scan.summary["iterations"].sum())
+    return _SHOWN, ranks_text(scan, imbalance), rank_peaks_figure(scan.peaks, imbalance.highest_rank, decimated)
+
+
+def ranks_text(scan: RankScan, imbalance: RankImbalance) -> str:
+    """The ranks view's sentence: which rank peaks highest, where, and by how much over the lowest."""
     ranks = len(imbalance.peak_by_rank_bytes)
     high, low = imbalance.highest_rank, imbalance.lowest_rank
-    text = (f"{ranks} ranks. Rank {high} peaks highest at {format_bytes(imbalance.peak_by_rank_bytes[high])}, "
+    top = scan.summary.set_index("rank").loc[high]
+    where = f" in {top['peak_module'] or 'no module'} ({top['peak_phase']}, iteration {top['peak_iteration']})"
+    missing = len(scan.ranks) - ranks
+    waiting = f" {missing} more rank{'s have' if missing > 1 else ' has'} no iteration yet." if missing else ""
+    return (f"{ranks} ranks. Rank {high} peaks highest at {format_bytes(imbalance.peak_by_rank_bytes[high])}{where}, "
             f"rank {low} lowest at {format_bytes(imbalance.peak_by_rank_bytes[low])}: imbalance "
             f"{imbalance.ratio:.2f}x ({format_bytes(imbalance.spread_bytes)} apart). Every rank needs the "
-            "memory of the highest.")
-    return _SHOWN, text, rank_peaks_figure(peaks, high)
+            f"memory of the highest.{waiting}")
 
 
 def layers_view(store: TraceStore, names: list[str] | None, iteration: int | None,

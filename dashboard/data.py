@@ -25,9 +25,10 @@ from memprof.trace import (
     LAYERS,
     META_FILE,
     TABLES,
+    RankScan,
     rank_dirs,
     rank_of,
-    rank_peaks,
+    scan_ranks,
     table_dir_name,
 )
 from memprof.units import format_bytes
@@ -45,6 +46,10 @@ TIMELINE_COLUMNS: tuple[str, ...] = (
     *CATEGORY_COLUMNS,
 )
 _SUMMARY_COLUMNS = ("iteration", "peak_allocated_bytes", "peak_reserved_bytes")
+#: Points the ranks view draws over all ranks (each rank's peaks decimated to its share, keeping every bucket's peak).
+RANK_VIEW_POINTS = 32_000
+#: Points per rank for a few ranks: more than a plot can show apart.
+RANK_VIEW_MAX_POINTS_PER_RANK = 2_000
 #: Exceptions a view turns into a message instead of a server error (bad names, corrupt runs ...).
 VIEW_ERRORS = (MemprofError, OSError, KeyError, ValueError)
 
@@ -173,17 +178,21 @@ class TraceStore:
         frame["phase"] = frame["phase"].astype("category")
         return frame
 
-    def rank_peaks(self, name: str) -> pd.DataFrame | None:
-        """Every rank's per-iteration peaks when ``name`` is one rank of a distributed run, else ``None``.
+    def rank_peaks(self, name: str) -> RankScan | None:
+        """Every rank's summary and decimated peaks when ``name`` is one rank of a distributed run, else ``None``.
 
-        Cached on the modification stamps of every rank, so a rank still being written is read again.
+        One streaming pass over every rank (:func:`memprof.trace.scan_ranks`), keeping at most
+        :data:`RANK_VIEW_POINTS` points over all ranks. Cached on the modification stamps of every rank,
+        so a rank still being written is read again.
         """
         run_dir = self.path(name)
         if rank_of(run_dir) is None or int(self.meta(name).get("world_size", 1) or 1) <= 1:
             return None
         root = run_dir.parent
-        stamps = tuple(run_stamp(directory) for _, directory in rank_dirs(root))
-        return self.cache.get_or_build((str(root), stamps, "rank_peaks"), lambda: rank_peaks(root))
+        found = rank_dirs(root)
+        stamps = tuple(run_stamp(directory) for _, directory in found)
+        points = rank_view_points(len(found))
+        return self.cache.get_or_build((str(root), stamps, "rank_peaks", points), lambda: scan_ranks(root, points))
 
     def summary(self, entry: RunEntry) -> dict[str, Any]:
         """One row of the Runs table: what a user needs to tell runs apart, or why one is unreadable."""
@@ -206,6 +215,12 @@ class TraceStore:
         row.update(iterations=len(table), peak_bytes=peak)
         row["peak"] = format_bytes(peak) if len(table) else "no iterations"
         return row
+
+
+def rank_view_points(ranks: int) -> int:
+    """Points per rank in the ranks view: :data:`RANK_VIEW_POINTS` shared out, at least 100, at most
+    :data:`RANK_VIEW_MAX_POINTS_PER_RANK`."""
+    return max(100, min(RANK_VIEW_MAX_POINTS_PER_RANK, RANK_VIEW_POINTS // max(ranks, 1)))
 
 
 def _run_kind(meta: dict[str, Any]) -> str:

@@ -90,22 +90,31 @@ def empty_figure(message: str) -> go.Figure:
     return fig
 
 
-def rank_peaks_figure(peaks: pd.DataFrame, highlight_rank: int | None = None) -> go.Figure:
-    """Peak allocated bytes per iteration, one line per rank of a distributed run.
+#: Above this many points a rank's line is drawn without markers.
+RANK_MARKERS_MAX_POINTS = 200
+
+
+def rank_peaks_figure(peaks: pd.DataFrame, highlight_rank: int | None = None, decimated: bool = False) -> go.Figure:
+    """Peak allocated bytes over iterations, one line per rank of a distributed run.
 
     Args:
         peaks: ``rank``, ``iteration``, ``peak_allocated_bytes`` (see :func:`memprof.trace.ranks.rank_peaks`).
         highlight_rank: drawn thicker (the rank that peaks highest).
+        decimated: each point is the highest peak of a stretch of iterations (said in the title).
     """
     fig = go.Figure()
     top = float(peaks["peak_allocated_bytes"].max()) if len(peaks) else 0.0
     for rank, frame in peaks.groupby("rank", sort=True):
         values = frame["peak_allocated_bytes"].to_numpy()
         fig.add_trace(go.Scatter(
-            x=frame["iteration"].to_numpy(), y=values, name=f"rank {int(rank)}", mode="lines+markers",
+            x=frame["iteration"].to_numpy(), y=values, name=f"rank {int(rank)}",
+            mode="lines+markers" if len(values) <= RANK_MARKERS_MAX_POINTS else "lines",
             line={"width": 4 if rank == highlight_rank else 1.5}, customdata=[format_bytes(v) for v in values],
             hovertemplate=f"rank {int(rank)}, " + "iteration %{x}: %{customdata}<extra></extra>"))
-    fig.update_layout(title="Peak allocated per iteration, by rank", xaxis=iteration_axis(peaks["iteration"]),
+    title = "Peak allocated per iteration, by rank"
+    if decimated:
+        title += " (each point: the highest of its stretch of iterations)"
+    fig.update_layout(title=title, xaxis=iteration_axis(peaks["iteration"]),
                       yaxis={"title": "bytes", "rangemode": "tozero", **byte_ticks(top)}, margin=_MARGIN,
                       height=340, legend={"orientation": "h", "y": -0.2}, template=TEMPLATE)
     return fig

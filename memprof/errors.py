@@ -26,6 +26,21 @@ class SchemaVersionError(TraceError):
     """The trace was written with a schema version this reader does not know."""
 
 
+class RankTraceError(TraceError):
+    """One rank of a distributed run cannot be read; the message names the rank and why.
+
+    Attributes:
+        rank: the rank whose ``rank=<r>`` folder is unreadable.
+    """
+
+    def __init__(self, message: str, rank: int) -> None:
+        super().__init__(message)
+        self.rank = rank
+
+    def __reduce__(self) -> tuple[type, tuple[str, int]]:  # keeps ``rank`` through pickling (worker pools)
+        return type(self), (str(self), self.rank)
+
+
 class ProfilerError(MemprofError):
     """The profiler was used in a way it cannot support (e.g. attached twice to one model)."""
 

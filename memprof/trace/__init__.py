@@ -12,7 +12,15 @@ Public names load on first use: the reader's need pandas, which the worker never
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from memprof.trace.ranks import peak_imbalance, rank_dirs, rank_of, rank_peaks
+    from memprof.trace.ranks import (
+        RankScan,
+        peak_imbalance,
+        rank_dirs,
+        rank_of,
+        rank_peaks,
+        rank_summary,
+        scan_ranks,
+    )
     from memprof.trace.reader import RunEntry, Trace, list_runs, load_trace
     from memprof.trace.schema import (
         EVENTS,
@@ -30,6 +38,7 @@ _LAZY = {
     "ITERATIONS": "memprof.trace.schema",
     "LAYERS": "memprof.trace.schema",
     "META_FILE": "memprof.trace.schema",
+    "RankScan": "memprof.trace.ranks",
     "RunEntry": "memprof.trace.reader",
     "SCHEMA_VERSION": "memprof.trace.schema",
     "TABLES": "memprof.trace.schema",
@@ -41,6 +50,8 @@ _LAZY = {
     "rank_dirs": "memprof.trace.ranks",
     "rank_of": "memprof.trace.ranks",
     "rank_peaks": "memprof.trace.ranks",
+    "rank_summary": "memprof.trace.ranks",
+    "scan_ranks": "memprof.trace.ranks",
     "table_dir_name": "memprof.trace.schema",
 }
 
@@ -58,6 +69,7 @@ __all__ = [
     "ITERATIONS",
     "LAYERS",
     "META_FILE",
+    "RankScan",
     "RunEntry",
     "SCHEMA_VERSION",
     "TABLES",
@@ -69,5 +81,7 @@ __all__ = [
     "rank_dirs",
     "rank_of",
     "rank_peaks",
+    "rank_summary",
+    "scan_ranks",
     "table_dir_name",
 ]
