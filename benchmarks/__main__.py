@@ -35,6 +35,7 @@ SECTIONS = {
                        ["--repeats", "3", "--part-iterations", "1000"]),
     "ranks": ("Many ranks: one streaming pass vs DuckDB vs loading every rank", ["benchmarks.bench_ranks"],
               ["--iterations", "10000", "--repeats", "2"]),
+    "compaction": ("7. Trace compaction over a long run", ["benchmarks.bench_compaction"], ["--iterations", "10000"]),
 }
 
 

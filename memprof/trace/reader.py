@@ -31,6 +31,12 @@ from memprof.trace.schema import (
 
 #: ``(first, last)`` iteration of a part, from its footer's statistics; ``None`` when it has none.
 IterationRange = tuple[int, int] | None
+#: Times a table's parts are listed again when a part vanished (a live writer merged it away).
+_RELIST_ATTEMPTS = 5
+
+
+class _PartVanished(Exception):
+    """A listed part no longer exists: a writer merged it into another part meanwhile."""
 
 
 def read_meta(run_dir: Path) -> dict[str, Any]:
@@ -86,6 +92,19 @@ def _required(table: str, version: int) -> list[pa.Field]:
     return [f for f in SCHEMAS[table] if f.name not in absent]
 
 
+def _list_parts(run_dir: Path, table: str, version: int) -> tuple[tuple[Path, ...], tuple[IterationRange, ...]]:
+    """Lists a table's parts and checks their footers; lists again where a part vanished meanwhile."""
+    for _ in range(_RELIST_ATTEMPTS):
+        found = table_parts(run_dir, table)
+        try:
+            return tuple(found), tuple(_check_part(part, table, version) for part in found)
+        except CorruptTraceError:
+            if all(part.exists() for part in found):
+                raise
+    raise CorruptTraceError(f"the parts of {table} in {run_dir} kept vanishing while they were listed "
+                            f"({_RELIST_ATTEMPTS} times); open the trace again")
+
+
 def _check_part(path: Path, table: str, version: int) -> IterationRange:
     """Validates a part's footer; returns the range of iterations it holds."""
     try:
@@ -137,6 +156,9 @@ class Trace:
     _parts: dict[str, tuple[Path, ...]] = field(repr=False)
     _recovered: list[ProcessedIteration] = field(default_factory=list, repr=False)
     _ranges: dict[str, tuple[IterationRange, ...]] = field(default_factory=dict, repr=False)
+    # per table listed again since load_trace: the last iteration of the first listing, beyond which
+    # rows written since are not returned (the trace stays the snapshot load_trace took)
+    _snapshot_last: dict[str, int | None] = field(default_factory=dict, repr=False)
 
     def read(self, table: str, columns: Sequence[str] | None = None,
              iterations: Iterable[int] | None = None) -> pd.DataFrame:
@@ -154,7 +176,8 @@ class Trace:
         if table not in SCHEMAS:
             raise KeyError(f"unknown table {table!r}; expected one of {TABLES}")
         wanted = None if iterations is None else sorted({int(i) for i in iterations})
-        if wanted is not None and columns is not None and "iteration" not in columns:
+        if columns is not None and "iteration" not in columns:
+            # the iteration column tells which of two parts holding an iteration wins
             frame = self.read(table, ["iteration", *columns], wanted)
             return frame[list(columns)]
         frame = self._read_parts(table, columns, wanted)
@@ -186,6 +209,23 @@ class Trace:
         return int(self.meta["schema_version"])
 
     def _read_parts(self, table: str, columns: Sequence[str] | None, wanted: list[int] | None) -> pd.DataFrame:
+        for _ in range(_RELIST_ATTEMPTS):
+            try:
+                return self._read_listed(table, columns, wanted)
+            except _PartVanished:
+                self._relist(table)
+        raise CorruptTraceError(f"the parts of {table} in {self.path} kept vanishing while they were read "
+                                f"({_RELIST_ATTEMPTS} times); open the trace again")
+
+    def _relist(self, table: str) -> None:
+        """Lists a table's parts again after a live writer merged some of those listed away."""
+        if table not in self._snapshot_last:
+            ranges = self._ranges.get(table, ())
+            known = all(r is not None for r in ranges) and bool(ranges)
+            self._snapshot_last[table] = max(r[1] for r in ranges if r is not None) if known else None
+        self._parts[table], self._ranges[table] = _list_parts(self.path, table, self.version)
+
+    def _read_listed(self, table: str, columns: Sequence[str] | None, wanted: list[int] | None) -> pd.DataFrame:
         parts = self._parts[table]
         if wanted is not None:
             ranges = self._ranges.get(table) or (None,) * len(parts)
@@ -194,13 +234,18 @@ class Trace:
             return _empty_frame(table, columns)
         defaults = V1_DEFAULTS.get(table, {}) if self.version == 1 else {}
         names = list(columns) if columns else None
-        filters = [("iteration", "in", wanted)] if wanted is not None else None
+        filters: list[tuple[str, str, Any]] = [("iteration", "in", wanted)] if wanted is not None else []
+        if self._snapshot_last.get(table) is not None:
+            filters.append(("iteration", "<=", self._snapshot_last[table]))
         frames = []
         for part in parts:
             try:
                 read_names = [c for c in names if c not in defaults] if names else None
-                data = pq.read_table(part, columns=read_names, filters=filters, page_checksum_verification=True)
+                data = pq.read_table(part, columns=read_names, filters=filters or None,
+                                     page_checksum_verification=True)
             except (OSError, pa.ArrowException, KeyError, UnicodeDecodeError) as exc:
+                if not part.exists():
+                    raise _PartVanished(part) from None
                 raise CorruptTraceError(f"cannot read {part}: {exc}") from None
             frame = data.to_pandas()
             for name, value in defaults.items():
@@ -249,7 +294,9 @@ def _latest_parts_only(frames: list[pd.DataFrame]) -> list[pd.DataFrame]:
     """Where an iteration appears in several parts, keeps only its rows of the last one.
 
     That happens when a background worker died after writing some parts of a batch: the profiler
-    then writes those iterations again, whole.
+    then writes those iterations again, whole; and while a merge has written its part but not yet
+    deleted its inputs (or was killed then), the merged part sorting after them
+    (:mod:`memprof.trace.compaction`).
     """
     if not all("iteration" in f.columns for f in frames):
         return frames
@@ -273,7 +320,10 @@ def _empty_frame(table: str, columns: Iterable[str] | None) -> pd.DataFrame:
 def load_trace(run_dir: str | Path) -> Trace:
     """Opens a run directory written by :class:`memprof.MemoryProfiler`.
 
-    Metadata and every Parquet footer are validated now; table data is read on first access.
+    Metadata and every Parquet footer are validated now; table data is read on first access. The
+    trace is a snapshot of the run as it was then: should a live writer merge parts away before they
+    are read (:mod:`memprof.trace.compaction`), the table's parts are listed again and only the
+    iterations of the snapshot are returned.
 
     Raises:
         TraceNotFoundError: the directory or its metadata is missing.
@@ -288,9 +338,7 @@ def load_trace(run_dir: str | Path) -> Trace:
     ranges: dict[str, tuple[IterationRange, ...]] = {}
     version = int(meta["schema_version"])
     for table in TABLES:
-        found = table_parts(run_dir, table)
-        ranges[table] = tuple(_check_part(part, table, version) for part in found)
-        parts[table] = tuple(found)
+        parts[table], ranges[table] = _list_parts(run_dir, table, version)
     return Trace(path=run_dir, meta=meta, _parts=parts, _recovered=recovered, _ranges=ranges)
 
 

@@ -4,9 +4,11 @@ A run is a directory ``<out_dir>/<run_id>/`` (``<out_dir>/<run_id>/rank=<r>/`` u
 ``torch.distributed``) holding ``meta.json`` and three tables: ``iterations`` (one summary row per
 iteration), ``layers`` and ``events`` (the detail, kept for the iterations the detail policy chose).
 Each table is a directory of Parquet parts (``iterations.parquet/part-000001.parquet`` ...), each
-written to a hidden temporary name and renamed into place, so a killed run leaves every flushed iteration readable and
-``pandas.read_parquet(run_dir / "events.parquet")`` reads a table as one frame. ``docs/trace-format.md``
-documents every column.
+written to a hidden temporary name and renamed into place, so a killed run leaves every flushed iteration
+readable and ``pandas.read_parquet(run_dir / "events.parquet")`` reads a table as one frame. Each flush
+appends a part, and :mod:`memprof.trace.compaction` merges them into fewer, bigger parts as the run goes
+(``part-<last>.t<tier>-<first>.parquet``), so a table has a bounded number of parts. ``docs/trace-format.md``
+documents the layout and every column.
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from torch import nn
@@ -35,7 +36,7 @@ SEED = 20240606
 REPO = Path(__file__).resolve().parents[2]
 
 # Runs in a fresh interpreter: imports torch once, then forks one training process per request line
-# ``<out_dir> <seed>`` read from stdin and reports ``pid``, ``done <i>`` and ``reaped`` lines.
+# ``<out_dir> <seed> <background>`` read from stdin and reports ``pid``, ``done <i>`` and ``reaped`` lines.
 FORK_SERVER = textwrap.dedent(
     """
     import os, sys
@@ -45,13 +46,13 @@ FORK_SERVER = textwrap.dedent(
 
     torch.set_num_threads(1)
 
-    def train(out_dir, seed):
+    def train(out_dir, seed, background):
         torch.manual_seed(seed)
         model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
         optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
         # detail for iterations 0, 3, 6 ... only: a kill lands on detailed and detail-free iterations alike
         profiler = MemoryProfiler(model, optimizer, out_dir=out_dir, run_id="run", print_period=0,
-                                  detail_first=1, detail_every=3, detail_peak_rise=100.0)
+                                  background=background, detail_first=1, detail_every=3, detail_peak_rise=100.0)
         for i in range(2000):  # ends on its own should the test fail before the kill
             zoo.train_step(model, optimizer, (torch.randn(4, 8), torch.randint(0, 4, (4,))))
             profiler.record_stats()
@@ -72,7 +73,7 @@ FORK_SERVER = textwrap.dedent(
         warm_up(warm)
     os.write(1, b"ready\\n")
     for line in sys.stdin:
-        out_dir, seed = line.split()
+        out_dir, seed, background = line.split()
         # The child waits until its pid is announced, so no "done" line can come before it.
         go_read, go_write = os.pipe()
         pid = os.fork()
@@ -80,7 +81,7 @@ FORK_SERVER = textwrap.dedent(
             try:
                 os.close(go_write)
                 os.read(go_read, 1)
-                train(out_dir, int(seed))
+                train(out_dir, int(seed), background == "1")
             finally:
                 os._exit(3)
         os.close(go_read)
@@ -120,9 +121,10 @@ class ForkServer:
     def _send(self, text: str) -> None:
         self.proc.stdin.write(text.encode())
 
-    def run_and_kill(self, out_dir: Path, seed: int, after: int, delay_s: float) -> list[int]:
+    def run_and_kill(self, out_dir: Path, seed: int, after: int, delay_s: float,
+                     background: bool = True) -> list[int]:
         """Trains until ``after`` iterations completed, waits ``delay_s``, SIGKILLs; returns completed ones."""
-        self._send(f"{out_dir} {seed}\n")
+        self._send(f"{out_dir} {seed} {int(background)}\n")
         kind, pid = self._line().split()
         assert kind == "pid"
         done: list[int] = []
@@ -210,6 +212,32 @@ def test_sigkill_at_random_moments_keeps_every_completed_iteration(fork_server, 
     print(f"{KILLS} SIGKILLs in {elapsed:.1f} s, {iterations_seen} completed iterations all readable; "
           f"{torn} kills left an interrupted iteration in some tables only")
     assert elapsed < 120  # about 10 s here; minutes would mean the fork server no longer saves start-up
+
+
+def test_sigkill_while_parts_are_merged_keeps_every_iteration_once(fork_server, tmp_path):
+    # Inline processing writes one part per iteration, so every 8th iteration merges parts
+    # (memprof.trace.compaction): the kills land before, during and after merges.
+    rng = random.Random(SEED + 1)
+    merged_runs, iterations_seen = 0, 0
+    start = time.monotonic()
+    for kill in range(KILLS // 2):
+        out_dir = tmp_path / f"kill{kill}"
+        completed = fork_server.run_and_kill(out_dir, seed=kill, after=rng.randint(6, 30),
+                                             delay_s=rng.uniform(0.0, 0.2), background=False)
+        run_dir = out_dir / "run"
+        _check_killed_run(run_dir, completed)
+        before = load_trace(run_dir)
+        memprof.trace.writer.TraceWriter(run_dir)  # what a takeover does: clears a killed merge's leftovers
+        after = load_trace(run_dir)
+        for table in ("iterations", "layers", "events"):
+            pd.testing.assert_frame_equal(getattr(after, table), getattr(before, table))
+        parts = list((run_dir / "events.parquet").glob("part-*.parquet"))
+        assert not list((run_dir / "events.parquet").glob(".*"))
+        merged_runs += len(parts) < len(after.iterations)
+        iterations_seen += len(completed)
+    print(f"{KILLS // 2} SIGKILLs of inline runs in {time.monotonic() - start:.1f} s, {iterations_seen} completed "
+          f"iterations all readable once; {merged_runs} runs had merged parts")
+    assert merged_runs >= KILLS // 4  # most runs got past their first merge
 
 
 class _Killed(BaseException):
