@@ -63,7 +63,10 @@ def solve(chain: Chain, budget_bytes: int, algorithm: str = "rotor", slots: int 
         budget_bytes: the memory budget. For a chain built from a trace (``chain.step`` set) it is the whole
             training step's memory, what the device has; for a hand-written chain it is the ROTOR paper's M
             (input, activations, their gradients and overheads). ``chain.activations_only()`` asks for M.
-        algorithm: one of ``SOLVABLE``.
+        algorithm: one of ``SOLVABLE``. ``"rotor"`` on a chain whose DP tables would exceed
+            ``planner.solvers.rotor.MAX_TABLE_BYTES`` (1 GiB: from about L = 517 at 500 slots) falls back to
+            ``"binomial"`` with a :class:`planner.errors.FallbackWarning`; the schedule's ``algorithm`` is then
+            ``"binomial"`` and its params record ``fallback_from``.
         slots: memory slots of the dynamic programs, spanning the budget (capped at store-all's peak): the
             paper's M/S. ``pareto_front`` instead reads every budget from one table on store-all's grid.
 

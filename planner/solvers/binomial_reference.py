@@ -10,10 +10,10 @@ forwards of the schedules :func:`binomial_split.binomial_ops` builds.
 from __future__ import annotations
 
 import math
-from functools import lru_cache
+from functools import cache
 
 
-@lru_cache(maxsize=None)
+@cache
 def advances_brute_force(steps: int, snapshots: int) -> float:
     """The fewest advancing forwards (taped ones not counted) over every split; inf when impossible."""
     if steps == 1:

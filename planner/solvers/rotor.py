@@ -20,12 +20,11 @@ at L = 339 with 500 slots. On a chain whose tables would exceed :data:`MAX_TABLE
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from functools import partial
 
 import numpy as np
-
-import warnings
 
 from memprof.units import format_bytes
 from planner.chain import Chain
