@@ -21,11 +21,15 @@ when every stage costs the same, and sizes ``s`` from the chain's real sizes:
   minimum feasible budget is the bound of the fewest snapshots under the cap (the error says so).
 
 The seed's divide-and-conquer (Ahmed 2021, section 2.2: split the run at half its evaluation steps,
-recurse on the second half then the first, store the tape of base cases) is the balanced special
-case: its depth ``d = ceil(log2 n)`` costs up to ``d`` snapshots and up to ``d`` advances of each step,
-where the binomial split with the same ``d`` snapshots advances each step at most ``repetitions(n, d)``
-times (6 against 17 at ``n = 100,001``). It is kept as :func:`bisection_ops`, the reference the tests and the benchmark
-compare against, not offered by :func:`plan`, which it never beats on a uniform chain.
+recurse on the second half then the first) is the balanced special case: its depth
+``d = ceil(log2 n)`` costs up to ``d`` snapshots and up to ``d`` advances of each step, where the
+binomial split with the same ``d`` snapshots advances each step at most ``repetitions(n, d)`` times
+(6 against 17 at ``n = 100,001``). It is kept as :func:`bisection_ops` (base case one stage), the
+reference the tests and the benchmark compare against, not offered by :func:`plan`, which it never
+beats on a uniform chain.
+
+Forward counts (``params["forwards"]``) follow ``binomial_split``'s convention: every forward of the
+schedule, the taped ones included.
 """
 
 from __future__ import annotations
