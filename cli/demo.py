@@ -4,7 +4,8 @@ On a 2-core CPU it finishes in a few minutes: three models (a ResNet-style CNN w
 transformer stack and a Hugging Face-style Llama whose forward loops over its blocks with keyword side
 inputs), trained with Adam, a few profiled iterations each; the chain is found automatically; every
 algorithm at several whole-step budgets; store-all and a selection of schedules executed and measured
-(whole-step peak predicted against measured), then the dashboard.
+(whole-step peak predicted against measured); one hand-written chain of 3,000 small stages solved by
+binomial checkpointing; then the dashboard.
 """
 
 from __future__ import annotations
@@ -172,6 +173,40 @@ def measured_line(schedule: Schedule, cmp: Comparison) -> str:
             f"{cmp.predicted_makespan_ms:.1f} ms, measured {cmp.measured_step_ms:.1f} ms")
 
 
+LONG_CHAIN_STAGES = 3000
+LONG_CHAIN_SNAPSHOTS = 10
+
+
+def long_chain_lines(length: int = LONG_CHAIN_STAGES, snapshots: int = LONG_CHAIN_SNAPSHOTS) -> list[str]:
+    """A hand-written chain of ``length`` small identical stages solved by binomial checkpointing.
+
+    Too long for rotor's table (it would fall back to binomial); the budget fits ``snapshots`` snapshots.
+    """
+    from planner import Chain, Stage, solve
+    from planner.schedule import OpKind
+    from planner.simulator import predict
+    from planner.solvers.binomial import memory_bounds
+    from planner.solvers.binomial_split import forward_count
+    from planner.solvers.store_all import store_all_ops
+
+    stage = Stage(forward_ms=0.2, backward_ms=0.4, output_bytes=2**20, saved_bytes=2**20, grad_bytes=2**20)
+    chain = Chain(f"long-{length}", 2**20, (stage,) * (length + 1))
+    budget = int(memory_bounds(chain)[snapshots])
+    started = time.perf_counter()
+    schedule = solve(chain, budget, "binomial")
+    seconds = time.perf_counter() - started
+    forwards = sum(op.kind is not OpKind.B for op in schedule.ops)
+    all_peak, all_ms = predict(chain, store_all_ops(chain))
+    return [
+        f"long chain: {length} stages of {format_bytes(stage.output_bytes)}; binomial checkpointing with "
+        f"{schedule.params['snapshots']} snapshots in {format_bytes(budget)} (store-all {format_bytes(all_peak)}) "
+        f"solved in {seconds:.2f} s",
+        f"  {forwards} forward evaluations (optimal for {length + 1} steps and {snapshots} snapshots: "
+        f"{forward_count(length + 1, snapshots)}); predicted peak {format_bytes(schedule.predicted_peak_bytes or 0)}, "
+        f"time {schedule.predicted_makespan_ms:.0f} ms (store-all {all_ms:.0f} ms)",
+    ]
+
+
 def run_demo(args: argparse.Namespace) -> int:
     """Runs the demo; returns the exit code.
 
@@ -190,6 +225,7 @@ def run_demo(args: argparse.Namespace) -> int:
     for spec in DEMO_MODELS:
         run_dir = profile_model(spec, out_dir, tag, args.iterations)
         summary += plan_and_measure(spec, run_dir, out_dir, tag, measure=not args.no_measure)
+    summary += long_chain_lines()
     print("\n".join(["", *summary, f"demo finished in {time.perf_counter() - started:.0f} s; traces in {out_dir}"]))
     if args.no_serve:
         return 0

@@ -8,6 +8,7 @@ from planner.comparison import Comparison
 from planner.errors import (
     ChainError,
     ChainWarning,
+    FallbackWarning,
     InfeasibleBudgetError,
     InvalidScheduleError,
     NotAChainError,
@@ -61,6 +62,7 @@ __all__ = [
     "ChainWarning",
     "CheckpointedSequential",
     "Comparison",
+    "FallbackWarning",
     "InfeasibleBudgetError",
     "InvalidScheduleError",
     "NotAChainError",

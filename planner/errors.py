@@ -17,6 +17,11 @@ class ChainWarning(UserWarning):
     """A chain's costs were accepted after a correction (e.g. a-bar measured slightly below a)."""
 
 
+class FallbackWarning(UserWarning):
+    """A solver handed the problem to another algorithm (e.g. ``rotor`` to ``binomial`` on a chain whose DP
+    table would exceed the memory allowed to it); the message says why and what ran instead."""
+
+
 class NotAChainError(PlannerError):
     """No sequential chain could be found in a trace or model."""
 

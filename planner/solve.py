@@ -10,10 +10,10 @@ from planner.discretize import DEFAULT_SLOTS, check_slots
 from planner.errors import InfeasibleBudgetError, UnknownAlgorithmError
 from planner.schedule import Schedule
 from planner.simulator import predict
-from planner.solvers import exact, periodic, revolve, rotor, rotor_optimal, sqrt, store_all
+from planner.solvers import binomial, exact, periodic, revolve, rotor, rotor_optimal, sqrt, store_all
 from planner.step import step_infeasible
 
-ALGORITHMS = ("store_all", "periodic", "sqrt", "revolve", "rotor", "rotor_optimal")
+ALGORITHMS = ("store_all", "periodic", "sqrt", "revolve", "rotor", "rotor_optimal", "binomial")
 """The algorithms for users; ``solve`` also takes ``"exact"`` (exhaustive search, small chains only)."""
 
 SOLVABLE = (*ALGORITHMS, "exact")
@@ -25,6 +25,7 @@ _SOLVERS: dict[str, ModuleType] = {
     "revolve": revolve,
     "rotor": rotor,
     "rotor_optimal": rotor_optimal,
+    "binomial": binomial,
     "exact": exact,
 }
 
@@ -62,7 +63,10 @@ def solve(chain: Chain, budget_bytes: int, algorithm: str = "rotor", slots: int 
         budget_bytes: the memory budget. For a chain built from a trace (``chain.step`` set) it is the whole
             training step's memory, what the device has; for a hand-written chain it is the ROTOR paper's M
             (input, activations, their gradients and overheads). ``chain.activations_only()`` asks for M.
-        algorithm: one of ``SOLVABLE``.
+        algorithm: one of ``SOLVABLE``. ``"rotor"`` on a chain whose DP tables would exceed
+            ``planner.solvers.rotor.MAX_TABLE_BYTES`` (1 GiB: from about L = 517 at 500 slots) falls back to
+            ``"binomial"`` with a :class:`planner.errors.FallbackWarning`; the schedule's ``algorithm`` is then
+            ``"binomial"`` and its params record ``fallback_from``.
         slots: memory slots of the dynamic programs, spanning the budget (capped at store-all's peak): the
             paper's M/S. ``pareto_front`` instead reads every budget from one table on store-all's grid.
 
@@ -84,10 +88,11 @@ def solve(chain: Chain, budget_bytes: int, algorithm: str = "rotor", slots: int 
     except InfeasibleBudgetError as exc:
         raise _as_step_error(chain, exc, budget, algorithm) from None
     peak, makespan = predict(chain, plan.ops)
+    produced_by = plan.algorithm or algorithm  # a fallback names the algorithm that ran
     if peak > inner:
-        raise AssertionError(f"{algorithm} returned a schedule peaking at {peak} bytes over its budget {inner}")
+        raise AssertionError(f"{produced_by} returned a schedule peaking at {peak} bytes over its budget {inner}")
     step_peak = chain.step.step_peak_bytes(peak) if chain.step is not None else None
-    return Schedule(algorithm, budget, plan.ops, chain, peak, makespan, dict(plan.params), step_peak)
+    return Schedule(produced_by, budget, plan.ops, chain, peak, makespan, dict(plan.params), step_peak)
 
 
 def _chain_budget(chain: Chain, budget: int, algorithm: str, slots: int) -> int:

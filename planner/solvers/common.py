@@ -12,10 +12,18 @@ from planner.schedule import Op, OpKind
 
 @dataclass(frozen=True)
 class Plan:
-    """A solver's answer: the operations and the parameters that produced them."""
+    """A solver's answer: the operations and the parameters that produced them.
+
+    Attributes:
+        ops: the operations.
+        params: the parameters that produced them.
+        algorithm: the algorithm that produced them when it is not the one asked for (a fallback, e.g.
+            ``"binomial"`` for a ``rotor`` whose table would be too large); ``None`` otherwise.
+    """
 
     ops: tuple[Op, ...]
     params: dict[str, Any] = field(default_factory=dict)
+    algorithm: str | None = None
 
 
 def forward_all(first: int, last: int) -> list[Op]:

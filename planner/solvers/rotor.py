@@ -11,10 +11,16 @@ The fill is vectorised and prunes work that cannot change any value (see ``rotor
 
 Values are float32 to halve the table; a rebuilt schedule's makespan is recomputed exactly by the
 simulator.
+
+The fill keeps two tables of ``(L+1)^2 * (slots+1)`` float32 (the costs and their shifted copy): 442 MiB
+at L = 339 with 500 slots. On a chain whose tables would exceed :data:`MAX_TABLE_BYTES`, :func:`plan` and
+:func:`min_budget_bytes` hand the chain to binomial checkpointing (``binomial.py``, no table) with a
+:class:`FallbackWarning`; the plan then names ``"binomial"`` and records the fallback in its params.
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from functools import partial
 
@@ -23,14 +29,18 @@ import numpy as np
 from memprof.units import format_bytes
 from planner.chain import Chain
 from planner.discretize import DEFAULT_SLOTS, DiscreteChain, discretize
+from planner.errors import FallbackWarning
 from planner.schedule import Op, OpKind
-from planner.solvers import rotor_fill
+from planner.solvers import binomial, rotor_fill
 from planner.solvers.budget_grid import Minimum, exact_floor, lowest_budget, plan_on_own_grid
 from planner.solvers.common import Plan, infeasible
 from planner.solvers.rotor_fill import Arrays
 from planner.solvers.store_all import store_all_ops, store_all_peak_bytes
 
 MODES = ("rotor", "revolve")
+MAX_TABLE_BYTES = 1 << 30
+"""The most memory rotor's tables may take (1 GiB, about L = 517 at 500 slots); above it :func:`plan` falls
+back to binomial. A module attribute: set ``planner.solvers.rotor.MAX_TABLE_BYTES`` to change it."""
 _F32 = np.float32
 _INF = _F32(np.inf)
 
@@ -190,8 +200,34 @@ def minimum(chain: Chain, slots: int = DEFAULT_SLOTS, mode: str = "rotor") -> Mi
     return lowest_budget(partial(threshold_on, slots), top, slots, exact_floor(threshold_on, top))
 
 
+def table_bytes_estimate(stages: int, slots: int) -> int:
+    """Bytes of the fill's two float32 tables for ``stages`` stages plus the loss and ``slots`` slots."""
+    top = stages + 1
+    return 2 * top * top * (slots + 1) * np.dtype(_F32).itemsize
+
+
+def _too_large(chain: Chain, slots: int) -> int | None:
+    """The tables' estimated bytes when over :data:`MAX_TABLE_BYTES` (warning that binomial runs instead), else ``None``."""
+    needed = table_bytes_estimate(chain.length, slots)
+    if needed <= MAX_TABLE_BYTES:
+        return None
+    warnings.warn(
+        f"rotor on {chain.length} stages with {slots} slots: its tables would take about {format_bytes(needed)} "
+        f"({needed} bytes), over the {format_bytes(MAX_TABLE_BYTES)} ({MAX_TABLE_BYTES} bytes) allowed (planner.solvers.rotor.MAX_TABLE_BYTES); solving "
+        f"with binomial checkpointing instead (no table; see docs/planner.md)",
+        FallbackWarning,
+        stacklevel=4,  # the caller of solve / min_feasible_budget
+    )
+    return needed
+
+
 def min_budget_bytes(chain: Chain, slots: int = DEFAULT_SLOTS) -> int:
-    """The smallest budget for which :func:`plan` finds a schedule (each budget on its own grid)."""
+    """The smallest budget for which :func:`plan` finds a schedule (each budget on its own grid).
+
+    Binomial's (with a :class:`FallbackWarning`) when the tables would exceed :data:`MAX_TABLE_BYTES`.
+    """
+    if _too_large(chain, slots) is not None:
+        return binomial.min_budget_bytes(chain)
     found = minimum(chain, slots)
     assert found is not None, "store-all's peak always has a schedule"
     return found.budget_bytes
@@ -215,7 +251,18 @@ def plan_mode(chain: Chain, budget_bytes: int, slots: int = DEFAULT_SLOTS, mode:
 def plan(chain: Chain, budget_bytes: int, slots: int = DEFAULT_SLOTS) -> Plan:
     """The optimal persistent schedule within ``budget_bytes``, on the budget's own grid.
 
+    When the tables would exceed :data:`MAX_TABLE_BYTES`, binomial's plan instead (with a
+    :class:`FallbackWarning`): ``algorithm="binomial"``, and its params record ``fallback_from``, the
+    tables' estimated bytes and the limit.
+
     Raises:
-        InfeasibleBudgetError: the budget is below the minimum feasible one (named).
+        InfeasibleBudgetError: the budget is below the minimum feasible one (named; binomial's after a
+            fallback).
     """
+    needed = _too_large(chain, slots)
+    if needed is not None:
+        found = binomial.plan(chain, budget_bytes)
+        params = {**found.params, "fallback_from": "rotor", "table_bytes_estimate": needed,
+                  "max_table_bytes": MAX_TABLE_BYTES}
+        return Plan(found.ops, params, algorithm="binomial")
     return plan_mode(chain, budget_bytes, slots, "rotor")

@@ -75,3 +75,12 @@ def test_bad_options_are_one_line(monkeypatch, tmp_path, capsys, argv, fragment)
     _never_profile(monkeypatch)
     assert exit_code(["demo", "--out", str(tmp_path), *argv]) == 2
     one_line_error(capsys, "memprof demo: error:", fragment)
+
+
+def test_the_long_chain_section_is_binomials_optimal_count():
+    from planner.solvers.binomial_split import forward_count
+
+    lines = cli.demo.long_chain_lines(length=300, snapshots=5)
+    assert lines[0].startswith("long chain: 300 stages of 1.0 MiB; binomial checkpointing with 5 snapshots in ")
+    count = forward_count(301, 5)
+    assert lines[1].startswith(f"  {count} forward evaluations (optimal for 301 steps and 5 snapshots: {count});")

@@ -181,3 +181,22 @@ def test_plan_refuses_missing_and_foreign_inputs(tmp_path: Path, capsys: pytest.
     assert main(["plan", str(TOY), "--budget", "1GiB", "--out", str(tmp_path / "missing" / "s.json")]) == 2
     one_line_error(capsys, "does not exist")
     assert not out.exists()
+
+
+def test_plan_binomial_solves_a_long_chain(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from planner.chain import Stage
+    from planner.solvers.binomial import memory_bounds
+
+    stage = Stage(0.5, 1.0, MIB, MIB, MIB)
+    chain = Chain("long", MIB, (stage,) * 2001)  # 2,000 stages plus the loss
+    source, out = tmp_path / "long.json", tmp_path / "schedule.json"
+    chain.to_json(source)
+    budget = int(memory_bounds(chain)[10])
+    assert main(["plan", str(source), "--budget", str(budget), "--algorithm", "binomial", "--out", str(out)]) == 0
+    schedule = Schedule.from_json(out)
+    assert schedule.algorithm == "binomial" and schedule.params["snapshots"] == 10
+    assert simulate(schedule.chain, schedule).peak_bytes <= budget
+    text = capsys.readouterr().out
+    assert "binomial schedule for chain 'long' (2000 stages + loss)" in text
+    recomputed = schedule.params["forwards"] - 2001
+    assert f"operations       {len(schedule.ops)} ({recomputed} recomputed forwards)" in text
