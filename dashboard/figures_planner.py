@@ -20,7 +20,7 @@ from memprof.units import format_bytes
 OP_COLORS: dict[str, str] = {"F_all": "#54a24b", "F_ck": "#4c78a8", "F_none": "#bab0ac", "B": "#e45756"}
 ALGORITHM_COLORS: dict[str, str] = {
     "store_all": "#333333", "periodic": "#f58518", "sqrt": "#b279a2", "revolve": "#72b7b2",
-    "rotor": "#4c78a8", "rotor_optimal": "#54a24b",
+    "rotor": "#4c78a8", "rotor_optimal": "#54a24b", "binomial": "#9d755d",
 }
 _MARGIN = {"l": 70, "r": 20, "t": 50, "b": 40}
 #: Up to this many stages, each row of the schedule figure is labelled with its module name.

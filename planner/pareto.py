@@ -23,7 +23,8 @@ from planner.discretize import DEFAULT_SLOTS
 from planner.errors import InfeasibleBudgetError, UnknownAlgorithmError
 from planner.schedule import Schedule
 from planner.simulator import predict
-from planner.solvers import periodic, rotor, rotor_optimal, sqrt, store_all
+from planner.solvers import binomial, periodic, rotor, rotor_optimal, sqrt, store_all
+from planner.solvers.binomial_split import binomial_ops
 from planner.solvers.common import infeasible
 from planner.step import StepCosts, step_infeasible
 
@@ -186,8 +187,9 @@ def _distinct_optima(
 def algorithm_points(chain: Chain, slots: int = DEFAULT_SLOTS, sweep: int = 12) -> pd.DataFrame:
     """Memory-vs-time points of every algorithm, for the Pareto plot.
 
-    store_all and sqrt give one point each, periodic one per segment count (2..L), and revolve and rotor
-    ``sweep`` budgets evenly spaced from their minimum feasible budget to store-all's peak. ``peak_bytes``
+    store_all and sqrt give one point each, periodic one per segment count (2..L), revolve and rotor
+    ``sweep`` budgets evenly spaced from their minimum feasible budget to store-all's peak, and binomial up
+    to ``sweep`` snapshot counts evenly spaced from the fewest to L (budget: its memory bound). ``peak_bytes``
     and ``makespan_ms`` are simulated; ``budget_bytes`` is the budget solved for (the peak itself for the
     algorithms that take no budget); ``params`` is a JSON string. For a chain with step costs, budgets and
     peaks are the whole step's (:meth:`planner.step.StepCosts.step_peak_bytes` of the simulated chain peak).
@@ -219,4 +221,7 @@ def algorithm_points(chain: Chain, slots: int = DEFAULT_SLOTS, sweep: int = 12) 
         for budget in np.unique(np.linspace(front.min_feasible_bytes, front.max_budget_bytes, sweep).astype(np.int64)):
             schedule = front.schedule_at(int(budget))
             add(algorithm, int(budget), schedule.ops, {"slots": slots})
+    bounds = binomial.memory_bounds(chain)
+    for snapshots in binomial.snapshot_sweep(chain.length, sweep):
+        add("binomial", whole(bounds[snapshots]), binomial_ops(chain.length, snapshots), {"snapshots": snapshots})
     return pd.DataFrame(rows, columns=list(POINT_COLUMNS))

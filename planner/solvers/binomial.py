@@ -136,6 +136,14 @@ def plan(chain: Chain, budget_bytes: int, slots: int = 0) -> Plan:
                       "bound_bytes": int(bounds[fits]), "store_all": False})
 
 
+def snapshot_sweep(length: int, count: int) -> list[int]:
+    """Up to ``count`` distinct snapshot counts, evenly spaced from the fewest allowed to ``length`` (the Pareto view's points)."""
+    lowest = fewest_snapshots(length)
+    if lowest is None or count < 1:
+        return []
+    return sorted({int(s) for s in np.linspace(lowest, max(lowest, length), count).round()})
+
+
 def bisection_ops(length: int) -> tuple[Op, ...]:
     """The seed's divide-and-conquer: each range split at its middle step, the second half reversed first.
 

@@ -123,6 +123,11 @@ def test_algorithm_points() -> None:
     counts = points["algorithm"].value_counts().to_dict()
     assert counts["store_all"] == counts["sqrt"] == 1
     assert counts["periodic"] == chain.length - 1 and counts["rotor"] <= 6 and counts["revolve"] <= 6
+    binomial_rows = points[points["algorithm"] == "binomial"]
+    snapshots = [json.loads(p)["snapshots"] for p in binomial_rows["params"]]
+    assert snapshots == sorted(set(snapshots)) and snapshots[0] == 1 and snapshots[-1] == chain.length
+    # more snapshots: more memory bound and no more forwards, so never slower
+    assert binomial_rows["budget_bytes"].is_monotonic_increasing
     assert (points["peak_bytes"] <= points["budget_bytes"]).all()
     store_all_row = points[points["algorithm"] == "store_all"].iloc[0]
     assert store_all_row["peak_bytes"] == store_all_budget(chain) and store_all_row["makespan_ms"] == pytest.approx(37.38)
