@@ -38,7 +38,12 @@ SECTIONS = {
                        ["--repeats", "3", "--part-iterations", "1000"]),
     "ranks": ("Many ranks: one streaming pass vs DuckDB vs loading every rank", ["benchmarks.bench_ranks"],
               ["--iterations", "10000", "--repeats", "2"]),
-    "compaction": ("7. Trace compaction over a long run", ["benchmarks.bench_compaction"], ["--iterations", "10000"]),
+    "long_run": ("7a. Long runs: trace size, files, record_stats() cost, load time and memory over 100,000 steps",
+                 ["benchmarks.bench_long_run", "--model", "small", "deep"], ["--iterations", "1000", "10000"]),
+    "long_run_costs": ("7b. Long runs: record_stats() with detail for every iteration vs the default policy",
+                       ["benchmarks.bench_long_run", "--costs", "--model", "small", "deep", "--repeats", "5"],
+                       ["--steps", "100", "--repeats", "1"]),
+    "compaction": ("7c. Trace compaction over a long run", ["benchmarks.bench_compaction"], ["--iterations", "10000"]),
 }
 
 

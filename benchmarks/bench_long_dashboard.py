@@ -1,13 +1,14 @@
 """The dashboard on a 100,000-iteration run against a 100-iteration one: overview, picker, timeline, layers.
 
 Run ``python -m benchmarks.bench_long_dashboard [--iterations 100000] [--every 100] [--short 100]
-[--part-iterations 16 1000] [--repeats 5] [--no-browser]``.
+[--part-iterations 16] [--repeats 5] [--no-browser]``.
 
 Synthetic runs of a 100-module model (:func:`tests.dashboard.long_run.write_long_run`): a long run whose
 first 10, every ``--every``-th and one spiking iteration kept their detail (1,010 of 100,000: 100 layers
-rows and 404 events each), once per ``--part-iterations`` layout (16: one part per batch, as the worker
-writes; 1,000: a run whose parts hold more iterations each), and a short run of ``--short`` iterations,
-all detailed (as every run was before the detail policy). Medians of ``--repeats`` runs of:
+rows and 404 events each), twice per ``--part-iterations`` (iterations per batch; the worker writes 16): with
+the parts merged after each batch, as the writer does (:mod:`memprof.trace.compaction`), and left one per batch
+and table, the layout before compaction; and a short run of ``--short`` iterations, all detailed (as every
+run was before the detail policy). Medians of ``--repeats`` runs of:
 
 - opening: ``load_trace`` (every footer) and reading the summary (the iterations table), on a new store;
 - overview, cold: a new store: opening, the headline, both figures, encoded to JSON as Dash sends them;
@@ -92,7 +93,7 @@ def bench_run(root: Path, name: str, run: LongRun, repeats: int, cold_repeats: i
     """Times every view of run ``name``, the only run of the traces folder ``root``."""
     fresh = lambda: TraceStore(root, BoundedCache())  # noqa: E731
     result: dict[str, Any] = {"name": name, "iterations": run.iterations, "detail": len(run.detail),
-                              "parts": len(list((root / name / "iterations.parquet").glob("part-*.parquet")))}
+                              "parts": len(list((root / name).glob("*.parquet/part-*.parquet")))}
     result["open_s"] = _median_s(lambda _: fresh().iterations(name), cold_repeats)
     result["overview_cold_s"] = _median_s(lambda _: _overview(fresh(), name), cold_repeats)
     store = fresh()
@@ -195,7 +196,7 @@ def bench_browser(roots: dict[str, Path], runs: dict[str, LongRun], repeats: int
 def report(rows: list[dict[str, Any]], browser: dict[str, tuple[float, float]] | str, repeats: int, cold: int) -> str:
     """The results as a Markdown table, one column per run."""
     ms = lambda s: f"{1e3 * s:.0f} ms" if s < 1 else f"{s:.2f} s"  # noqa: E731
-    header = ["measurement", *(f"{r['iterations']:,} it., {r['detail']:,} detailed, {r['parts']:,} parts" for r in rows)]
+    header = ["measurement", *(f"{r['iterations']:,} it., {r['detail']:,} detailed, {r['parts']:,} files" for r in rows)]
     lines = [f"| {' | '.join(header)} |", "|" + " --- |" * len(header)]
 
     def line(label: str, cell: Callable[[dict[str, Any]], str]) -> None:
@@ -227,17 +228,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iterations", type=int, default=100_000)
     parser.add_argument("--every", type=int, default=100)
     parser.add_argument("--short", type=int, default=100)
-    parser.add_argument("--part-iterations", type=int, nargs="+", default=[16, 1000])
+    parser.add_argument("--part-iterations", type=int, nargs="+", default=[16])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--no-browser", action="store_true")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="memprof-bench-") as tmp:
         # one folder per run: the Runs table (read on page load) then summarises that run only
-        roots = {name: Path(tmp) / name for name in ("short", *(f"long-{part}" for part in args.part_iterations))}
+        layouts = [(f"long-{part}{'' if compact else '-flat'}", part, compact)
+                   for part in args.part_iterations for compact in (True, False)]
+        roots = {name: Path(tmp) / name for name in ("short", *(name for name, _, _ in layouts))}
         runs = {"short": write_long_run(roots["short"] / "short", args.short, every=1)}
-        for part in args.part_iterations:
-            name = f"long-{part}"
-            runs[name] = write_long_run(roots[name] / name, args.iterations, args.every, part)
+        for name, part, compact in layouts:
+            runs[name] = write_long_run(roots[name] / name, args.iterations, args.every, part, compact=compact)
         cold = max(1, min(3, args.repeats))
         rows = [bench_run(roots[name], name, run, args.repeats, cold) for name, run in runs.items()]
         browser = "--no-browser" if args.no_browser else bench_browser(roots, runs, cold)

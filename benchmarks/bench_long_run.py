@@ -4,8 +4,9 @@ Run ``python -m benchmarks.bench_long_run [--model small|deep] [--iterations 100
 run with the default detail policy; at each checkpoint (training paused between two steps) it reports the run
 directory's bytes and files (journal included: what is on disk at that moment), the mean wall time of
 ``record_stats()`` on the training thread over the steps since the last checkpoint, the time to open the trace
-and read its summary (``load_trace(run).iterations``) and one detailed iteration's timeline, and the resident
-memory of the training process and of the background worker.
+and read its summary (``load_trace(run).iterations``) and one detailed iteration's timeline (in a child process,
+as a notebook beside the run would), and the resident memory of the training process and of the background
+worker.
 
 ``--costs`` instead compares ``record_stats()`` with detail for every iteration (what every iteration cost before
 the detail policy) against the default policy, both lanes in one process, alternating, median of ``--repeats``
@@ -16,8 +17,11 @@ background (the worker analyses and writes; its CPU time per step is reported be
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -26,7 +30,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from memprof import MemoryProfiler, load_trace, zoo
+from memprof import MemoryProfiler, zoo
 from memprof.analysis.detail import DetailPolicy
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -104,21 +108,36 @@ def long_run(model_name: str, checkpoints: Sequence[int], out_dir: Path) -> list
     return rows
 
 
+_READ_SCRIPT = """
+import json, sys, time
+from memprof import load_trace
+t0 = time.perf_counter()
+trace = load_trace(sys.argv[1])
+rows = len(trace.iterations)
+t1 = time.perf_counter()
+timeline = trace.read("events", iterations=[trace.detail_iterations[-1]])
+t2 = time.perf_counter()
+print(json.dumps({"rows": rows, "events": len(timeline), "detailed": len(trace.detail_iterations),
+                  "load_s": t1 - t0, "detail_s": t2 - t1}))
+"""
+
+
 def measure(profiler: MemoryProfiler, done: int, record_us: float) -> dict[str, float]:
-    """The checkpoint's row: disk, files, record_stats() cost, load times, memory."""
+    """The checkpoint's row: disk, files, record_stats() cost, load times, memory.
+
+    The trace is read in a child process (as a user's notebook would), so the training process's
+    memory shows what the profiler holds, not what reading the trace left in its allocators.
+    """
     nbytes, files = disk(profiler.run_dir)
-    t0 = time.perf_counter()
-    trace = load_trace(profiler.run_dir)
-    summary = trace.iterations
-    t1 = time.perf_counter()
-    last = trace.detail_iterations[-1]
-    timeline = trace.read("events", iterations=[last])
-    t2 = time.perf_counter()
-    assert len(summary) == done and len(timeline)
     worker = getattr(profiler._sink, "pid", None)
-    return {"iterations": done, "detailed": len(trace.detail_iterations), "bytes": nbytes, "files": files,
-            "record_us": record_us, "load_s": t1 - t0, "detail_s": t2 - t1, "rss": rss_bytes(),
-            "worker_rss": rss_bytes(worker) if worker else 0}
+    rss, worker_rss = rss_bytes(), rss_bytes(worker) if worker else 0
+    read = subprocess.run([sys.executable, "-c", _READ_SCRIPT, str(profiler.run_dir)], check=True,
+                          capture_output=True, text=True)
+    timings = json.loads(read.stdout)
+    assert timings["rows"] == done and timings["events"] > 0
+    return {"iterations": done, "detailed": timings["detailed"], "bytes": nbytes, "files": files,
+            "record_us": record_us, "load_s": timings["load_s"], "detail_s": timings["detail_s"], "rss": rss,
+            "worker_rss": worker_rss}
 
 
 def growth_table(model_name: str, rows: list[dict[str, float]]) -> str:

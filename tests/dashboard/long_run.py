@@ -148,7 +148,7 @@ def _events_table(iterations: np.ndarray, activations: np.ndarray) -> pa.Table:
 
 
 def write_long_run(run_dir: Path, iterations: int, every: int = 100, part_iterations: int = 16,
-                   seed: int = 0) -> LongRun:
+                   seed: int = 0, compact: bool = True) -> LongRun:
     """Writes a run of ``iterations`` iterations whose first ten, every ``every``-th and one spike have detail.
 
     Args:
@@ -157,6 +157,8 @@ def write_long_run(run_dir: Path, iterations: int, every: int = 100, part_iterat
         every: every ``every``-th iteration is detailed (1: all).
         part_iterations: iterations per batch (one part of each table per batch), as the worker writes.
         seed: seed of the noise on the peaks.
+        compact: merge the parts after each batch, as the writer does (``False``: one part per batch and
+            table, the layout before compaction).
     """
     if iterations < 100:
         raise ValueError(f"a long run needs at least 100 iterations, found {iterations}")
@@ -173,6 +175,8 @@ def write_long_run(run_dir: Path, iterations: int, every: int = 100, part_iterat
             writer.append(LAYERS, _layers_table(chosen, activations[chosen]))
             writer.append(EVENTS, _events_table(chosen, activations[chosen]))
         writer.append(ITERATIONS, _iterations_table(first, activations[batch], detail[batch]))
+        if compact:
+            writer.compact()
     write_meta(run_dir, meta(run_dir.name, model="Transformer", iterations=iterations))
     return LongRun(iterations=iterations, detail=tuple(int(i) for i in index[detail]), peak_iteration=peak_iteration,
                    detailed_spike=detailed_spike, modules=len(module_tree()), events_per_iteration=len(_event_template()[3]))
