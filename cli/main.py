@@ -3,14 +3,17 @@
 Bad input (a corrupt trace, an unknown algorithm, an infeasible budget, a port in use, a missing extra ...)
 is any :class:`~memprof.errors.MemprofError`; it is reported as one line on stderr with exit code 2, never
 as a traceback. Usage errors (a missing argument, a malformed option value) are one line with exit code 2
-too, from the parser. Ctrl+C exits with 130.
+too, from the parser. Ctrl+C exits with 130. Library warnings raised while a command runs (a solver's fallback, a corrected chain)
+are one line on stderr too (``memprof plan: warning: ...``).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from collections.abc import Sequence
+from typing import Any
 
 from cli import dashboard, demo, export, plan, report
 from memprof.errors import MemprofError
@@ -52,6 +55,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         SystemExit: a usage error (exit code 2) or ``--help`` (0), from the parser.
     """
     args = build_parser().parse_args(argv)
+    formatted = warnings.formatwarning
+    warnings.formatwarning = _one_line_warning(args.command)
     try:
         return int(args.func(args) or 0)
     except MemprofError as exc:
@@ -60,3 +65,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"memprof {args.command}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    finally:
+        warnings.formatwarning = formatted
+
+
+def _one_line_warning(command: str) -> Any:
+    """A ``warnings.formatwarning`` giving ``memprof COMMAND: warning: ...`` on one line, without source lines.
+
+    A message already shown is not shown again (a command may meet the same fallback from two calls).
+    Replacing the formatter, not ``showwarning``, leaves warnings to whoever records them (tests, a caller's
+    ``catch_warnings``).
+    """
+    seen: set[str] = set()
+
+    def format_one_line(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                        line: str | None = None) -> str:
+        text = " ".join(str(message).split())
+        if text in seen:
+            return ""
+        seen.add(text)
+        return f"memprof {command}: warning: {text}\n"
+
+    return format_one_line

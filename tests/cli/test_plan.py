@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -200,3 +202,21 @@ def test_plan_binomial_solves_a_long_chain(tmp_path: Path, capsys: pytest.Captur
     assert "binomial schedule for chain 'long' (2000 stages + loss)" in text
     recomputed = schedule.params["forwards"] - 2001
     assert f"operations       {len(schedule.ops)} ({recomputed} recomputed forwards)" in text
+
+
+def test_rotor_falling_back_to_binomial_warns_in_one_line(tmp_path: Path) -> None:
+    # a process of its own: pytest records warnings itself, so only a real run shows what a user reads
+    from planner.chain import Stage
+
+    chain = Chain("long", MIB, (Stage(0.5, 1.0, MIB, MIB, MIB),) * 41)
+    source, out = tmp_path / "long.json", tmp_path / "schedule.json"
+    chain.to_json(source)
+    code = ("import sys; from planner.solvers import rotor; rotor.MAX_TABLE_BYTES = 1024; "
+            "from cli.main import main; sys.exit(main(sys.argv[1:]))")
+    done = subprocess.run([sys.executable, "-c", code, "plan", str(source), "--budget", "12MiB", "--algorithm",
+                           "rotor", "--out", str(out)], capture_output=True, text=True, cwd=Path(__file__).parents[2])
+    assert done.returncode == 0, done.stderr
+    assert Schedule.from_json(out).algorithm == "binomial"
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("memprof plan: warning: rotor on 40 stages"), lines
+    assert "solving with binomial checkpointing instead" in lines[0]
