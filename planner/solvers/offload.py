@@ -22,7 +22,7 @@ import numpy as np
 from memprof.units import format_bytes
 from planner.chain import Chain
 from planner.discretize import DEFAULT_SLOTS, discretize
-from planner.errors import TableTooLargeError
+from planner.errors import InfeasibleBudgetError, TableTooLargeError
 from planner.schedule import Op, OpKind
 from planner.solvers import rotor, rotor_fill
 from planner.solvers.budget_grid import Minimum, lowest_budget, plan_on_own_grid
@@ -153,7 +153,11 @@ def plan(chain: Chain, budget_bytes: int, slots: int = DEFAULT_SLOTS) -> Plan:
         TableTooLargeError: the chain is too long for the tables at this many slots.
     """
     if not usable(chain):
-        found = rotor.plan(chain, budget_bytes, slots)
+        try:
+            found = rotor.plan(chain, budget_bytes, slots)
+        except InfeasibleBudgetError as exc:
+            raise infeasible("offload", int(budget_bytes), exc.min_feasible_bytes,
+                             f"{slots} slots spanning each budget; nothing to offload, so rotor's") from None
         return Plan(found.ops, {**found.params, "offloaded": [], "transfer": chain.transfer_costs.source})
 
     def solve_on(reference: int, budget: int) -> Plan:
