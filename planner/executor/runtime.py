@@ -8,16 +8,20 @@ Each stage's first module gets a wrapper ``forward`` (:mod:`planner.executor.ins
 schedule's forward operation for ``l`` (``F_all``, ``F_ck`` or ``F_none``) through one custom autograd
 function, whose backward, called by autograd with ``delta^l``, runs the schedule's operations up to ``B(l)``
 (recomputations included) and hands ``delta^{l-1}`` back. Parameter gradients are accumulated by nested
-``torch.autograd.backward`` calls, as in the reentrant ``torch.utils.checkpoint``.
+``torch.autograd.backward`` calls, as in the reentrant ``torch.utils.checkpoint``. ``OFFLOAD`` and
+``PREFETCH`` run where the schedule puts them (those after a stage's forward when the wrapper of that stage
+returns), through :class:`planner.executor.offload.Transfers`.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
+from planner.executor.offload import Transfers
 from planner.executor.stage import (
     RngState,
     StageCall,
@@ -26,10 +30,13 @@ from planner.executor.stage import (
     capture_rng,
     replay_rng,
     same_rng,
+    tensors_in,
 )
 
 F_ALL, F_CK, F_NONE, B = "F_all", "F_ck", "F_none", "B"
+OFFLOAD, PREFETCH = "OFFLOAD", "PREFETCH"
 FORWARD_KINDS = (F_ALL, F_CK, F_NONE)
+TRANSFER_KINDS = (OFFLOAD, PREFETCH)
 
 
 class Program:
@@ -41,8 +48,9 @@ class Program:
 
     Raises:
         ValueError: the loss is not run exactly as F_all(L+1) ... B(L+1); the forward part does not run
-            stages 1..L once each in order (the model's ``forward`` calls them so); or a backward segment
-            runs a stage above the one whose B ends it.
+            stages 1..L once each in order (the model's ``forward`` calls them so); a transfer comes before
+            any forward or between F_all(L+1) and B(L+1) (the executor does not run the loss); or a backward
+            segment runs a stage above the one whose B ends it.
     """
 
     def __init__(self, ops: Sequence[tuple[str, int]], length: int) -> None:
@@ -55,15 +63,19 @@ class Program:
                 f"{[f'{kind}({top})' for _, kind in loss_ops]}"
             )
         start, end = loss_ops[0][0], loss_ops[1][0]
-        forward = ops[:start]
+        forward = [(k, s) for k, s in ops[:start] if k not in TRANSFER_KINDS]
         if [stage for _, stage in forward] != list(range(1, top)) or any(k not in FORWARD_KINDS for k, _ in forward):
             raise ValueError(
                 f"before the loss, the schedule must run stages 1..{length} once each, in order, as the model's "
                 f"forward calls them; found {[f'{k}({s})' for k, s in forward]}"
             )
+        self.after_forward = _after_forward(ops[:start])
         middle = ops[start + 1 : end]
         if any(kind == B for kind, _ in middle):
             raise ValueError(f"no B operation can run between F_all({top}) and B({top})")
+        if any(kind in TRANSFER_KINDS for kind, _ in middle):
+            raise ValueError(f"no transfer can run between F_all({top}) and B({top}): the executor does not run the "
+                             f"loss; issue it after B({top})")
         # F operations between the loss's forward and backward commute with B(L+1): run them after it.
         self.length = length
         self.forward_kinds = tuple(kind for kind, _ in forward)
@@ -73,6 +85,21 @@ class Program:
             if kind in FORWARD_KINDS:
                 counts[stage] = counts.get(stage, 0) + 1
         self.replayed = frozenset(stage for stage, count in counts.items() if count > 1)
+        self.offloaded = frozenset(stage for kind, stage in ops if kind == OFFLOAD)
+
+
+def _after_forward(forward: list[tuple[str, int]]) -> dict[int, tuple[tuple[str, int], ...]]:
+    """The transfers that follow the forward of each stage, before the next one (run as its wrapper returns)."""
+    out: dict[int, list[tuple[str, int]]] = {}
+    current = 0
+    for kind, stage in forward:
+        if kind in TRANSFER_KINDS:
+            if current == 0:
+                raise ValueError(f"{kind}({stage}) comes before any forward; a transfer follows F_all of its stage")
+            out.setdefault(current, []).append((kind, stage))
+        else:
+            current = stage
+    return {stage: tuple(items) for stage, items in out.items()}
 
 
 def _segments(backward: list[tuple[str, int]], length: int) -> dict[int, tuple[tuple[str, int], ...]]:
@@ -87,7 +114,7 @@ def _segments(backward: list[tuple[str, int]], length: int) -> dict[int, tuple[t
         if stage != expected:
             raise ValueError(f"the backward operations must be B({length}) .. B(1) in turn; found B({stage}) "
                              f"where B({expected}) was due")
-        above = [s for k, s in current if k != B and s > stage]
+        above = [s for k, s in current if k in FORWARD_KINDS and s > stage]
         if above:
             raise ValueError(f"the schedule recomputes stage {above[0]} after B({above[0]}) was due")
         segments[stage] = tuple(current)
@@ -119,6 +146,8 @@ class _Run:
         self.next_stage = 1
         self.done: set[int] = set()
         self.raw: Any = None  # the first run's full result (tuple, ModelOutput), handed to the wrapper
+        self.transfers = (Transfers(executor.pool, executor.copiers, executor.min_offload_bytes)
+                          if self.program.offloaded else None)
 
     def forward(self, stage: int, x: torch.Tensor) -> tuple[torch.Tensor, Any]:
         """Runs stage ``stage``'s forward operation on ``x``; returns a^l (no history) and the raw result."""
@@ -135,9 +164,13 @@ class _Run:
             self.acts[0] = x.detach()
         kind = self.program.forward_kinds[stage - 1]
         raw = self._forward(kind, stage)
+        for transfer, index in self.program.after_forward.get(stage, ()):
+            self._transfer(transfer, index)
         self.next_stage = stage + 1
         y = self._output(stage)
         if stage == self.program.length:
+            if self.transfers is not None:
+                self.transfers.retire_out()  # the chain's forward ends here: the loss runs without it
             # What follows the chain (head, loss) decides when a^L is freed, as in plain autograd: the schedule
             # needs no more of it than the recorded graph's gradient edge (for B(L)).
             self.acts.pop(stage, None)
@@ -157,6 +190,8 @@ class _Run:
         for kind, index in self.program.segments[stage]:
             if kind == B:
                 self._backward(index)
+            elif kind in TRANSFER_KINDS:
+                self._transfer(kind, index)
             else:
                 self._forward(kind, index)
         delta, self.delta = self.delta, None
@@ -164,7 +199,16 @@ class _Run:
             self.acts.clear()
             self.recs.clear()
             self.calls.clear()
+            if self.transfers is not None:
+                self.transfers.clear()
         return delta
+
+    def _transfer(self, kind: str, stage: int) -> None:
+        assert self.transfers is not None, "a transfer in a program without offloads"
+        if kind == OFFLOAD:
+            self.transfers.offload(stage)
+        else:
+            self.transfers.prefetch(stage)
 
     def _output(self, stage: int) -> torch.Tensor:
         return (self.acts[stage] if stage in self.acts else self.recs[stage][1]).detach()
@@ -185,10 +229,13 @@ class _Run:
             leaf = x.detach()
             if leaf.is_floating_point() and (stage > 1 or self.input_requires_grad):
                 leaf.requires_grad_(True)
-            with torch.enable_grad():
+            hooks = self._saved_hooks(stage, leaf)
+            with torch.enable_grad(), hooks:
                 # Through a view, the gradients of the stage's input are summed in autograd's buffer and handed
                 # over once, as in plain autograd; on the leaf itself, its first part would be copied and kept.
                 y, raw = self._call(stage, leaf.view_as(leaf) if leaf.requires_grad else leaf, keep)
+            if self.transfers is not None and stage in self.program.offloaded:
+                self.transfers.recorded(stage, [y, *tensors_in(raw)])
             self.recs[stage] = (leaf, y)
             self.acts.pop(stage, None)
         else:
@@ -198,6 +245,14 @@ class _Run:
                 self.acts.pop(stage - 1, None)
             self.acts[stage] = y
         return raw
+
+    def _saved_hooks(self, stage: int, x: torch.Tensor) -> Any:
+        """Where stage ``stage`` records its saved tensors: a stash when the schedule offloads it."""
+        if self.transfers is None or stage not in self.program.offloaded:
+            return contextlib.nullcontext()
+        call = self.calls[stage]
+        others = [t for value in (*call.args, *call.kwargs.values()) for t in tensors_in(value)]
+        return self.transfers.recording(stage, x, self.executor.stages[stage - 1].modules, others)
 
     def _call(self, stage: int, x: torch.Tensor, keep: bool) -> tuple[torch.Tensor, Any]:
         runner = self.executor.stages[stage - 1]
@@ -221,6 +276,8 @@ class _Run:
         return y, raw
 
     def _backward(self, stage: int) -> None:
+        if self.transfers is not None:
+            self.transfers.before_backward(stage)
         leaf, out = self.recs.pop(stage)
         delta, self.delta = self.delta, None
         assert delta is not None, f"B({stage}) ran before the gradient of its output arrived"
@@ -238,6 +295,8 @@ class _Run:
         if grad is None and stage > 1:
             grad = torch.zeros_like(leaf)  # the stage's output does not depend on its input
         self.delta = grad
+        if self.transfers is not None:
+            self.transfers.done(stage)
 
 
 def _steal(grad: torch.Tensor) -> torch.Tensor:
