@@ -159,6 +159,9 @@ class Stash:
         pinned = self.copier.cuda
         for key, storage in self.storages.items():
             if key in self.kept or storage.nbytes < self.min_bytes or storage.source is None:
+                # stays: only autograd's packed records hold it now (no cycle through this record), so it is
+                # freed as the backward uses it, as in plain autograd
+                storage.source, storage.packed = None, []
                 continue
             for packed in storage.packed:
                 if packed.tensor is not None and packed.tensor._version != packed.version:
@@ -189,6 +192,7 @@ class Stash:
             storage.source = None
             for packed in storage.packed:
                 packed.tensor = None
+            storage.packed = []  # autograd's packed records hold the storage record, not the other way round
 
     def prefetch(self) -> None:
         """Starts copying the host buffers back into fresh device memory (``PREFETCH``)."""
@@ -217,6 +221,9 @@ class Stash:
                 storage.back.record_stream(torch.cuda.current_stream(self.device))  # made on the side stream
             self.pool.give(storage.host, storage.back_done)
             storage.host, storage.back_done = None, None
+        # From now on only autograd's packed records reach the copies, so each is freed once the backward has
+        # used every saved tensor over it, as plain autograd frees saved tensors.
+        self.moved, self.storages = [], {}
 
     def discard(self) -> None:
         """Gives back any host buffer still held (the stage's backward has run, or the step was abandoned)."""
