@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from memprof.units import format_bytes
 from planner.errors import ChainError
 
 GB = 10**9
@@ -96,7 +97,7 @@ class TransferCosts:
         def rate(value: float) -> str:
             return "unlimited" if math.isinf(value) else f"{value / BYTES_PER_MS_PER_GBPS:.1f} GB/s"
 
-        cap = "no host cap" if self.host_cap_bytes is None else f"host cap {self.host_cap_bytes} bytes"
+        cap = "no host cap" if self.host_cap_bytes is None else f"host cap {format_bytes(self.host_cap_bytes)}"
         return f"{rate(self.d2h_bytes_per_ms)} out, {rate(self.h2d_bytes_per_ms)} in, {cap} ({self.source})"
 
     def to_dict(self) -> dict[str, Any]:
