@@ -157,8 +157,6 @@ def fill(costs: Costs, rotor: RotorTable) -> OffloadTable:
         back = float(costs.h2d_ms[length]) if p == length else 0.0
         loss[p][:, memory >= need_loss] = uf[top] + ub[top] + costs.wait_out(p, prefix[length] - prefix[p]) + back
     value[top], choice[top] = loss, np.where(np.isfinite(loss), 0, -1).astype(np.int16)
-    hop = np.zeros(top + 1, dtype=np.int64)
-    hop[1:] = a[:-1] + a[1:] + of[1:]
     for s in range(length, 0, -1):
         best = np.full((s, host, width), _INF)
         chosen = np.full((s, host, width), -1, dtype=np.int16)
@@ -178,17 +176,40 @@ def fill(costs: Costs, rotor: RotorTable) -> OffloadTable:
                 offload = tail + step + costs.wait_out(p, prefix[s] - prefix[p])
                 offload[:, ~recorded] = _INF
                 _take(best[p], chosen[p], offload, 1)
-            forward_need = delta[top] + x_f + a[s] + of[s]
-            for j in range(s, top):
-                if j > s:
-                    forward_need = max(forward_need, delta[top] + x_f + hop[j])
-                block = _shift(rotor.row(s, j).astype(np.float64), x_b)
-                block = block + np.maximum(0.0, h_b - block)
-                candidate = _shift(value[j + 1][p], int(a[j])) + (prefix[j] - prefix[s - 1]) + block[None, :]
-                candidate[:, memory < forward_need] = _INF
-                _take(best[p], chosen[p], candidate, 2 + j - s)
+            _blocks(value, rotor, grid, s, p, x_f, x_b, h_b, best[p], chosen[p])
         value[s], choice[s] = best, chosen
     return OffloadTable(costs, rotor, value, choice)
+
+
+def _blocks(value: list[np.ndarray], rotor: RotorTable, grid: DiscreteChain, s: int, p: int, x_f: int, x_b: int,
+            h_b: float, best: np.ndarray, chosen: np.ndarray) -> None:
+    """Lowers ``best`` (``D(s, ., p, .)``) by the blocks ``s..j``, every ``j`` in one vectorised step.
+
+    Candidate ``j``: ``U(s..j) + D(j+1, m - a^j, p, r) + W + max(0, h_b - W)`` with ``W = C(s, j, m - x_b)``,
+    where every forward of the block fits beside ``delta^{L+1}`` and the pending ``x_f``; the first ``j`` of
+    the least value wins a tie, after keep and offload.
+    """
+    top, width = grid.top, grid.slots + 1
+    a, delta, of = grid.a, grid.delta, grid.forward_overhead
+    ends = np.arange(s, top)  # j = s .. L
+    memory = np.arange(width)
+    tails = np.stack([value[j + 1][p] for j in ends])  # (J, host, width): D(j+1, ., p, .)
+    source = memory[None, :] - a[ends][:, None]  # D(j+1, m - a^j): inf where m < a^j
+    tails = np.take_along_axis(tails, np.maximum(source, 0)[:, None, :], axis=2)
+    hop = np.zeros(len(ends), dtype=np.int64)  # the forward of F_ck(s) .. F_none(j) beside delta^{L+1} and x_f
+    hop[0] = a[s] + of[s]
+    if len(ends) > 1:
+        hop[1:] = a[ends[1:] - 1] + a[ends[1:]] + of[ends[1:]]
+    fits = (source >= 0) & (memory[None, :] >= (delta[top] + x_f + np.maximum.accumulate(hop))[:, None])
+    inner = rotor.cost[: len(ends), s - 1].astype(np.float64)  # C(s, j, m) for j = s .. L
+    inner = _shift(inner, x_b)
+    inner = inner + np.maximum(0.0, h_b - inner) + (grid.forward_ms[s : top].cumsum())[:, None]
+    candidates = np.where(fits[:, None, :], tails + inner[:, None, :], _INF)
+    pick = np.argmin(candidates, axis=0)
+    lowest = np.take_along_axis(candidates, pick[None], axis=0)[0]
+    better = lowest < best
+    best[better] = lowest[better]
+    chosen[better] = (2 + pick[better]).astype(chosen.dtype)
 
 
 def least_memory(costs: Costs, rotor_need: np.ndarray) -> float:
