@@ -36,6 +36,8 @@ SECTIONS = {
     "ranks": ("Many ranks: one streaming pass vs DuckDB vs loading every rank", ["benchmarks.bench_ranks"],
               ["--iterations", "10000", "--repeats", "2"]),
     "compaction": ("7. Trace compaction over a long run", ["benchmarks.bench_compaction"], ["--iterations", "10000"]),
+    "offload": ("8. Offload vs rotor on an 8-layer Llama (predicted, default 24 GB/s link)",
+                ["benchmarks.bench_offload"], ["--steps", "3", "--grid", "30", "--repeats", "2"]),
 }
 
 
