@@ -76,6 +76,7 @@ def scaled(chain: Chain, factor: float) -> Chain:
 
 
 def _solve(chain: Chain, budget: int, algorithm: str) -> tuple[int, float, int, int] | None:
+    """``(peak, makespan, host peak, stages offloaded)`` of ``algorithm`` at ``budget``, or ``None``."""
     try:
         schedule = solve(chain, budget, algorithm)
     except InfeasibleBudgetError:
@@ -85,8 +86,11 @@ def _solve(chain: Chain, budget: int, algorithm: str) -> tuple[int, float, int, 
         int(schedule.predicted_host_peak_bytes or 0), offloaded
 
 
-def compare(chain: Chain, grid: int) -> list[dict[str, object]]:
-    """Rotor and offload at six budgets, and offload's lowest peak at rotor's step time at each."""
+Solved = tuple[int, float, int, int]  # peak, makespan, host peak, stages offloaded
+
+
+def compare(chain: Chain, grid: int) -> list[tuple[int, Solved, Solved, int]]:
+    """``(budget, rotor, offload, offload's lowest peak at rotor's step time)`` at six budgets."""
     low, top = min_feasible_budget(chain, "rotor"), store_all_budget(chain)
     lowest = min_feasible_budget(chain, "offload")
     sweep = [(budget, _solve(chain, int(budget), "offload"))
@@ -97,7 +101,7 @@ def compare(chain: Chain, grid: int) -> list[dict[str, object]]:
         assert rotor is not None and offload is not None
         fitting = [found[0] for _, found in sweep if found is not None and found[1] <= rotor[1] + 1e-9]
         equal_time_peak = min(fitting + [offload[0]] if offload[1] <= rotor[1] + 1e-9 else fitting)
-        rows.append({"budget": int(budget), "rotor": rotor, "offload": offload, "equal": equal_time_peak})
+        rows.append((int(budget), rotor, offload, equal_time_peak))
     return rows
 
 
@@ -137,13 +141,10 @@ def main(argv: list[str] | None = None) -> int:
     for factor in (1.0, 10.0, 100.0, 1000.0):
         fast = scaled(chain, factor)
         throughput = layer_flops() / (forward_ms / factor * 1e-3) / 1e12
-        for row in compare(fast, args.grid):
-            rotor, offload = row["rotor"], row["offload"]
-            assert isinstance(rotor, tuple) and isinstance(offload, tuple)
-            equal = int(row["equal"])  # type: ignore[call-overload]
+        for budget, rotor, offload, equal in compare(fast, args.grid):
             lower = 1 - equal / rotor[0]
             best[factor] = max(best.get(factor, 0.0), lower)
-            print(f"| CPU / {factor:g} | {throughput:.2f} TFLOP/s | {format_bytes(int(row['budget']))} | "  # type: ignore[call-overload]
+            print(f"| CPU / {factor:g} | {throughput:.2f} TFLOP/s | {format_bytes(budget)} | "
                   f"{format_bytes(rotor[0])} | {rotor[1]:.2f} ms | {format_bytes(offload[0])} | {offload[1]:.2f} ms | "
                   f"{format_bytes(offload[2])} | {offload[3]} | {format_bytes(equal)} | {lower:.0%} |")
     print()

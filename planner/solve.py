@@ -10,8 +10,7 @@ from planner.discretize import DEFAULT_SLOTS, check_slots
 from planner.errors import InfeasibleBudgetError, UnknownAlgorithmError
 from planner.schedule import Schedule
 from planner.simulator import predict_with_host
-from planner.solvers import exact, periodic, revolve, rotor, rotor_optimal, sqrt, store_all
-from planner.solvers import offload
+from planner.solvers import exact, offload, periodic, revolve, rotor, rotor_optimal, sqrt, store_all
 from planner.step import step_infeasible
 
 ALGORITHMS = ("store_all", "periodic", "sqrt", "revolve", "rotor", "rotor_optimal", "offload")

@@ -12,8 +12,6 @@ from planner.schedule import Op, OpKind, Schedule
 from planner.simulator import predict, predict_with_host, simulate
 from planner.transfer import TransferCosts
 
-O, P = OpKind.OFFLOAD, OpKind.PREFETCH
-
 
 def ops(text: str) -> list[Op]:
     """``"F_all 1, OFFLOAD 1, B 2"`` -> operations."""

@@ -15,9 +15,9 @@ from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from planner.chain import Chain, Stage
+from planner.errors import InvalidScheduleError
 from planner.executor import CheckpointedSequential, apply_schedule, validate_ops
 from planner.executor import offload as executor_offload
-from planner.errors import InvalidScheduleError
 from planner.schedule import Op, OpKind, Schedule
 from planner.simulator import simulate
 from planner.solve import min_feasible_budget, solve, store_all_budget
@@ -25,17 +25,17 @@ from planner.solvers.offload_reference import family
 from planner.transfer import TransferCosts
 from tests.planner import models as M
 from tests.planner import real_models
-from tests.planner.executor.helpers import CASES, assert_same_step, chain_for, run_step
+from tests.planner.executor.helpers import CASES, assert_same_step, run_step
 
-A, O, P, B = OpKind.F_ALL, OpKind.OFFLOAD, OpKind.PREFETCH, OpKind.B
+A, OFF, PRE, B = OpKind.F_ALL, OpKind.OFFLOAD, OpKind.PREFETCH, OpKind.B
 
 
 def offload_all(length: int) -> list[Op]:
     """Every stage offloaded after its forward and prefetched while the stage above runs its backward."""
-    ops = [op for s in range(1, length + 1) for op in (Op(A, s), Op(O, s))]
-    ops += [Op(A, length + 1), Op(B, length + 1), Op(P, length)]
+    ops = [op for s in range(1, length + 1) for op in (Op(A, s), Op(OFF, s))]
+    ops += [Op(A, length + 1), Op(B, length + 1), Op(PRE, length)]
     for s in range(length, 0, -1):
-        ops += ([Op(P, s - 1)] if s > 1 else []) + [Op(B, s)]
+        ops += ([Op(PRE, s - 1)] if s > 1 else []) + [Op(B, s)]
     return ops
 
 
@@ -62,7 +62,7 @@ def test_gradients_are_bitwise_with_every_kind_of_offload_schedule() -> None:
     model, x = blocks(), torch.randn(32, 16)
     reference = run_step(model, x, lambda out: out.square().sum())
     chain = wide_chain([[str(i)] for i in range(4)])
-    family_schedules = [ops for ops in family(chain) if any(op.kind is O for op in ops)]
+    family_schedules = [ops for ops in family(chain) if any(op.kind is OFF for op in ops)]
     picked = random.Random(0).sample(family_schedules, 12)
     for ops in _schedules(chain) + picked:
         scheduled = CheckpointedSequential(copy.deepcopy(model), M.schedule(ops, chain), min_offload_bytes=0)
@@ -161,8 +161,8 @@ def test_offloading_lowers_the_measured_peak_as_predicted() -> None:
 def test_schedules_the_executor_cannot_run_are_refused() -> None:
     chain = M.chain(2)
     with pytest.raises(InvalidScheduleError, match=r"no transfer can run between F_all\(3\) and B\(3\)"):
-        validate_ops([Op(A, 1), Op(O, 1), Op(A, 2), Op(A, 3), Op(P, 1), Op(B, 3), Op(B, 2), Op(B, 1)], 2,
-                     Schedule("h", None, (Op(A, 1), Op(O, 1), Op(A, 2), Op(A, 3), Op(P, 1), Op(B, 3), Op(B, 2),
+        validate_ops([Op(A, 1), Op(OFF, 1), Op(A, 2), Op(A, 3), Op(PRE, 1), Op(B, 3), Op(B, 2), Op(B, 1)], 2,
+                     Schedule("h", None, (Op(A, 1), Op(OFF, 1), Op(A, 2), Op(A, 3), Op(PRE, 1), Op(B, 3), Op(B, 2),
                                           Op(B, 1)), chain))
 
 
