@@ -8,6 +8,7 @@ more than that, so these builders return the figure in plotly's JSON form (``{"d
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -225,7 +226,7 @@ def pareto_base(points: pd.DataFrame, front_budgets: Sequence[float] | np.ndarra
         data.append({"type": "scatter", "x": group["peak_bytes"].to_numpy(), "y": group["makespan_ms"].to_numpy(),
                      "mode": "lines+markers", "name": name, "marker": {"size": 7},
                      "line": {"color": ALGORITHM_COLORS.get(str(algorithm), "#888888"), "width": 1, "dash": "dot"},
-                     "customdata": [format_bytes(v) for v in group["peak_bytes"]],
+                     "customdata": _peak_labels(group),
                      "hovertemplate": "peak %{customdata}: %{y:.3f} ms<extra>" + name + "</extra>"})
     top = max([float(np.max(front_budgets)) if len(front_budgets) else 0.0]
               + ([float(points["peak_bytes"].max())] if len(points) else []))
@@ -235,6 +236,15 @@ def pareto_base(points: pd.DataFrame, front_budgets: Sequence[float] | np.ndarra
     title, x_title = (("Whole-step memory vs time of every algorithm", "whole-step peak memory (bytes)")
                       if whole_step else ("Memory vs time of every algorithm", "activation memory (bytes)"))
     return {"data": data, "layout": _layout(title, x_title, "makespan (ms)", height=380, xaxis=byte_ticks(top, bottom_bytes=bottom))}
+
+
+def _peak_labels(points: pd.DataFrame) -> list[str]:
+    """Each point's peak in binary units, with the host memory beside it where the schedule offloads."""
+    labels = []
+    for peak, params in zip(points["peak_bytes"], points["params"] if "params" in points else [""] * len(points)):
+        host = json.loads(params).get("host_peak_bytes", 0) if isinstance(params, str) and params else 0
+        labels.append(format_bytes(peak) + (f" (+ {format_bytes(host)} on the host)" if host else ""))
+    return labels
 
 
 def with_current(base: Figure, current: tuple[float, float] | None = None,

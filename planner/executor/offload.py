@@ -157,6 +157,8 @@ class Stash:
     def offload(self) -> None:
         """Starts copying every movable storage to host buffers (``OFFLOAD``); the device keeps them for now."""
         pinned = self.copier.cuda
+        if self.copier.d2h is not None:  # the copies start once the forward that made the tensors has run
+            self.copier.d2h.wait_stream(torch.cuda.current_stream(self.device))
         for key, storage in self.storages.items():
             if key in self.kept or storage.nbytes < self.min_bytes or storage.source is None:
                 # stays: only autograd's packed records hold it now (no cycle through this record), so it is
@@ -174,7 +176,6 @@ class Stash:
             storage.host = host
             if self.copier.cuda:
                 assert self.copier.d2h is not None
-                self.copier.d2h.wait_stream(torch.cuda.current_stream(self.device))  # after the forward
                 with torch.cuda.stream(self.copier.d2h):
                     host.copy_(raw, non_blocking=True)
                     storage.out_done = torch.cuda.Event()

@@ -153,3 +153,11 @@ def test_offload_schedules_show_their_copies_and_host_memory():
     assert memory.layout.yaxis2.overlaying == "y"
     plain = memory_figure(_prediction())
     assert [t["name"] for t in plain["data"]] == ["predicted"] and "yaxis2" not in plain["layout"]
+
+
+def test_pareto_points_of_offload_say_their_host_memory():
+    points = pd.DataFrame({"algorithm": ["rotor", "offload"], "budget_bytes": [100, 100], "peak_bytes": [90, 60],
+                           "makespan_ms": [10.0, 9.0], "params": ['{"slots": 500}', '{"host_peak_bytes": 2048}']})
+    fig = go.Figure(pareto_base(points, [100], [10.0]))
+    labels = {t.name: list(t.customdata) for t in fig.data if t.customdata is not None}
+    assert labels["rotor"] == ["90 B"] and labels["offload"] == ["60 B (+ 2.0 KiB on the host)"]
