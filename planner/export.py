@@ -1,7 +1,8 @@
 """Export a schedule: as JSON, or as a standalone Python file that applies it to a model with only ``torch``.
 
 The Python file embeds the pure-torch runtime (:mod:`planner.executor.stage`, :mod:`planner.executor.offload`,
-:mod:`planner.executor.runtime`, :mod:`planner.executor.install`, which import nothing but ``torch`` and the
+:mod:`planner.executor.transfers`, :mod:`planner.executor.program`, :mod:`planner.executor.runtime`,
+:mod:`planner.executor.install`, which import nothing but ``torch`` and the
 standard library) verbatim, and the schedule's data: the modules of each stage (qualified names in the model)
 and the operations, ``OFFLOAD`` and ``PREFETCH`` included. A user adds two lines to a training script::
 
@@ -23,8 +24,10 @@ from typing import Any
 from memprof.units import format_bytes
 from planner.executor import install as executor_install
 from planner.executor import offload as executor_offload
+from planner.executor import program as executor_program
 from planner.executor import runtime as executor_runtime
 from planner.executor import stage as executor_stage
+from planner.executor import transfers as executor_transfers
 from planner.executor import validate_ops
 from planner.schedule import Schedule
 
@@ -83,7 +86,8 @@ def _header(schedule: Schedule) -> str:
 def _runtime_body() -> str:
     """The runtime modules' code, in dependency order, without docstrings and imports of each other."""
     parts = ["from __future__ import annotations"]
-    for module in (executor_stage, executor_offload, executor_runtime, executor_install):
+    for module in (executor_stage, executor_offload, executor_transfers, executor_program, executor_runtime,
+                   executor_install):
         source = inspect.getsource(module)
         lines = source.splitlines()
         drop: set[int] = set()

@@ -27,7 +27,7 @@ from torch import nn
 from planner.errors import InvalidScheduleError, ScheduleMismatchError
 from planner.executor.install import ScheduleExecutor
 from planner.executor.offload import MIN_OFFLOAD_BYTES
-from planner.executor.runtime import Program
+from planner.executor.program import Program
 from planner.schedule import Op, Schedule
 from planner.simulator import simulate
 

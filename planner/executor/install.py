@@ -17,7 +17,8 @@ import torch
 from torch import nn
 
 from planner.executor.offload import MIN_OFFLOAD_BYTES, Copier, HostPool
-from planner.executor.runtime import Program, _Run, _StageFunction
+from planner.executor.program import Program
+from planner.executor.runtime import _Run, _StageFunction
 from planner.executor.stage import StageCall, StageRunner, find_activation, replace_first_tensor
 
 
