@@ -44,6 +44,8 @@ SECTIONS = {
                        ["benchmarks.bench_long_run", "--costs", "--model", "small", "deep", "--repeats", "5"],
                        ["--steps", "100", "--repeats", "1"]),
     "compaction": ("7c. Trace compaction over a long run", ["benchmarks.bench_compaction"], ["--iterations", "10000"]),
+    "offload": ("8. Offload vs rotor on an 8-layer Llama (predicted, default 24 GB/s link)",
+                ["benchmarks.bench_offload"], ["--steps", "3", "--grid", "30", "--repeats", "2"]),
 }
 
 

@@ -7,12 +7,19 @@ leaves a half-written or overwritten file.
 from __future__ import annotations
 
 import argparse
+import math
+from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from cli.common import load_chain, positive_int, write_output
+from cli.common import OptionError, load_chain, positive_int, write_output
 from memprof.units import format_bytes, parse_bytes
 from planner.schedule import OpKind, Schedule
 from planner.step import StepCosts
+from planner.transfer import TransferCosts
+
+if TYPE_CHECKING:
+    from planner.chain import Chain
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -36,6 +43,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     plan.add_argument("--container", default=None,
                       help="run directories only: the module whose children form the chain (default: found)")
     plan.add_argument("--slots", default="500", help="memory slots of the dynamic programs (default 500)")
+    plan.add_argument("--host-cap", default=None, metavar="SIZE",
+                      help="offload only: the most host memory offloaded activations may take, e.g. 64GiB "
+                           "(default: the chain's, else no cap)")
+    plan.add_argument("--bandwidth", default=None, metavar="GBPS",
+                      help="offload only: device<->host bandwidth in GB/s, both ways (default: the one measured "
+                           "with the run, else 24 GB/s, PCIe 4.0 x16)")
     plan.add_argument("--out", required=True, help="where to write the schedule JSON")
     plan.set_defaults(func=run_plan)
 
@@ -57,12 +70,14 @@ def run_plan(args: argparse.Namespace) -> int:
     budget_bytes = parse_bytes(args.activation_budget if activations_only else args.budget)
     slots = positive_int(args.slots, "--slots")
     solver(args.algorithm)  # an unknown name fails before the chain is read
-    chain = load_chain(args.source, args.container)
+    host_cap = parse_bytes(args.host_cap) if args.host_cap is not None else None
+    gbps = _bandwidth(args.bandwidth)
+    chain = _with_link(load_chain(args.source, args.container), host_cap, gbps)
     step = chain.step
     solved = chain.activations_only() if activations_only else chain
     schedule = solve(solved, budget_bytes, algorithm=args.algorithm, slots=slots)
     prediction = simulate(solved, schedule)
-    schedule = schedule.with_prediction(prediction.peak_bytes, prediction.makespan_ms)
+    schedule = schedule.with_prediction(prediction.peak_bytes, prediction.makespan_ms, prediction.host_peak_bytes)
     baseline = simulate(solved, store_all_ops(solved))
     out = write_output(args.out, export_json(schedule) + "\n")
     print(summary(schedule, baseline.peak_bytes, baseline.makespan_ms, out, step=step))
@@ -85,7 +100,7 @@ def summary(schedule: Schedule, store_all_peak_bytes: int, store_all_makespan_ms
     whole_step = schedule.chain.step is not None  # the budget was the whole step's
     peak = int(schedule.predicted_peak_bytes or 0)
     makespan = float(schedule.predicted_makespan_ms or 0.0)
-    forwards = sum(op.kind is not OpKind.B for op in schedule.ops)
+    forwards = sum(op.kind.is_forward for op in schedule.ops)
     recomputations = forwards - (schedule.chain.length + 1)
     if schedule.budget_bytes is None:
         budget = "none"
@@ -113,9 +128,43 @@ def summary(schedule: Schedule, store_all_peak_bytes: int, store_all_makespan_ms
         f"  makespan         {makespan:.3f} ms (store-all {store_all_makespan_ms:.3f} ms, "
         f"{_change(makespan, store_all_makespan_ms)})",
         f"  operations       {len(schedule.ops)} ({recomputations} recomputed forwards)",
-        f"wrote {out}",
     ]
+    if schedule.algorithm == "offload" or schedule.has_transfers:
+        offloaded = sorted({op.stage for op in schedule.ops if op.kind is OpKind.OFFLOAD})
+        host = int(schedule.predicted_host_peak_bytes or 0)
+        lines.append(f"  offloaded        {len(offloaded)} stages {offloaded} to host memory: host peak "
+                     f"{format_bytes(host)} (link {schedule.chain.transfer_costs.describe()})")
+    lines.append(f"wrote {out}")
     return "\n".join(lines)
+
+
+def _bandwidth(text: str | None) -> float | None:
+    """``--bandwidth`` in GB/s.
+
+    Raises:
+        OptionError: not a number > 0.
+    """
+    if text is None:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise OptionError(f"--bandwidth must be a number of GB/s > 0, e.g. 24, found {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise OptionError(f"--bandwidth must be a number of GB/s > 0, e.g. 24, found {text!r}")
+    return value
+
+
+def _with_link(chain: Chain, host_cap: int | None, gbps: float | None) -> Chain:
+    """``chain`` with the link the options give (each option replacing its part of the chain's own)."""
+    if host_cap is None and gbps is None:
+        return chain
+    link = chain.transfer_costs
+    if gbps is not None:
+        link = TransferCosts.from_gbps(gbps, gbps, link.host_cap_bytes, "given")
+    if host_cap is not None:
+        link = replace(link, host_cap_bytes=host_cap)
+    return chain.with_transfer(link)
 
 
 def _change(value: float, reference: float) -> str:

@@ -8,6 +8,7 @@ more than that, so these builders return the figure in plotly's JSON form (``{"d
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,10 +18,14 @@ import pandas as pd
 from dashboard.figures import byte_ticks, plot_text
 from memprof.units import format_bytes
 
-OP_COLORS: dict[str, str] = {"F_all": "#54a24b", "F_ck": "#4c78a8", "F_none": "#bab0ac", "B": "#e45756"}
+OP_COLORS: dict[str, str] = {"F_all": "#54a24b", "F_ck": "#4c78a8", "F_none": "#bab0ac", "B": "#e45756",
+                             "OFFLOAD": "#9d755d", "PREFETCH": "#eeca3b"}
+#: Operations that copy on a side stream: drawn over their stage's row as thinner, translucent bars (their
+#: copy's span), so the overlap with the computation shows.
+TRANSFER_KINDS = ("OFFLOAD", "PREFETCH")
 ALGORITHM_COLORS: dict[str, str] = {
     "store_all": "#333333", "periodic": "#f58518", "sqrt": "#b279a2", "revolve": "#72b7b2",
-    "rotor": "#4c78a8", "rotor_optimal": "#54a24b", "binomial": "#9d755d",
+    "rotor": "#4c78a8", "rotor_optimal": "#54a24b", "binomial": "#ff9da6", "offload": "#9d755d",
 }
 _MARGIN = {"l": 70, "r": 20, "t": 50, "b": 40}
 #: Up to this many stages, each row of the schedule figure is labelled with its module name.
@@ -53,7 +58,8 @@ def schedule_figure(prediction: pd.DataFrame, stage_names: Sequence[str]) -> Fig
     """The schedule's operations as bars on a time axis, one row per stage.
 
     Args:
-        prediction: the simulator's frame (``kind``, ``stage``, ``start_ms``, ``end_ms``).
+        prediction: the simulator's frame (``kind``, ``stage``, ``start_ms``, ``end_ms``); an ``OFFLOAD`` or
+            ``PREFETCH`` row spans its copy, drawn thinner over the row of its stage.
         stage_names: labels of stages 1..L (the loss, stage L+1, is labelled ``loss``).
     """
     labels = [*(plot_text(n) for n in stage_names), "loss"]
@@ -65,13 +71,17 @@ def schedule_figure(prediction: pd.DataFrame, stage_names: Sequence[str]) -> Fig
             continue
         start = prediction["start_ms"].to_numpy(dtype=float)[chosen]
         stage = prediction["stage"].to_numpy(dtype=int)[chosen]
-        data.append({
+        bar: dict[str, Any] = {
             "type": "bar", "orientation": "h", "name": kind, "y": stage, "base": start,
             "x": prediction["end_ms"].to_numpy(dtype=float)[chosen] - start,
             "marker": {"color": color, "line": {"width": 0}},
             "customdata": [labels[s - 1] if 0 < s <= len(labels) else str(s) for s in stage],
             "hovertemplate": kind + "(%{y}) %{customdata}: %{base:.3f} ms + %{x:.3f} ms<extra></extra>",
-        })
+        }
+        if kind in TRANSFER_KINDS:
+            bar.update(width=0.35, opacity=0.75)
+            bar["hovertemplate"] = kind + "(%{y}) %{customdata}: copy %{base:.3f} ms + %{x:.3f} ms<extra></extra>"
+        data.append(bar)
     yaxis: dict[str, Any] = {"autorange": "reversed"}
     if len(labels) <= MAX_STAGE_LABELS:
         yaxis.update(tickmode="array", tickvals=list(range(1, len(labels) + 1)),
@@ -82,8 +92,20 @@ def schedule_figure(prediction: pd.DataFrame, stage_names: Sequence[str]) -> Fig
     return {"data": data, "layout": layout}
 
 
+def _computations(prediction: pd.DataFrame) -> pd.DataFrame:
+    """The rows of operations on the compute stream (a frame without ``stream`` has nothing else)."""
+    if "stream" not in prediction.columns:
+        return prediction
+    return prediction[prediction["stream"].to_numpy() == "compute"]
+
+
 def predicted_line(prediction: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    """The predicted memory as a line: each operation's peak while it runs, then what it leaves live."""
+    """The predicted memory as a line: each operation's peak while it runs, then what it leaves live.
+
+    Copies (``OFFLOAD``, ``PREFETCH``) are left out: what they change on the device shows in the memory of
+    the computations around them.
+    """
+    prediction = _computations(prediction)
     start = prediction["start_ms"].to_numpy(dtype=float)
     end = prediction["end_ms"].to_numpy(dtype=float)
     peak = prediction["peak_bytes"].to_numpy(dtype=float)
@@ -91,6 +113,19 @@ def predicted_line(prediction: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     x = np.column_stack([start, end, end]).ravel()
     y = np.column_stack([peak, peak, after]).ravel()
     return x, y
+
+
+def host_line(prediction: pd.DataFrame) -> tuple[np.ndarray, np.ndarray] | None:
+    """Host memory held by offloaded activations over time (a step line), or ``None`` when nothing is offloaded.
+
+    It rises when an ``OFFLOAD`` is issued and falls when its ``PREFETCH`` is retired, i.e. after the operation
+    during which the copy back ran; plotted at each operation's start, it steps at the right operations.
+    """
+    if "host_bytes" not in prediction.columns or not (prediction["host_bytes"].to_numpy() > 0).any():
+        return None
+    start = prediction["start_ms"].to_numpy(dtype=float)
+    order = np.argsort(start, kind="stable")
+    return start[order], prediction["host_bytes"].to_numpy(dtype=float)[order]
 
 
 def memory_figure(prediction: pd.DataFrame, budget_bytes: int | None = None,
@@ -103,8 +138,12 @@ def memory_figure(prediction: pd.DataFrame, budget_bytes: int | None = None,
     chain), and the measured lines are the allocator's whole-step memory. Without it, both are the chain's
     activation memory.
 
+    A schedule that offloads also shows the host memory its offloaded activations hold (``host_bytes``),
+    beside the device's.
+
     Args:
-        prediction: the simulator's frame (``start_ms``, ``end_ms``, ``memory_bytes``, ``peak_bytes``).
+        prediction: the simulator's frame (``start_ms``, ``end_ms``, ``memory_bytes``, ``peak_bytes``, and
+            ``stream`` and ``host_bytes`` when it has transfers).
         budget_bytes: the budget, drawn as a horizontal line.
         measured: ``(run name, frame)`` pairs with ``time_ms`` and ``memory_bytes``
             (:func:`dashboard.planning.measured_step` or :func:`dashboard.planning.measured_activation`).
@@ -122,6 +161,11 @@ def memory_figure(prediction: pd.DataFrame, budget_bytes: int | None = None,
     data = [{"type": "scatter", "x": x, "y": y, "mode": "lines", "name": name,
              "line": {"color": "#4c78a8", "width": 2},
              "hovertemplate": "%{x:.3f} ms: %{y:,.0f} B<extra>predicted</extra>"}]
+    host = host_line(prediction)
+    if host is not None:
+        data.append({"type": "scatter", "x": host[0], "y": host[1], "mode": "lines", "name": "host memory (offloaded)",
+                     "line": {"color": OP_COLORS["OFFLOAD"], "width": 1.5, "shape": "hv"}, "yaxis": "y2",
+                     "hovertemplate": "%{x:.3f} ms: %{y:,.0f} B<extra>host</extra>"})
     for run, frame in measured:
         data.append({"type": "scatter", "x": frame["time_ms"].to_numpy(), "y": frame["memory_bytes"].to_numpy(),
                      "mode": "lines", "name": f"measured ({plot_text(run)})",
@@ -141,6 +185,10 @@ def memory_figure(prediction: pd.DataFrame, budget_bytes: int | None = None,
         y_title = "activation memory (bytes)"
     layout = _layout(title or default, "time since the forward began (ms)", y_title, height=380,
                      legend={"orientation": "h", "y": -0.25}, yaxis=byte_ticks(top, bottom_bytes=bottom))
+    if host is not None:  # its own axis: host memory is not the device's, and may sit far below a whole step
+        layout["yaxis2"] = {**byte_ticks(float(np.max(host[1]))), "title": {"text": "host memory (bytes)"},
+                            "overlaying": "y", "side": "right", "showgrid": False, "rangemode": "tozero"}
+        layout["margin"] = {**layout["margin"], "r": 70}
     shapes, notes = [], []
     if budget_bytes is not None:
         shape, note = _hline(budget_bytes, f"budget {format_bytes(budget_bytes)}")
@@ -178,7 +226,7 @@ def pareto_base(points: pd.DataFrame, front_budgets: Sequence[float] | np.ndarra
         data.append({"type": "scatter", "x": group["peak_bytes"].to_numpy(), "y": group["makespan_ms"].to_numpy(),
                      "mode": "lines+markers", "name": name, "marker": {"size": 7},
                      "line": {"color": ALGORITHM_COLORS.get(str(algorithm), "#888888"), "width": 1, "dash": "dot"},
-                     "customdata": [format_bytes(v) for v in group["peak_bytes"]],
+                     "customdata": _peak_labels(group),
                      "hovertemplate": "peak %{customdata}: %{y:.3f} ms<extra>" + name + "</extra>"})
     top = max([float(np.max(front_budgets)) if len(front_budgets) else 0.0]
               + ([float(points["peak_bytes"].max())] if len(points) else []))
@@ -188,6 +236,15 @@ def pareto_base(points: pd.DataFrame, front_budgets: Sequence[float] | np.ndarra
     title, x_title = (("Whole-step memory vs time of every algorithm", "whole-step peak memory (bytes)")
                       if whole_step else ("Memory vs time of every algorithm", "activation memory (bytes)"))
     return {"data": data, "layout": _layout(title, x_title, "makespan (ms)", height=380, xaxis=byte_ticks(top, bottom_bytes=bottom))}
+
+
+def _peak_labels(points: pd.DataFrame) -> list[str]:
+    """Each point's peak in binary units, with the host memory beside it where the schedule offloads."""
+    labels = []
+    for peak, params in zip(points["peak_bytes"], points["params"] if "params" in points else [""] * len(points)):
+        host = json.loads(params).get("host_peak_bytes", 0) if isinstance(params, str) and params else 0
+        labels.append(format_bytes(peak) + (f" (+ {format_bytes(host)} on the host)" if host else ""))
+    return labels
 
 
 def with_current(base: Figure, current: tuple[float, float] | None = None,

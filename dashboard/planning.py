@@ -125,7 +125,8 @@ def _build_model(store: TraceStore, name: str, container: str | None) -> Planner
 
 
 def prediction_frame(prediction: Any) -> pd.DataFrame:
-    """The simulator's timeline as a table (``index, kind, stage, start_ms, end_ms, memory_bytes, peak_bytes``).
+    """The simulator's timeline as a table (``index, kind, stage, start_ms, end_ms, memory_bytes, peak_bytes,
+    stream, host_bytes``).
 
     Like ``Prediction.to_frame`` without the ``live`` column, whose names cost more to build than the
     slider's whole time budget allows on long chains.
@@ -135,7 +136,8 @@ def prediction_frame(prediction: Any) -> pd.DataFrame:
         "index": [p.index for p in points], "kind": [p.op.kind.value for p in points],
         "stage": [p.op.stage for p in points], "start_ms": [p.start_ms for p in points],
         "end_ms": [p.end_ms for p in points], "memory_bytes": [p.memory_bytes for p in points],
-        "peak_bytes": [p.peak_bytes for p in points],
+        "peak_bytes": [p.peak_bytes for p in points], "stream": [p.stream for p in points],
+        "host_bytes": [p.host_bytes for p in points],
     })
 
 

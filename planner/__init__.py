@@ -25,12 +25,14 @@ from planner.simulator import Prediction, TimelinePoint, simulate
 # module later (``planner.solve.solver``) would otherwise leave the module where the function belongs.
 from planner.solve import ALGORITHMS, min_feasible_budget, solve, store_all_budget
 from planner.step import StepCosts
+from planner.transfer import DEFAULT_TRANSFER, TransferCosts
 
 if TYPE_CHECKING:
     from planner.executor import CheckpointedSequential, apply_schedule, remove_schedule
     from planner.export import export_json, export_python
     from planner.from_trace import chain_from_trace
     from planner.pareto import ParetoFront, algorithm_points, pareto_front
+    from planner.transfer_measure import measure_transfer_bandwidth
 
 # Imported on first use: the executor and the export import torch, and reading a trace and the Pareto
 # tables pandas; loading a chain from JSON, solving and simulating need neither.
@@ -40,6 +42,7 @@ _LAZY = {
     "algorithm_points": "planner.pareto",
     "apply_schedule": "planner.executor",
     "chain_from_trace": "planner.from_trace",
+    "measure_transfer_bandwidth": "planner.transfer_measure",
     "export_json": "planner.export",
     "export_python": "planner.export",
     "pareto_front": "planner.pareto",
@@ -62,6 +65,7 @@ __all__ = [
     "ChainWarning",
     "CheckpointedSequential",
     "Comparison",
+    "DEFAULT_TRANSFER",
     "FallbackWarning",
     "InfeasibleBudgetError",
     "InvalidScheduleError",
@@ -78,12 +82,14 @@ __all__ = [
     "StepCosts",
     "TableTooLargeError",
     "TimelinePoint",
+    "TransferCosts",
     "UnknownAlgorithmError",
     "algorithm_points",
     "apply_schedule",
     "chain_from_trace",
     "export_json",
     "export_python",
+    "measure_transfer_bandwidth",
     "min_feasible_budget",
     "pareto_front",
     "planner_advice",

@@ -18,6 +18,7 @@ from typing import Any
 from planner.errors import ChainError, ChainWarning
 from planner.jsonio import load_json
 from planner.step import StepCosts
+from planner.transfer import DEFAULT_TRANSFER, TransferCosts
 
 _STAGE_INT_FIELDS = (
     "output_bytes",
@@ -90,6 +91,8 @@ class Chain:
         step: what the training step holds besides the chain (model state, optimizer, batch, activations
             outside the chain); ``None`` for a hand-written chain. With it, budgets mean the whole step's
             memory (see :mod:`planner.step`); without it, the ROTOR paper's M (the chain's memory only).
+        transfer: the device's bandwidths to and from host memory and the host cap, for offloading
+            (:mod:`planner.transfer`); ``None``: :data:`planner.transfer.DEFAULT_TRANSFER`.
     """
 
     name: str
@@ -97,6 +100,7 @@ class Chain:
     stages: tuple[Stage, ...]
     source: dict[str, Any] = field(default_factory=dict, compare=False)
     step: StepCosts | None = None
+    transfer: TransferCosts | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.input_bytes, bool) or not isinstance(self.input_bytes, int) or self.input_bytes < 0:
@@ -110,6 +114,8 @@ class Chain:
             raise ChainError("stages must be Stage objects; use Chain.from_json for dicts")
         if self.step is not None and not isinstance(self.step, StepCosts):
             raise ChainError(f"step must be a StepCosts or None, found {type(self.step).__name__}")
+        if self.transfer is not None and not isinstance(self.transfer, TransferCosts):
+            raise ChainError(f"transfer must be a TransferCosts or None, found {type(self.transfer).__name__}")
         object.__setattr__(self, "stages", stages)
 
     @property
@@ -144,6 +150,19 @@ class Chain:
         return replace(self, step=step)
 
     @property
+    def transfer_costs(self) -> TransferCosts:
+        """The transfer costs offloading uses: the chain's own, else the documented default."""
+        return self.transfer if self.transfer is not None else DEFAULT_TRANSFER
+
+    def with_transfer(self, transfer: TransferCosts | None) -> Chain:
+        """The same chain with ``transfer`` as its device's bandwidths and host cap."""
+        return replace(self, transfer=transfer)
+
+    def offload_bytes(self, index: int) -> int:
+        """What ``OFFLOAD(index)`` moves to host memory: a-bar minus a (the output stays, the next input)."""
+        return self.abar(index) - self.a(index)
+
+    @property
     def module_names(self) -> tuple[str, ...]:
         """One label per stage 1..L (the loss excluded)."""
         return tuple(s.name or f"stage{i + 1}" for i, s in enumerate(self.stages[:-1]))
@@ -160,6 +179,8 @@ class Chain:
             out["source"] = self.source
         if self.step is not None:
             out["step"] = self.step.to_dict()
+        if self.transfer is not None:
+            out["transfer"] = self.transfer.to_dict()
         return out
 
     def to_json(self, path: str | Path | None = None) -> str:
@@ -201,6 +222,7 @@ class Chain:
             stages=stages,
             source=dict(data.get("source", {})),
             step=StepCosts.from_dict(data["step"]) if data.get("step") is not None else None,
+            transfer=TransferCosts.from_dict(data["transfer"]) if data.get("transfer") is not None else None,
         )
 
 

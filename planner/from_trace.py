@@ -17,6 +17,7 @@ from planner import step_costs
 from planner.chain import Chain, Stage
 from planner.chain_finder import Candidate, ModuleTree, candidates, container_candidate
 from planner.errors import NotAChainError
+from planner.transfer import TransferCosts
 
 _COST_COLUMNS = ["forward_ms", "backward_ms", "output_bytes", "saved_bytes", "input_bytes",
                  "forward_overhead_bytes", "backward_overhead_bytes", "weight_grad_bytes"]
@@ -122,7 +123,18 @@ def _build(trace: Trace, candidate: Candidate, costs: pd.DataFrame, timeline: st
         source={"run_id": trace.run_id, "container": candidate.parent, "auto": auto,
                 "modules": [list(g) for g in candidate.groups]},
         step=step,
+        transfer=transfer_from_meta(trace.meta),
     )
+
+
+def transfer_from_meta(meta: dict) -> TransferCosts | None:
+    """The transfer costs a run stored in ``meta.json`` (key ``transfer``), or ``None`` (the default applies).
+
+    The key is optional and written only by a training script that measured its device
+    (:func:`planner.transfer_measure.measure_transfer_bandwidth`, passed as ``extra_meta``).
+    """
+    raw = meta.get("transfer")
+    return TransferCosts.from_dict(raw) if raw is not None else None
 
 
 def saving_bytes(chain: Chain) -> int:
@@ -154,4 +166,5 @@ def chain_from_trace(trace: Trace, container: str | None = None) -> Chain:
     chosen = chains[best]
     reason = (f"saves up to {ranked[best][0]} bytes of the step, the most of {len(chains)} chains found "
               f"(next best: {sorted(r[0] for r in ranked)[-2]} bytes)")
-    return Chain(chosen.name, chosen.input_bytes, chosen.stages, {**chosen.source, "why": reason}, chosen.step)
+    return Chain(chosen.name, chosen.input_bytes, chosen.stages, {**chosen.source, "why": reason}, chosen.step,
+                 chosen.transfer)

@@ -20,10 +20,10 @@ import pandas as pd
 
 from planner.chain import Chain
 from planner.discretize import DEFAULT_SLOTS
-from planner.errors import InfeasibleBudgetError, UnknownAlgorithmError
+from planner.errors import InfeasibleBudgetError, TableTooLargeError, UnknownAlgorithmError
 from planner.schedule import Schedule
-from planner.simulator import predict
-from planner.solvers import binomial, periodic, rotor, rotor_optimal, sqrt, store_all
+from planner.simulator import predict, predict_with_host
+from planner.solvers import binomial, offload, periodic, rotor, rotor_optimal, sqrt, store_all
 from planner.solvers.binomial_split import binomial_ops
 from planner.solvers.common import infeasible
 from planner.step import StepCosts, step_infeasible
@@ -188,8 +188,10 @@ def algorithm_points(chain: Chain, slots: int = DEFAULT_SLOTS, sweep: int = 12) 
     """Memory-vs-time points of every algorithm, for the Pareto plot.
 
     store_all and sqrt give one point each, periodic one per segment count (2..L), revolve and rotor
-    ``sweep`` budgets evenly spaced from their minimum feasible budget to store-all's peak, and binomial up
-    to ``sweep`` snapshot counts evenly spaced from the fewest to L (budget: its memory bound). ``peak_bytes``
+    ``sweep`` budgets evenly spaced from their minimum feasible budget to store-all's peak; offload as many,
+    read from one table on store-all's grid, for chains of at most ``OFFLOAD_POINTS_MAX_STAGES`` stages
+    whose link is usable (its ``params`` carry ``host_peak_bytes``); and binomial up to ``sweep`` snapshot
+    counts evenly spaced from the fewest to L (budget: its memory bound). ``peak_bytes``
     and ``makespan_ms`` are simulated; ``budget_bytes`` is the budget solved for (the peak itself for the
     algorithms that take no budget); ``params`` is a JSON string. For a chain with step costs, budgets and
     peaks are the whole step's (:meth:`planner.step.StepCosts.step_peak_bytes` of the simulated chain peak).
@@ -224,4 +226,26 @@ def algorithm_points(chain: Chain, slots: int = DEFAULT_SLOTS, sweep: int = 12) 
     bounds = binomial.memory_bounds(chain)
     for snapshots in binomial.snapshot_sweep(chain.length, sweep):
         add("binomial", whole(bounds[snapshots]), binomial_ops(chain.length, snapshots), {"snapshots": snapshots})
+    for budget, ops in _offload_points(chain, slots, sweep):
+        add("offload", whole(budget), ops, {"slots": slots, "host_peak_bytes": predict_with_host(chain, ops)[2]})
     return pd.DataFrame(rows, columns=list(POINT_COLUMNS))
+
+
+OFFLOAD_POINTS_MAX_STAGES = 64
+"""Above this many stages the Pareto plot leaves offload out: its table takes seconds to fill (1.8 s at L=100)."""
+
+
+def _offload_points(chain: Chain, slots: int, sweep: int) -> list[tuple[int, tuple]]:
+    """``(chain budget, ops)`` of the offload DP at ``sweep`` budgets, from one table on store-all's grid."""
+    if chain.length > OFFLOAD_POINTS_MAX_STAGES or not offload.usable(chain):
+        return []
+    top = store_all.store_all_peak_bytes(chain)
+    try:
+        table = offload.compute_table(chain, top, slots)
+    except TableTooLargeError:
+        return []
+    lowest = offload.threshold_bytes(table)
+    if lowest is None:
+        return []
+    budgets = np.unique(np.linspace(lowest, top, sweep).astype(np.int64))
+    return [(int(budget), offload.rebuild(table, int(budget))) for budget in budgets]

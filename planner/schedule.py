@@ -19,15 +19,32 @@ SCHEDULE_VERSION = 1
 
 
 class OpKind(str, Enum):
-    """The four operations of the ROTOR paper (Table 1)."""
+    """The four operations of the ROTOR paper (Table 1), and the two transfers of tensor streaming.
+
+    ``OFFLOAD(l)`` starts copying what ``F_all(l)`` recorded, less its output (a-bar^l - a^l), to host
+    memory; ``PREFETCH(l)`` starts copying it back before ``B(l)``. Both run on a copy stream beside the
+    computation; :mod:`planner.simulator` states when they end and what they cost.
+    """
 
     F_ALL = "F_all"  # forward, recording everything B needs (a-bar)
     F_CK = "F_ck"  # forward without recording, keeping its input
     F_NONE = "F_none"  # forward without recording, dropping its input
     B = "B"  # backward of one stage
+    OFFLOAD = "OFFLOAD"  # device-to-host copy of a-bar^l - a^l
+    PREFETCH = "PREFETCH"  # host-to-device copy of it back
 
     def __str__(self) -> str:
         return self.value
+
+    @property
+    def is_transfer(self) -> bool:
+        """Whether this is a copy between device and host (no computation)."""
+        return self in (OpKind.OFFLOAD, OpKind.PREFETCH)
+
+    @property
+    def is_forward(self) -> bool:
+        """Whether this is one of the three forwards."""
+        return self in (OpKind.F_ALL, OpKind.F_CK, OpKind.F_NONE)
 
 
 @dataclass(frozen=True)
@@ -60,6 +77,8 @@ class Schedule:
         params: algorithm parameters (e.g. ``{"segments": 4}``).
         predicted_step_peak_bytes: the predicted peak of the whole training step (chains built from a
             trace, which carry :class:`planner.step.StepCosts`); ``None`` otherwise.
+        predicted_host_peak_bytes: the simulator's peak of host memory held by offloaded activations
+            (``None`` when not predicted; 0 for a schedule without transfers).
     """
 
     algorithm: str
@@ -70,6 +89,7 @@ class Schedule:
     predicted_makespan_ms: float | None = None
     params: dict[str, Any] = field(default_factory=dict)
     predicted_step_peak_bytes: int | None = None
+    predicted_host_peak_bytes: int | None = None
 
     def __post_init__(self) -> None:
         ops = tuple(o if isinstance(o, Op) else Op(OpKind(o[0]), int(o[1])) for o in self.ops)
@@ -86,11 +106,17 @@ class Schedule:
         """The chain's stage labels (loss excluded)."""
         return self.chain.module_names
 
-    def with_prediction(self, peak_bytes: int, makespan_ms: float) -> Schedule:
-        """Returns a copy carrying the simulator's prediction."""
+    @property
+    def has_transfers(self) -> bool:
+        """Whether the schedule offloads anything to host memory."""
+        return any(op.kind.is_transfer for op in self.ops)
+
+    def with_prediction(self, peak_bytes: int, makespan_ms: float, host_peak_bytes: int | None = None) -> Schedule:
+        """Returns a copy carrying the simulator's prediction (the host peak kept unless given)."""
         step_peak = self.chain.step.step_peak_bytes(int(peak_bytes)) if self.chain.step is not None else None
+        host = self.predicted_host_peak_bytes if host_peak_bytes is None else int(host_peak_bytes)
         return Schedule(self.algorithm, self.budget_bytes, self.ops, self.chain, int(peak_bytes),
-                        float(makespan_ms), dict(self.params), step_peak)
+                        float(makespan_ms), dict(self.params), step_peak, host)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON-compatible form read by :meth:`from_json`."""
@@ -105,6 +131,7 @@ class Schedule:
             "predicted_peak_bytes": self.predicted_peak_bytes,
             "predicted_makespan_ms": self.predicted_makespan_ms,
             "predicted_step_peak_bytes": self.predicted_step_peak_bytes,
+            "predicted_host_peak_bytes": self.predicted_host_peak_bytes,
             "params": self.params,
             "chain": self.chain.to_dict(),
         }
@@ -152,14 +179,15 @@ class Schedule:
             predicted_makespan_ms=float(makespan) if makespan is not None else None,
             params=dict(data.get("params") or {}),
             predicted_step_peak_bytes=_optional_bytes(data.get("predicted_step_peak_bytes")),
+            predicted_host_peak_bytes=_optional_bytes(data.get("predicted_host_peak_bytes"), "predicted_host_peak_bytes"),
         )
 
 
-def _optional_bytes(value: Any) -> int | None:
+def _optional_bytes(value: Any, key: str = "predicted_step_peak_bytes") -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise InvalidScheduleError(f"predicted_step_peak_bytes must be a whole number >= 0 or null, found {value!r}")
+        raise InvalidScheduleError(f"{key} must be a whole number >= 0 or null, found {value!r}")
     return int(value)
 
 

@@ -24,22 +24,35 @@ The rules are Table 1 and Definitions 3.3-3.4 of the ROTOR paper (Beaumont et al
 Only what the paper's memory M counts is counted: the input, activations, their gradients, the
 overheads and the parameter gradients the backward creates; weights, the optimizer's state and the rest of
 the training step are :class:`planner.step.StepCosts`.
+
+Tensor streaming adds two operations on a stage whose a-bar is held (:class:`~planner.schedule.OpKind`):
+
+* ``OFFLOAD(l)`` copies a-bar^l - a^l (what ``F_all(l)`` recorded besides its output, which stays: it is
+  the next stage's input) to host memory; the host holds it from then on, the device until the copy is
+  retired. Not for the loss; not twice; the host total must stay within the chain's host cap.
+* ``PREFETCH(l)`` copies it back: device memory is allocated when it is issued, the host's is returned
+  when it is retired. ``B(l)`` needs it back; ``F_all(l)`` cannot record a stage that is offloaded.
+
+When copies run and are retired, and what the makespan is then, is :mod:`planner.streams`: the compute
+stream waits for a copy only where one must be retired.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from planner.chain import Chain
 from planner.errors import InvalidScheduleError, ScheduleMismatchError
+from planner.prediction import FRAME_COLUMNS, Prediction, TimelinePoint
 from planner.schedule import Op, OpKind, Schedule
+from planner.streams import CopyStreams
 
-if TYPE_CHECKING:
-    import pandas as pd
+__all__ = ["FRAME_COLUMNS", "MemoryState", "Prediction", "StepError", "TimelinePoint", "initial_state", "predict",
+           "predict_with_host", "simulate", "step"]
 
-FRAME_COLUMNS = ("index", "kind", "stage", "start_ms", "end_ms", "memory_bytes", "peak_bytes", "live")
+LEAVING, HOSTED, ARRIVING = "leaving", "hosted", "arriving"  # where an offloaded a-bar^l is
 
 
 class StepError(Exception):
@@ -77,13 +90,19 @@ def _names(plain: Iterable[int], saved: Iterable[int], delta: int) -> tuple[str,
 
 
 class _Memory:
-    """The memory during a replay, mutated in place (O(1) per operation); the one copy of Table 1's rules."""
+    """The memory during a replay, mutated in place (O(1) per operation); the one copy of Table 1's rules.
 
-    __slots__ = ("chain", "plain", "saved", "delta", "live", "named")
+    ``live`` is device memory; ``host`` the host memory offloaded activations hold; ``away`` maps each
+    offloaded stage to where its a-bar is (:data:`LEAVING`, :data:`HOSTED`, :data:`ARRIVING`).
+    """
+
+    __slots__ = ("chain", "plain", "saved", "delta", "live", "named", "host", "away")
 
     def __init__(self, chain: Chain, plain: set[int], saved: set[int], delta: int, live: int, named: bool = True) -> None:
         self.chain, self.plain, self.saved, self.delta, self.live = chain, plain, saved, delta, live
         self.named = named  # False: skip naming what each operation adds and frees (faster)
+        self.host = 0
+        self.away: dict[int, str] = {}
 
     @classmethod
     def start(cls, chain: Chain, named: bool = True) -> _Memory:
@@ -104,9 +123,56 @@ class _Memory:
             raise StepError(f"stage {op.stage} does not exist; the chain has stages 1..{top}")
         if self.delta == 0:
             raise StepError("delta^0 is already computed; no operation may follow")
+        if op.kind.is_transfer:
+            raise StepError("a transfer's effect depends on its copy stream; replay it with simulate()")
+        if op.stage in self.away:
+            where = "in host memory" if self.away[op.stage] != ARRIVING else "coming back"
+            if op.kind is OpKind.B:
+                raise StepError(f"needs a-bar^{op.stage} in device memory (it is {where}; PREFETCH({op.stage}) "
+                                f"must come before B({op.stage}))")
+            if op.kind is OpKind.F_ALL:
+                raise StepError(f"a-bar^{op.stage} is offloaded; F_all({op.stage}) cannot record it again before "
+                                f"B({op.stage})")
         if op.kind is OpKind.B:
             return self._backward(op.stage)
         return self._forward(op.kind, op.stage)
+
+    def offload(self, stage: int) -> None:
+        """``OFFLOAD(stage)`` is issued: the host takes a-bar - a; the device keeps it until retired."""
+        top = self.chain.length + 1
+        if stage >= top:
+            raise StepError(f"the loss (stage {top}) cannot be offloaded: the executor does not run it")
+        if stage not in self.saved:
+            raise StepError(f"needs a-bar^{stage} in device memory (only what F_all({stage}) recorded is offloaded)")
+        if stage in self.away:
+            raise StepError(f"a-bar^{stage} is already offloaded")
+        size = self.chain.offload_bytes(stage)
+        cap = self.chain.transfer_costs.host_cap_bytes
+        if cap is not None and self.host + size > cap:
+            raise StepError(f"host memory would hold {self.host + size} bytes, above the chain's host cap of "
+                            f"{cap} bytes")
+        self.host += size
+        self.away[stage] = LEAVING
+
+    def release(self, stage: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The offload of ``stage`` is retired: the device frees a-bar - a (a^l stays)."""
+        self.live -= self.chain.offload_bytes(stage)
+        self.away[stage] = HOSTED
+        return ((f"a^{stage}",), (f"abar^{stage}",)) if self.named else ((), ())
+
+    def prefetch(self, stage: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """``PREFETCH(stage)`` is issued: the device allocates a-bar - a again."""
+        if self.away.get(stage) != HOSTED:
+            found = "not offloaded" if stage not in self.away else "already coming back"
+            raise StepError(f"needs a-bar^{stage} in host memory (it is {found}; OFFLOAD({stage}) comes first)")
+        self.live += self.chain.offload_bytes(stage)
+        self.away[stage] = ARRIVING
+        return ((f"abar^{stage}",), (f"a^{stage}",)) if self.named else ((), ())
+
+    def arrive(self, stage: int) -> None:
+        """The prefetch of ``stage`` is retired: the host returns its buffer."""
+        self.host -= self.chain.offload_bytes(stage)
+        del self.away[stage]
 
     def _has_a(self, index: int) -> bool:
         return index in self.plain or index in self.saved
@@ -182,71 +248,7 @@ def step(chain: Chain, state: MemoryState, op: Op) -> tuple[MemoryState, int]:
     return memory.freeze(), during
 
 
-@dataclass(frozen=True)
-class TimelinePoint:
-    """One operation of a replayed schedule.
-
-    Attributes:
-        index: position of the operation in the schedule (0-based).
-        op: the operation.
-        start_ms: when it starts, counted from the start of the schedule.
-        end_ms: when it ends.
-        memory_bytes: memory held after it.
-        peak_bytes: memory during it, its output and overhead included.
-        added: names of the values it added to memory (e.g. ``("abar^3",)``).
-        freed: names of the values it freed.
-    """
-
-    index: int
-    op: Op
-    start_ms: float
-    end_ms: float
-    memory_bytes: int
-    peak_bytes: int
-    added: tuple[str, ...] = ()
-    freed: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class Prediction:
-    """The simulator's prediction for one schedule.
-
-    Attributes:
-        peak_bytes: the largest memory during any operation (Definition 3.4).
-        makespan_ms: the sum of the operations' durations (Definition 3.2).
-        timeline: one point per operation.
-        start_live: names of the values held before the first operation.
-    """
-
-    peak_bytes: int
-    makespan_ms: float
-    timeline: tuple[TimelinePoint, ...]
-    start_live: tuple[str, ...] = ()
-
-    def live(self) -> tuple[tuple[str, ...], ...]:
-        """For each operation, the names of the values held after it (by index, gradient last)."""
-        held = set(self.start_live)
-        out = []
-        for point in self.timeline:
-            held.difference_update(point.freed)
-            held.update(point.added)
-            out.append(tuple(sorted(held, key=_name_order)))
-        return tuple(out)
-
-    def to_frame(self) -> pd.DataFrame:
-        """The timeline as a table with columns ``FRAME_COLUMNS`` (``live`` joins the held values' names)."""
-        import pandas as pd  # only for this table: solving and simulating stay pandas-free
-
-        rows = [
-            (p.index, p.op.kind.value, p.op.stage, p.start_ms, p.end_ms, p.memory_bytes, p.peak_bytes, " ".join(live))
-            for p, live in zip(self.timeline, self.live())
-        ]
-        return pd.DataFrame(rows, columns=list(FRAME_COLUMNS))
-
-
-def _name_order(name: str) -> tuple[int, int]:
-    kind, index = name.split("^")
-    return (1 if kind == "delta" else 0, int(index))
+_STREAM = {OpKind.OFFLOAD: "d2h", OpKind.PREFETCH: "h2d"}
 
 
 def simulate(chain: Chain, schedule: Schedule | Iterable[Op]) -> Prediction:
@@ -260,15 +262,15 @@ def simulate(chain: Chain, schedule: Schedule | Iterable[Op]) -> Prediction:
     memory = _Memory.start(chain)
     start_live = _names(memory.plain, memory.saved, memory.delta)
     points = []
-    clock_ms = 0.0
     peak = memory.live
-    for index, op, during, added, freed in _replay(chain, schedule, memory):
-        spec = chain.stage(op.stage)
-        duration = spec.backward_ms if op.kind is OpKind.B else spec.forward_ms
-        points.append(TimelinePoint(index, op, clock_ms, clock_ms + duration, memory.live, during, added, freed))
-        clock_ms += duration
+    host_peak = 0
+    for index, op, during, start, end, added, freed in _replay(chain, schedule, memory):
+        points.append(TimelinePoint(index, op, start, end, memory.live, during, added, freed,
+                                    _STREAM.get(op.kind, "compute"), memory.host))
         peak = max(peak, during)
-    return Prediction(peak_bytes=peak, makespan_ms=clock_ms, timeline=tuple(points), start_live=start_live)
+        host_peak = max(host_peak, memory.host)
+    makespan = max((p.end_ms for p in points), default=0.0)
+    return Prediction(peak, makespan, tuple(points), start_live, host_peak)
 
 
 def predict(chain: Chain, schedule: Schedule | Iterable[Op]) -> tuple[int, float]:
@@ -277,21 +279,35 @@ def predict(chain: Chain, schedule: Schedule | Iterable[Op]) -> tuple[int, float
     Raises:
         InvalidScheduleError, ScheduleMismatchError: as :func:`simulate`.
     """
+    peak, makespan, _ = predict_with_host(chain, schedule)
+    return peak, makespan
+
+
+def predict_with_host(chain: Chain, schedule: Schedule | Iterable[Op]) -> tuple[int, float, int]:
+    """``(peak_bytes, makespan_ms, host_peak_bytes)`` of ``schedule``, without the timeline.
+
+    Raises:
+        InvalidScheduleError, ScheduleMismatchError: as :func:`simulate`.
+    """
     memory = _Memory.start(chain, named=False)
-    clock_ms = 0.0
     peak = memory.live
-    stages = chain.stages
-    for _, op, during, _, _ in _replay(chain, schedule, memory):
-        spec = stages[op.stage - 1]
-        clock_ms += spec.backward_ms if op.kind is OpKind.B else spec.forward_ms
+    host_peak = 0
+    end_ms = 0.0
+    for _, _, during, _, end, _, _ in _replay(chain, schedule, memory):
         peak = max(peak, during)
-    return peak, clock_ms
+        host_peak = max(host_peak, memory.host)
+        end_ms = max(end_ms, end)
+    return peak, end_ms, host_peak
 
 
 def _replay(
     chain: Chain, schedule: Schedule | Iterable[Op], memory: _Memory
-) -> Iterator[tuple[int, Op, int, tuple[str, ...], tuple[str, ...]]]:
-    """Applies each operation to ``memory``; yields its index, the op, the memory during it, what it added and freed."""
+) -> Iterator[tuple[int, Op, int, float, float, tuple[str, ...], tuple[str, ...]]]:
+    """Applies each operation to ``memory`` on the clock of :mod:`planner.streams`.
+
+    Yields its index, the op, the device memory during it, its start and end, and what it (and the copies
+    retired before it) added and freed.
+    """
     if isinstance(schedule, Schedule):
         if schedule.chain.fingerprint() != chain.fingerprint():
             raise ScheduleMismatchError(
@@ -302,15 +318,32 @@ def _replay(
         ops: Iterable[Op] = schedule.ops
     else:
         ops = schedule
+    streams = CopyStreams(chain, memory)
+    stages = chain.stages
+    top = chain.length + 1
     count = 0
     for index, raw in enumerate(ops):
         op = _as_op(raw, index)
         try:
-            during, added, freed = memory.apply(op)
+            if op.stage > top:
+                raise StepError(f"stage {op.stage} does not exist; the chain has stages 1..{top}")
+            retired_added, retired_freed = streams.before(op)
+            if op.kind.is_transfer:
+                if memory.delta == 0:
+                    raise StepError("delta^0 is already computed; no operation may follow")
+                start, end, added, freed = streams.issue(op)
+                during = memory.live
+            else:
+                during, added, freed = memory.apply(op)
+                spec = stages[op.stage - 1]
+                start, end = streams.compute(spec.backward_ms if op.kind is OpKind.B else spec.forward_ms)
         except StepError as exc:
             raise InvalidScheduleError(f"op {index} {op}: {exc}") from None
         count = index + 1
-        yield index, op, during, added, freed
+        if retired_added or retired_freed:  # the retirement, then the op: (S - f1 + a1) - f2 + a2
+            added = tuple(n for n in retired_added if n not in freed) + added
+            freed = retired_freed + freed
+        yield index, op, during, start, end, added, freed
     if memory.delta != 0:
         raise InvalidScheduleError(
             f"the sequence ends after {count} operations without computing delta^0 "

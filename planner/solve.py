@@ -9,11 +9,11 @@ from planner.chain import Chain
 from planner.discretize import DEFAULT_SLOTS, check_slots
 from planner.errors import InfeasibleBudgetError, UnknownAlgorithmError
 from planner.schedule import Schedule
-from planner.simulator import predict
-from planner.solvers import binomial, exact, periodic, revolve, rotor, rotor_optimal, sqrt, store_all
+from planner.simulator import predict_with_host
+from planner.solvers import binomial, exact, offload, periodic, revolve, rotor, rotor_optimal, sqrt, store_all
 from planner.step import step_infeasible
 
-ALGORITHMS = ("store_all", "periodic", "sqrt", "revolve", "rotor", "rotor_optimal", "binomial")
+ALGORITHMS = ("store_all", "periodic", "sqrt", "revolve", "rotor", "rotor_optimal", "binomial", "offload")
 """The algorithms for users; ``solve`` also takes ``"exact"`` (exhaustive search, small chains only)."""
 
 SOLVABLE = (*ALGORITHMS, "exact")
@@ -27,6 +27,7 @@ _SOLVERS: dict[str, ModuleType] = {
     "rotor_optimal": rotor_optimal,
     "binomial": binomial,
     "exact": exact,
+    "offload": offload,
 }
 
 
@@ -76,7 +77,7 @@ def solve(chain: Chain, budget_bytes: int, algorithm: str = "rotor", slots: int 
             what the step needs outside the chain (said what dominates).
         TypeError: ``budget_bytes`` is not a whole number.
         ValueError: ``slots`` is not a whole number >= 1.
-        TableTooLargeError: ``rotor_optimal`` on a chain too long for its ``O(L^3 * slots)`` tables.
+        TableTooLargeError: ``rotor_optimal`` (or ``offload``) on a chain too long for its tables.
         SearchTooLargeError: ``exact`` on a chain of more than 8 stages.
     """
     module = solver(algorithm)
@@ -87,12 +88,12 @@ def solve(chain: Chain, budget_bytes: int, algorithm: str = "rotor", slots: int 
         plan = module.plan(chain, inner, slots)
     except InfeasibleBudgetError as exc:
         raise _as_step_error(chain, exc, budget, algorithm) from None
-    peak, makespan = predict(chain, plan.ops)
+    peak, makespan, host_peak = predict_with_host(chain, plan.ops)
     produced_by = plan.algorithm or algorithm  # a fallback names the algorithm that ran
     if peak > inner:
         raise AssertionError(f"{produced_by} returned a schedule peaking at {peak} bytes over its budget {inner}")
     step_peak = chain.step.step_peak_bytes(peak) if chain.step is not None else None
-    return Schedule(produced_by, budget, plan.ops, chain, peak, makespan, dict(plan.params), step_peak)
+    return Schedule(produced_by, budget, plan.ops, chain, peak, makespan, dict(plan.params), step_peak, host_peak)
 
 
 def _chain_budget(chain: Chain, budget: int, algorithm: str, slots: int) -> int:
@@ -125,7 +126,7 @@ def min_feasible_budget(chain: Chain, algorithm: str = "rotor", slots: int = DEF
     Raises:
         UnknownAlgorithmError: unknown ``algorithm``.
         InfeasibleBudgetError: ``revolve`` finds no schedule at any budget.
-        TableTooLargeError: ``rotor_optimal`` on a chain too long for its tables.
+        TableTooLargeError: ``rotor_optimal`` or ``offload`` on a chain too long for its tables.
     """
     module = solver(algorithm)
     check_slots(slots)

@@ -26,7 +26,8 @@ from torch import nn
 
 from planner.errors import InvalidScheduleError, ScheduleMismatchError
 from planner.executor.install import ScheduleExecutor
-from planner.executor.runtime import Program
+from planner.executor.offload import MIN_OFFLOAD_BYTES
+from planner.executor.program import Program
 from planner.schedule import Op, Schedule
 from planner.simulator import simulate
 
@@ -35,7 +36,8 @@ __all__ = ["CheckpointedSequential", "apply_schedule", "remove_schedule", "stage
 _ATTRIBUTE = "_memprof_schedule"
 
 
-def apply_schedule(model: nn.Module, schedule: Schedule, container: str | None = None) -> nn.Module:
+def apply_schedule(model: nn.Module, schedule: Schedule, container: str | None = None,
+                   min_offload_bytes: int = MIN_OFFLOAD_BYTES) -> nn.Module:
     """Makes ``model`` train with ``schedule``, in place (the same object, parameters and hooks).
 
     Args:
@@ -43,6 +45,7 @@ def apply_schedule(model: nn.Module, schedule: Schedule, container: str | None =
         schedule: the schedule to follow; a previous one on this model is removed first.
         container: for a chain whose stages name no modules, the ``nn.Sequential`` whose children are the
             stages (``""``: the model itself); also accepted as a prefix of relative module names.
+        min_offload_bytes: with ``OFFLOAD`` operations, saved storages smaller than this stay on the device.
 
     Returns:
         ``model``.
@@ -55,7 +58,7 @@ def apply_schedule(model: nn.Module, schedule: Schedule, container: str | None =
     validate_ops(schedule.ops, schedule.chain.length, schedule)
     groups = stage_modules(model, schedule, container)
     remove_schedule(model)
-    executor = ScheduleExecutor(groups, [(op.kind.value, op.stage) for op in schedule.ops])
+    executor = ScheduleExecutor(groups, [(op.kind.value, op.stage) for op in schedule.ops], min_offload_bytes)
     try:
         executor.install()
     except ValueError as exc:
@@ -155,12 +158,14 @@ class CheckpointedSequential(nn.Sequential):
         sequential: the container (an ``nn.Sequential``, an ``nn.ModuleList`` or a list of modules); its
             children are reused, not copied, and keep their names.
         schedule: a valid schedule whose stages name the children (relative names) or no modules.
+        min_offload_bytes: as :func:`apply_schedule`.
 
     Raises:
         ScheduleMismatchError, InvalidScheduleError: as :func:`apply_schedule`.
     """
 
-    def __init__(self, sequential: nn.Module | Sequence[nn.Module], schedule: Schedule) -> None:
+    def __init__(self, sequential: nn.Module | Sequence[nn.Module], schedule: Schedule,
+                 min_offload_bytes: int = MIN_OFFLOAD_BYTES) -> None:
         if isinstance(sequential, nn.Module):
             children = dict(sequential.named_children())
         else:
@@ -170,7 +175,7 @@ class CheckpointedSequential(nn.Sequential):
             self.add_module(name, module)
         self.schedule = schedule
         prefix = _relative_prefix(schedule)
-        apply_schedule(self, _relative(schedule, prefix))
+        apply_schedule(self, _relative(schedule, prefix), min_offload_bytes=min_offload_bytes)
 
     def extra_repr(self) -> str:
         """Shows the schedule's algorithm, budget and length in ``print(model)``."""

@@ -16,7 +16,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from planner.executor.runtime import Program, _Run, _StageFunction
+from planner.executor.offload import MIN_OFFLOAD_BYTES, Copier, HostPool
+from planner.executor.program import Program
+from planner.executor.runtime import _Run, _StageFunction
 from planner.executor.stage import StageCall, StageRunner, find_activation, replace_first_tensor
 
 
@@ -26,13 +28,18 @@ class ScheduleExecutor:
     Args:
         stages: for each stage 1..L, its modules in order (the first one is called by the model).
         ops: the schedule's ``(kind, stage)`` operations.
+        min_offload_bytes: saved storages below this size stay on the device when their stage is offloaded.
 
     Raises:
         ValueError: the operations cannot be run in the model's forward (see :class:`Program`).
     """
 
-    def __init__(self, stages: Sequence[Sequence[nn.Module]], ops: Sequence[tuple[str, int]]) -> None:
+    def __init__(self, stages: Sequence[Sequence[nn.Module]], ops: Sequence[tuple[str, int]],
+                 min_offload_bytes: int = MIN_OFFLOAD_BYTES) -> None:
         self.program = Program(ops, len(stages))
+        self.pool = HostPool()  # host buffers of offloaded activations, reused across steps
+        self.copiers: dict[torch.device, Copier] = {}
+        self.min_offload_bytes = int(min_offload_bytes)
         self.modules = [list(group) for group in stages]
         self.stages: list[StageRunner] = []
         self.current: _Run | None = None

@@ -8,16 +8,20 @@ Each stage's first module gets a wrapper ``forward`` (:mod:`planner.executor.ins
 schedule's forward operation for ``l`` (``F_all``, ``F_ck`` or ``F_none``) through one custom autograd
 function, whose backward, called by autograd with ``delta^l``, runs the schedule's operations up to ``B(l)``
 (recomputations included) and hands ``delta^{l-1}`` back. Parameter gradients are accumulated by nested
-``torch.autograd.backward`` calls, as in the reentrant ``torch.utils.checkpoint``.
+``torch.autograd.backward`` calls, as in the reentrant ``torch.utils.checkpoint``. ``OFFLOAD`` and
+``PREFETCH`` run where the schedule puts them (those after a stage's forward when the wrapper of that stage
+returns), through :class:`planner.executor.transfers.Transfers`.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
+from planner.executor.program import F_ALL, F_NONE, OFFLOAD, TRANSFER_KINDS, B
 from planner.executor.stage import (
     RngState,
     StageCall,
@@ -26,75 +30,9 @@ from planner.executor.stage import (
     capture_rng,
     replay_rng,
     same_rng,
+    tensors_in,
 )
-
-F_ALL, F_CK, F_NONE, B = "F_all", "F_ck", "F_none", "B"
-FORWARD_KINDS = (F_ALL, F_CK, F_NONE)
-
-
-class Program:
-    """A schedule's operations split into the forward operation of each stage and the backward segments.
-
-    Args:
-        ops: ``(kind, stage)`` pairs, stages 1..L+1, stage L+1 being the loss.
-        length: L, the number of stages without the loss.
-
-    Raises:
-        ValueError: the loss is not run exactly as F_all(L+1) ... B(L+1); the forward part does not run
-            stages 1..L once each in order (the model's ``forward`` calls them so); or a backward segment
-            runs a stage above the one whose B ends it.
-    """
-
-    def __init__(self, ops: Sequence[tuple[str, int]], length: int) -> None:
-        ops = [(str(kind), int(stage)) for kind, stage in ops]
-        top = length + 1
-        loss_ops = [(i, kind) for i, (kind, stage) in enumerate(ops) if stage == top]
-        if [kind for _, kind in loss_ops] != [F_ALL, B]:
-            raise ValueError(
-                f"the loss (stage {top}) must appear as F_all({top}) then B({top}), found "
-                f"{[f'{kind}({top})' for _, kind in loss_ops]}"
-            )
-        start, end = loss_ops[0][0], loss_ops[1][0]
-        forward = ops[:start]
-        if [stage for _, stage in forward] != list(range(1, top)) or any(k not in FORWARD_KINDS for k, _ in forward):
-            raise ValueError(
-                f"before the loss, the schedule must run stages 1..{length} once each, in order, as the model's "
-                f"forward calls them; found {[f'{k}({s})' for k, s in forward]}"
-            )
-        middle = ops[start + 1 : end]
-        if any(kind == B for kind, _ in middle):
-            raise ValueError(f"no B operation can run between F_all({top}) and B({top})")
-        # F operations between the loss's forward and backward commute with B(L+1): run them after it.
-        self.length = length
-        self.forward_kinds = tuple(kind for kind, _ in forward)
-        self.segments = _segments(middle + ops[end + 1 :], length)
-        counts: dict[int, int] = {}
-        for kind, stage in ops:
-            if kind in FORWARD_KINDS:
-                counts[stage] = counts.get(stage, 0) + 1
-        self.replayed = frozenset(stage for stage, count in counts.items() if count > 1)
-
-
-def _segments(backward: list[tuple[str, int]], length: int) -> dict[int, tuple[tuple[str, int], ...]]:
-    """The operations after B(l+1) up to B(l), for each stage l (run when autograd brings delta^l)."""
-    segments: dict[int, tuple[tuple[str, int], ...]] = {}
-    current: list[tuple[str, int]] = []
-    expected = length
-    for kind, stage in backward:
-        current.append((kind, stage))
-        if kind != B:
-            continue
-        if stage != expected:
-            raise ValueError(f"the backward operations must be B({length}) .. B(1) in turn; found B({stage}) "
-                             f"where B({expected}) was due")
-        above = [s for k, s in current if k != B and s > stage]
-        if above:
-            raise ValueError(f"the schedule recomputes stage {above[0]} after B({above[0]}) was due")
-        segments[stage] = tuple(current)
-        current, expected = [], expected - 1
-    if expected != 0 or current:
-        raise ValueError(f"the schedule must end with B(1); it stops at B({expected + 1}) with {current} left")
-    return segments
+from planner.executor.transfers import Transfers
 
 
 class _Run:
@@ -119,6 +57,8 @@ class _Run:
         self.next_stage = 1
         self.done: set[int] = set()
         self.raw: Any = None  # the first run's full result (tuple, ModelOutput), handed to the wrapper
+        self.transfers = (Transfers(executor.pool, executor.copiers, executor.min_offload_bytes)
+                          if self.program.offloaded else None)
 
     def forward(self, stage: int, x: torch.Tensor) -> tuple[torch.Tensor, Any]:
         """Runs stage ``stage``'s forward operation on ``x``; returns a^l (no history) and the raw result."""
@@ -135,9 +75,13 @@ class _Run:
             self.acts[0] = x.detach()
         kind = self.program.forward_kinds[stage - 1]
         raw = self._forward(kind, stage)
+        for transfer, index in self.program.after_forward.get(stage, ()):
+            self._transfer(transfer, index)
         self.next_stage = stage + 1
         y = self._output(stage)
         if stage == self.program.length:
+            if self.transfers is not None:
+                self.transfers.retire_out()  # the chain's forward ends here: the loss runs without it
             # What follows the chain (head, loss) decides when a^L is freed, as in plain autograd: the schedule
             # needs no more of it than the recorded graph's gradient edge (for B(L)).
             self.acts.pop(stage, None)
@@ -157,6 +101,8 @@ class _Run:
         for kind, index in self.program.segments[stage]:
             if kind == B:
                 self._backward(index)
+            elif kind in TRANSFER_KINDS:
+                self._transfer(kind, index)
             else:
                 self._forward(kind, index)
         delta, self.delta = self.delta, None
@@ -164,7 +110,16 @@ class _Run:
             self.acts.clear()
             self.recs.clear()
             self.calls.clear()
+            if self.transfers is not None:
+                self.transfers.clear()
         return delta
+
+    def _transfer(self, kind: str, stage: int) -> None:
+        assert self.transfers is not None, "a transfer in a program without offloads"
+        if kind == OFFLOAD:
+            self.transfers.offload(stage)
+        else:
+            self.transfers.prefetch(stage)
 
     def _output(self, stage: int) -> torch.Tensor:
         return (self.acts[stage] if stage in self.acts else self.recs[stage][1]).detach()
@@ -185,10 +140,13 @@ class _Run:
             leaf = x.detach()
             if leaf.is_floating_point() and (stage > 1 or self.input_requires_grad):
                 leaf.requires_grad_(True)
-            with torch.enable_grad():
+            hooks = self._saved_hooks(stage, leaf)
+            with torch.enable_grad(), hooks:
                 # Through a view, the gradients of the stage's input are summed in autograd's buffer and handed
                 # over once, as in plain autograd; on the leaf itself, its first part would be copied and kept.
                 y, raw = self._call(stage, leaf.view_as(leaf) if leaf.requires_grad else leaf, keep)
+            if self.transfers is not None and stage in self.program.offloaded:
+                self.transfers.recorded(stage, [y, *tensors_in(raw)])
             self.recs[stage] = (leaf, y)
             self.acts.pop(stage, None)
         else:
@@ -198,6 +156,14 @@ class _Run:
                 self.acts.pop(stage - 1, None)
             self.acts[stage] = y
         return raw
+
+    def _saved_hooks(self, stage: int, x: torch.Tensor) -> Any:
+        """Where stage ``stage`` records its saved tensors: a stash when the schedule offloads it."""
+        if self.transfers is None or stage not in self.program.offloaded:
+            return contextlib.nullcontext()
+        call = self.calls[stage]
+        others = [t for value in (*call.args, *call.kwargs.values()) for t in tensors_in(value)]
+        return self.transfers.recording(stage, x, self.executor.stages[stage - 1].modules, others)
 
     def _call(self, stage: int, x: torch.Tensor, keep: bool) -> tuple[torch.Tensor, Any]:
         runner = self.executor.stages[stage - 1]
@@ -221,6 +187,8 @@ class _Run:
         return y, raw
 
     def _backward(self, stage: int) -> None:
+        if self.transfers is not None:
+            self.transfers.before_backward(stage)
         leaf, out = self.recs.pop(stage)
         delta, self.delta = self.delta, None
         assert delta is not None, f"B({stage}) ran before the gradient of its output arrived"
@@ -238,6 +206,8 @@ class _Run:
         if grad is None and stage > 1:
             grad = torch.zeros_like(leaf)  # the stage's output does not depend on its input
         self.delta = grad
+        if self.transfers is not None:
+            self.transfers.done(stage)
 
 
 def _steal(grad: torch.Tensor) -> torch.Tensor:

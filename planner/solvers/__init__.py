@@ -6,5 +6,6 @@ Every module exposes ``plan(chain, budget_bytes, slots) -> Plan`` (raising
 """
 
 # The algorithms, one module each (``from planner.solvers import *`` loads them). budget_grid, common and
-# rotor_fill are their shared parts; the *_reference modules are plain-Python twins the tests compare with.
-__all__ = ["exact", "periodic", "revolve", "rotor", "rotor_optimal", "sqrt", "store_all"]
+# rotor_fill (offload_fill) are their shared parts (tables); the *_reference modules are plain-Python twins the
+# tests compare with.
+__all__ = ["exact", "offload", "periodic", "revolve", "rotor", "rotor_optimal", "sqrt", "store_all"]

@@ -266,3 +266,34 @@ def plan(chain: Chain, budget_bytes: int, slots: int = DEFAULT_SLOTS) -> Plan:
                   "max_table_bytes": MAX_TABLE_BYTES}
         return Plan(found.ops, params, algorithm="binomial")
     return plan_mode(chain, budget_bytes, slots, "rotor")
+
+
+def rebuild_part(table: RotorTable, s: int, t: int, m: int) -> list[Op]:
+    """The optimal persistent sequence of the sub-chain ``s..t`` within ``m`` slots, ``a^{s-1}`` not counted:
+    ``C(s, t, m)``'s schedule (for solvers that place sub-chains of their own, such as ``offload``).
+
+    Raises:
+        AssertionError: ``C(s, t, m)`` is infinite (the caller asked for a schedule the table says cannot be).
+    """
+    arr = Arrays.of_grid(table.grid)
+    ops: list[Op] = []
+    stack: list[Op | tuple[int, int, int]] = [(s, t, m)]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, Op):
+            ops.append(item)
+            continue
+        s, t, m = item
+        if s == t:
+            if not np.isfinite(table.cost[0, s - 1, m]):
+                raise AssertionError(f"rebuild reached an infeasible state C({s}, {t}, {m})")
+            ops += [Op(OpKind.F_ALL, s), Op(OpKind.B, s)]
+            continue
+        split = _choose(table, arr, s, t, m)
+        if split == 0:
+            ops.append(Op(OpKind.F_ALL, s))
+            stack += [Op(OpKind.B, s), (s + 1, t, m - int(arr.abar[s]))]
+        else:
+            ops += [Op(OpKind.F_CK, s)] + [Op(OpKind.F_NONE, j) for j in range(s + 1, split)]
+            stack += [(s, split - 1, m), (split, t, m - int(arr.a[split - 1]))]
+    return ops

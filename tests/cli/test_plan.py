@@ -220,3 +220,45 @@ def test_rotor_falling_back_to_binomial_warns_in_one_line(tmp_path: Path) -> Non
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("memprof plan: warning: rotor on 40 stages"), lines
     assert "solving with binomial checkpointing instead" in lines[0]
+
+
+def _wide_chain_file(tmp_path: Path) -> Path:
+    """Six stages recording four times their output (sizes in MiB), the loss small: offloading pays."""
+    stage = {"forward_ms": 2.0, "backward_ms": 4.0, "output_bytes": 10 * MIB, "saved_bytes": 40 * MIB}
+    loss = {"forward_ms": 0.1, "backward_ms": 0.1, "output_bytes": 1, "saved_bytes": 1}
+    path = tmp_path / "wide.json"
+    path.write_text(json.dumps({"name": "wide", "input_bytes": 10 * MIB, "stages": [stage] * 6 + [loss]}))
+    return path
+
+
+def test_plan_offload_prints_the_host_peak_and_takes_the_link(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    source, out = _wide_chain_file(tmp_path), tmp_path / "schedule.json"
+    assert main(["plan", str(source), "--budget", "150MiB", "--algorithm", "offload", "--out", str(out)]) == 0
+    schedule = Schedule.from_json(out)
+    assert schedule.has_transfers and schedule.predicted_host_peak_bytes == simulate(schedule.chain,
+                                                                                     schedule).host_peak_bytes > 0
+    text = capsys.readouterr().out
+    stages = sorted(schedule.params["offloaded"])
+    assert (f"offloaded        {len(stages)} stages {stages} to host memory: host peak "
+            f"{format_bytes(schedule.predicted_host_peak_bytes)} (link 24.0 GB/s out, 24.0 GB/s in, no host cap "
+            "(default))") in text
+    assert main(["plan", str(source), "--budget", "150MiB", "--algorithm", "offload", "--bandwidth", "2.5",
+                 "--host-cap", "60MiB", "--out", str(out)]) == 0
+    capped = Schedule.from_json(out)
+    assert capped.chain.transfer.host_cap_bytes == 60 * MIB and capped.chain.transfer.d2h_bytes_per_ms == 2.5e6
+    assert capped.predicted_host_peak_bytes <= 60 * MIB
+    assert "host cap 60.0 MiB (given)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--bandwidth", "fast"], "--bandwidth must be a number of GB/s > 0, e.g. 24, found 'fast'"),
+    (["--bandwidth", "0"], "--bandwidth must be a number of GB/s > 0, e.g. 24, found '0'"),
+    (["--host-cap", "12XB"], "12XB"),
+])
+def test_plan_bad_link_options_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str],
+                                            message: str) -> None:
+    out = tmp_path / "schedule.json"
+    assert main(["plan", str(TOY), "--budget", "90MiB", "--algorithm", "offload", *extra, "--out", str(out)]) == 2
+    assert message in one_line_error(capsys)
+    assert not out.exists()

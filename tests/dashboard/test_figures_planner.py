@@ -122,3 +122,42 @@ def test_with_current_leaves_the_shared_base_alone():
     assert (len(base["data"]), base["layout"]) == before and "shapes" not in base["layout"]
     assert go.Figure(first).data[-1].x == (40,) and go.Figure(second).data[-1].x == (100,)
     assert go.Figure(second).layout.shapes[0].x0 == 120
+
+
+def _offload_prediction() -> pd.DataFrame:
+    """The simulator's frame of a small offload schedule (a-bar^1 goes to the host and comes back)."""
+    from planner.chain import Chain, Stage
+    from planner.schedule import Op, OpKind
+    from planner.simulator import simulate
+    from planner.transfer import TransferCosts
+
+    chain = Chain("tiny", 100, (Stage(1.0, 2.0, 10, 30, 11), Stage(3.0, 4.0, 20, 50, 21), Stage(0.5, 0.25, 1, 1, 1)),
+                  transfer=TransferCosts(10.0, 5.0, None))
+    kinds = ["F_all 1", "OFFLOAD 1", "F_all 2", "F_all 3", "B 3", "PREFETCH 1", "B 2", "B 1"]
+    ops = [Op(OpKind(k), int(s)) for k, s in (item.split() for item in kinds)]
+    return simulate(chain, ops).to_frame()
+
+
+def test_offload_schedules_show_their_copies_and_host_memory():
+    frame = _offload_prediction()
+    fig = go.Figure(schedule_figure(frame, ["a", "b"]))
+    bars = {t.name: t for t in fig.data}
+    assert list(bars["OFFLOAD"].base) == [1.0] and list(bars["OFFLOAD"].x) == [2.0]  # the copy's span
+    assert list(bars["PREFETCH"].base) == [4.75] and list(bars["PREFETCH"].y) == [1]
+    assert bars["OFFLOAD"].width == 0.35 and bars["F_all"].width is None
+    x, y = predicted_line(frame)
+    assert len(x) == 3 * 6  # the six computations only
+    memory = go.Figure(memory_figure(frame, budget_bytes=300))
+    host = [t for t in memory.data if t.name == "host memory (offloaded)"]
+    assert len(host) == 1 and host[0].yaxis == "y2" and max(host[0].y) == 20
+    assert memory.layout.yaxis2.overlaying == "y"
+    plain = memory_figure(_prediction())
+    assert [t["name"] for t in plain["data"]] == ["predicted"] and "yaxis2" not in plain["layout"]
+
+
+def test_pareto_points_of_offload_say_their_host_memory():
+    points = pd.DataFrame({"algorithm": ["rotor", "offload"], "budget_bytes": [100, 100], "peak_bytes": [90, 60],
+                           "makespan_ms": [10.0, 9.0], "params": ['{"slots": 500}', '{"host_peak_bytes": 2048}']})
+    fig = go.Figure(pareto_base(points, [100], [10.0]))
+    labels = {t.name: list(t.customdata) for t in fig.data if t.customdata is not None}
+    assert labels["rotor"] == ["90 B"] and labels["offload"] == ["60 B (+ 2.0 KiB on the host)"]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import random
+from dataclasses import replace
 from pathlib import Path
 
 from hypothesis import strategies as st
@@ -10,6 +12,7 @@ from hypothesis import strategies as st
 from planner.chain import Chain, Stage
 from planner.discretize import DiscreteChain, discretize
 from planner.solvers.store_all import store_all_peak_bytes
+from planner.transfer import TransferCosts
 
 TOY_CHAIN = Path(__file__).with_name("toy_chain.json")
 MIB = 2**20
@@ -63,3 +66,19 @@ def exact_grid(chain: Chain) -> DiscreteChain:
 def toy_chain() -> Chain:
     """The ROTOR paper's toy example (Table 2), sizes in MiB."""
     return Chain.from_json(TOY_CHAIN)
+
+
+@st.composite
+def transfer_costs(draw: st.DrawFn, max_cap: int = 12) -> TransferCosts:
+    """Bandwidths (bytes per ms) from none to instantaneous, and no host cap or a small one."""
+    rates = st.sampled_from([0.5, 1.0, 2.0, 4.0, math.inf])
+    cap = draw(st.one_of(st.none(), st.integers(0, max_cap)))
+    return TransferCosts(draw(rates), draw(rates), cap)
+
+
+@st.composite
+def offload_chains(draw: st.DrawFn, max_length: int = 4) -> Chain:
+    """:func:`small_chains` with :func:`transfer_costs` (a-bar above a more often, so offloads matter)."""
+    chain = draw(small_chains(max_length=max_length))
+    stages = tuple(replace(s, saved_bytes=s.saved_bytes + draw(st.integers(0, 4))) for s in chain.stages)
+    return replace(chain, stages=stages, transfer=draw(transfer_costs()))

@@ -53,8 +53,11 @@ def test_measured_peak_follows_the_prediction_for_every_algorithm(tmp_path, name
             except InfeasibleBudgetError:
                 continue
             cmp = measured(schedule)
-            predicted = cmp.predicted_step_peak_bytes  # the whole step, the same quantity as measured
+            # Offloaded activations go to host buffers the executor keeps from step to step; on a CPU they are
+            # in the allocator the profiler reads, beside the device's memory the prediction is about.
+            host = schedule.predicted_host_peak_bytes or 0
+            predicted = cmp.predicted_step_peak_bytes + host  # the whole step, the same quantity as measured
             assert abs(cmp.measured_step_peak_bytes - predicted) <= 0.05 * predicted + MIB, (algorithm, budget, cmp)
-            assert cmp.measured_step_peak_bytes <= 1.05 * budget + MIB
+            assert cmp.measured_step_peak_bytes <= 1.05 * (budget + host) + MIB
             checked += 1
     assert checked >= 4

@@ -245,3 +245,22 @@ def test_algorithm_points_of_a_step_chain_are_whole_step() -> None:
         solved = solve(chain, int(row["budget_bytes"]))
         assert row["peak_bytes"] == solved.predicted_step_peak_bytes
         assert row["makespan_ms"] == pytest.approx(solved.predicted_makespan_ms)
+
+
+def test_algorithm_points_include_offload_when_it_can_help() -> None:
+    from planner.chain import Chain, Stage
+    from planner.pareto import OFFLOAD_POINTS_MAX_STAGES
+    from planner.transfer import TransferCosts
+
+    wide = Chain("wide", 10, tuple(Stage(2.0, 4.0, 10, 40, 10) for _ in range(6)) + (Stage(0.1, 0.1, 1, 1, 1),),
+                 transfer=TransferCosts(30.0, 30.0, None))
+    points = algorithm_points(wide, sweep=6)
+    rows = points[points["algorithm"] == "offload"]
+    assert 1 <= len(rows) <= 6 and (rows["peak_bytes"] <= rows["budget_bytes"]).all()
+    hosts = [json.loads(p)["host_peak_bytes"] for p in rows["params"]]
+    assert max(hosts) > 0
+    rotor_rows = points[points["algorithm"] == "rotor"]
+    assert rows["peak_bytes"].min() <= rotor_rows["peak_bytes"].min()
+    longer = Chain("long", 10, tuple(Stage(2.0, 4.0, 10, 40, 10) for _ in range(OFFLOAD_POINTS_MAX_STAGES + 1))
+                   + (Stage(0.1, 0.1, 1, 1, 1),))
+    assert "offload" not in set(algorithm_points(longer, sweep=2)["algorithm"])  # its table would take seconds
