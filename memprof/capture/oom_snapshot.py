@@ -47,7 +47,7 @@ class OomSnapshot:
                  memory: ModuleType | Any | None = None) -> None:
         self.active = device.type == "cuda"
         self.max_entries = max_entries
-        self.memory = memory if memory is not None else (torch.cuda.memory if self.active else None)
+        self.memory: Any = memory if memory is not None else (torch.cuda.memory if self.active else None)
         self.started = False  # this recorder turned recording on (and turns it off at stop)
         self.path: Path | None = None
         if not self.active:

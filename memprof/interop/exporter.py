@@ -50,6 +50,17 @@ class _Writer:
         self.state = np.zeros(len(CATEGORY_COLUMNS), dtype=np.int64)
         self.next_address = _FIRST_ADDRESS
         self.time_us = 0
+        # one list per distinct label, shared by its entries (pickle then stores it once, as PyTorch's does)
+        self._frames: dict[tuple[int, Label], list[dict[str, Any]]] = {}
+
+    def frames(self, code: int, label: Label) -> list[dict[str, Any]]:
+        """The frames of an entry of category ``code`` made at ``label``."""
+        found = self._frames.get((code, label))
+        if found is None:
+            iteration, phase, module, event = label
+            found = self._frames[(code, label)] = memprof_frames(CATEGORY_COLUMNS[code], phase, module, iteration,
+                                                                 event)
+        return found
 
     def go(self, target: np.ndarray, label: Label, time_ns: int | None) -> None:
         """Frees and allocates so that the live bytes per category become ``target``."""
@@ -73,8 +84,7 @@ class _Writer:
                              "frames": frames, "category": category})
 
     def _alloc(self, size: int, code: int, label: Label) -> None:
-        iteration, phase, module, event = label
-        frames = memprof_frames(CATEGORY_COLUMNS[code], phase, module, iteration, event)
+        frames = self.frames(code, label)
         addr = self.next_address
         self.next_address += -(-size // _ALIGN) * _ALIGN
         self._entry("segment_alloc", addr, size, code, frames)
@@ -82,8 +92,7 @@ class _Writer:
         self.live[code].append((addr, size, frames))
 
     def _free(self, addr: int, size: int, code: int, label: Label) -> None:
-        iteration, phase, module, event = label
-        frames = memprof_frames(CATEGORY_COLUMNS[code], phase, module, iteration, event)
+        frames = self.frames(code, label)
         for action in ("free_requested", "free_completed", "segment_free"):
             self._entry(action, addr, size, code, frames)
 
@@ -128,43 +137,65 @@ def snapshot_of(run_dir: str | Path) -> dict[str, Any]:
     found = re.fullmatch(r"cuda:(\d+)", str(trace.meta.get("device", "")))
     writer = _Writer(int(found.group(1)) if found else 0)
     rows = trace.iterations.sort_values("iteration", kind="stable")
-    detailed = set(trace.detail_iterations)
-    events = trace.read("events", iterations=sorted(detailed)) if detailed else None
-    by_iteration = dict(tuple(events.groupby("iteration", sort=True))) if events is not None and len(events) else {}
+    detailed = trace.detail_iterations
+    events = _Events(trace.read("events", iterations=detailed).sort_values(["iteration", "seq"], kind="stable")
+                     if detailed else None)
     for row in rows.to_dict("records"):
-        frame = by_iteration.get(row["iteration"])
-        if frame is not None and len(frame):
-            _detailed(writer, row, frame.sort_values("seq", kind="stable"))
+        lo, hi = events.span(int(row["iteration"]))
+        if hi > lo:
+            _detailed(writer, row, events, lo, hi)
         else:
             _summary_only(writer, row)
     return writer.snapshot()
+
+
+class _Events:
+    """The events table as arrays, to walk row by row without pandas' per-row cost."""
+
+    def __init__(self, frame: pd.DataFrame | None) -> None:
+        frame = frame if frame is not None else pd.DataFrame({c: [] for c in ("iteration", *_EVENT_COLUMNS)})
+        self.iteration = frame["iteration"].to_numpy(dtype=np.int64)
+        self.time_ns = frame["time_ns"].to_numpy(dtype=np.int64)
+        self.peak_bytes = frame["peak_bytes"].to_numpy(dtype=np.int64)
+        self.text = list(zip(frame["phase"].astype(str), frame["module"].astype(str), frame["event"].astype(str)))
+        self.categories = (frame[list(CATEGORY_COLUMNS)].to_numpy(dtype=np.int64) if len(frame)
+                           else np.zeros((0, len(CATEGORY_COLUMNS)), dtype=np.int64))
+
+    def span(self, iteration: int) -> tuple[int, int]:
+        """The rows of ``iteration``: ``[lo, hi)``."""
+        return (int(np.searchsorted(self.iteration, iteration, "left")),
+                int(np.searchsorted(self.iteration, iteration, "right")))
+
+
+_EVENT_COLUMNS = ("time_ns", "peak_bytes", "phase", "module", "event", *CATEGORY_COLUMNS)
 
 
 def _categories(record: Mapping[str, Any]) -> np.ndarray:
     return np.asarray([int(record[name]) for name in CATEGORY_COLUMNS], dtype=np.int64)
 
 
-def _detailed(writer: _Writer, row: Mapping[str, Any], frame: pd.DataFrame) -> None:
+def _detailed(writer: _Writer, row: Mapping[str, Any], events: _Events, lo: int, hi: int) -> None:
     iteration, peak = int(row["iteration"]), int(row["peak_allocated_bytes"])
     at_peak = _categories(row)
     peak_label: Label = (iteration, str(row["peak_phase"]), str(row["peak_module"]), "peak")
     visited_peak = False
-    for event in frame.to_dict("records"):
-        target = _categories(event)
-        label: Label = (iteration, str(event["phase"]), str(event["module"]), str(event["event"]))
+    for i in range(lo, hi):
+        target = events.categories[i]
+        label: Label = (iteration, *events.text[i])
+        time_ns = int(events.time_ns[i])
         before, after = int(writer.state.sum()), int(target.sum())
-        window_peak = int(event["peak_bytes"])
+        window_peak = int(events.peak_bytes[i])
         if not visited_peak and window_peak >= peak:
             visited_peak = True
             reached = (before == peak and np.array_equal(writer.state, at_peak)) or (
                 after == peak and np.array_equal(target, at_peak))
             if not reached:
-                writer.go(at_peak, peak_label, int(event["time_ns"]))
+                writer.go(at_peak, peak_label, time_ns)
         elif window_peak > max(before, after):
             transient = writer.state.copy()
             transient[_OTHER] += window_peak - before
-            writer.go(transient, label, int(event["time_ns"]))
-        writer.go(target, label, int(event["time_ns"]))
+            writer.go(transient, label, time_ns)
+        writer.go(target, label, time_ns)
 
 
 def _summary_only(writer: _Writer, row: Mapping[str, Any]) -> None:

@@ -96,6 +96,26 @@ def _stem(filename: str) -> str:
     return (base[:-3] if base.endswith(".py") else base).replace(".", "_") or "?"
 
 
+class Labeler:
+    """:func:`label` with a memory: a trace repeats the same few hundred stacks (PyTorch even shares their lists)."""
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, tuple[Sequence[Mapping[str, Any]], Label]] = {}
+        self._by_content: dict[tuple, Label] = {}
+
+    def __call__(self, frames: Sequence[Mapping[str, Any]]) -> Label:
+        """The label of ``frames``."""
+        known = self._by_id.get(id(frames))
+        if known is not None and known[0] is frames:
+            return known[1]
+        key = tuple((f.get("filename"), f.get("line"), f.get("name")) for f in frames)
+        found = self._by_content.get(key)
+        if found is None:
+            found = self._by_content[key] = label(frames)
+        self._by_id[id(frames)] = (frames, found)  # keeps the list alive, so its id is not reused
+        return found
+
+
 def label(frames: Sequence[Mapping[str, Any]]) -> Label:
     """Applies the rules of the module docstring to an allocation's frames."""
     if not frames:

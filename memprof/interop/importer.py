@@ -135,7 +135,8 @@ def analyse(history: Replay, plan: Plan) -> tuple[list[ProcessedIteration], dict
     carried = [LiveBlock(-k - 1, b.addr, b.size, CAT[category])
                for k, (b, category) in enumerate(zip(history.initial, plan.initial_categories))]
     allocated = sum(b.size for b in history.initial)
-    next_id, order = 1, {}
+    next_id = 1
+    order: dict[int, int] = {}  # module -> position of its first forward call, as the profiler keeps it
     processed: list[ProcessedIteration] = []
     failure = None
     for step in plan.steps:

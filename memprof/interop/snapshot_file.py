@@ -96,12 +96,13 @@ def check_snapshot(snapshot: Any, where: str = "snapshot") -> None:
     segments, traces = snapshot["segments"], snapshot["device_traces"]
     _require(isinstance(segments, list), f"{where}: 'segments' must be a list, found {type(segments).__name__}")
     _require(isinstance(traces, list), f"{where}: 'device_traces' must be a list, found {type(traces).__name__}")
+    checked: set[int] = set()  # PyTorch shares one list between the entries of one stack: check it once
     for i, segment in enumerate(segments):
-        _check_segment(segment, f"{where}: segments[{i}]")
+        _check_segment(segment, f"{where}: segments[{i}]", checked)
     for d, trace in enumerate(traces):
         _require(isinstance(trace, list), f"{where}: device_traces[{d}] must be a list, found {type(trace).__name__}")
         for i, entry in enumerate(trace):
-            _check_entry(entry, f"{where}: device_traces[{d}][{i}]")
+            _check_entry(entry, f"{where}: device_traces[{d}][{i}]", checked)
 
 
 def _require(condition: bool, message: str) -> None:
@@ -113,7 +114,7 @@ def _whole(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _check_segment(segment: Any, where: str) -> None:
+def _check_segment(segment: Any, where: str, checked: set[int]) -> None:
     _require(isinstance(segment, dict), f"{where} must be a dict, found {type(segment).__name__}")
     for key in ("address", "total_size"):
         _require(key in segment, f"{where} lacks {key!r}")
@@ -130,10 +131,10 @@ def _check_segment(segment: Any, where: str) -> None:
                  f"{here} lacks a whole 'size' >= 0 (found {block.get('size')!r})")
         _require(block.get("state") in BLOCK_STATES,
                  f"{here}: 'state' must be one of {sorted(BLOCK_STATES)}, found {block.get('state')!r}")
-        _check_frames(block.get("frames", []), here)
+        _check_frames(block.get("frames", []), here, checked)
 
 
-def _check_entry(entry: Any, where: str) -> None:
+def _check_entry(entry: Any, where: str, checked: set[int]) -> None:
     _require(isinstance(entry, dict), f"{where} must be a dict, found {type(entry).__name__}")
     action = entry.get("action")
     _require(isinstance(action, str), f"{where} lacks an 'action' string (found {action!r})")
@@ -145,10 +146,13 @@ def _check_entry(entry: Any, where: str) -> None:
     time_us = entry.get("time_us", 0)
     _require(_whole(time_us) or isinstance(time_us, float), f"{where}: 'time_us' must be a number, "
                                                             f"found {time_us!r}")
-    _check_frames(entry.get("frames", []), where)
+    _check_frames(entry.get("frames", []), where, checked)
 
 
-def _check_frames(frames: Any, where: str) -> None:
+def _check_frames(frames: Any, where: str, checked: set[int]) -> None:
+    if id(frames) in checked:
+        return
     _require(isinstance(frames, list), f"{where}: 'frames' must be a list, found {type(frames).__name__}")
     for frame in frames:
         _require(isinstance(frame, dict), f"{where}: a frame must be a dict, found {type(frame).__name__}")
+    checked.add(id(frames))

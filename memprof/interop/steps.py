@@ -28,7 +28,7 @@ from typing import NamedTuple
 
 from memprof.analysis.records import CAT, Mark, MarkRow, ObservationRow
 from memprof.categories import Category
-from memprof.interop.frames import Label, ModuleCall, label, static_category, zero_grad_frames
+from memprof.interop.frames import Label, Labeler, ModuleCall, label, static_category, zero_grad_frames
 from memprof.interop.replay import Block, Entry, Replay
 from memprof.phases import Phase
 
@@ -102,7 +102,7 @@ class Step:
 class _Open(NamedTuple):
     component: str
     name: str
-    index: int
+    module: int
     counts: dict[str, int]
 
 
@@ -182,7 +182,8 @@ def initial_category(block: Block, phases: Sequence[Phase]) -> Category:
 def plan_steps(history: Replay) -> Plan:
     """Cuts ``history`` into iterations with their marks, observations and rows."""
     entries = history.entries
-    labels = [label(e.frames) for e in entries]
+    labeler = Labeler()
+    labels = [labeler(e.frames) for e in entries]
     phases = phases_of(entries, labels)
     numbers = iterations_of(labels, phases)
     categories = _categories(entries, labels, phases)
@@ -305,7 +306,7 @@ class _StepBuilder:
 
     def _exit_calls(self, depth: int, time_ns: int) -> None:
         while len(self.stack) > depth:
-            self._mark(time_ns, Mark.FWD_EXIT, self.stack.pop().index)
+            self._mark(time_ns, Mark.FWD_EXIT, self.stack.pop().module)
 
     def _enter_calls(self, calls: Sequence[ModuleCall], exact: bool, time_ns: int) -> None:
         depth = 0
@@ -318,6 +319,6 @@ class _StepBuilder:
             counts[call.component] = counts.get(call.component, 0) + 1
             suffix = "" if exact or counts[call.component] == 1 else f"#{counts[call.component]}"
             name = (f"{parent.name}." if parent is not None else "") + call.component + suffix
-            index = self.table.add(name, parent.index if parent is not None else 0, call.kind)
+            index = self.table.add(name, parent.module if parent is not None else 0, call.kind)
             self._mark(time_ns - 1, Mark.FWD_ENTER, index)
             self.stack.append(_Open(call.component, name, index, {}))

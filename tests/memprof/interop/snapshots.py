@@ -175,7 +175,7 @@ class TrainingRun:
     adam_state: int
 
 
-def training_snapshot(steps: int = 2, engine_frames: bool = True) -> TrainingRun:
+def training_snapshot(steps: int = 2, engine_frames: bool = True, segment_bytes: int = 2 << 20) -> TrainingRun:
     """``steps`` training steps of model(fc1 -> relu -> fc2) with Adam, on one 2 MiB segment.
 
     Per step (bytes requested): the batch 4 KiB (train.py); forward: fc1's output 8 KiB, relu's 8 KiB, a 1 KiB
@@ -184,11 +184,12 @@ def training_snapshot(steps: int = 2, engine_frames: bool = True) -> TrainingRun
     until zero_grad frees them at the next step's start), relu's and fc1's input gradients 8 KiB each (freed),
     the activations freed; optimizer: Adam's state 2 x (16 + 4) KiB on the first step (kept), a 2 KiB
     temporary (freed); then the batch and the loss are freed. ``engine_frames=False``: backward allocations have
-    no frames, as with ``_record_memory_history(stacks="python")``.
+    no frames, as with ``_record_memory_history(stacks="python")``. Addresses are never reused: many steps need a
+    larger ``segment_bytes``.
     """
     b = Builder()
     backward = backward_frames if engine_frames else list
-    b.segment_alloc(2 << 20)
+    b.segment_alloc(segment_bytes)
     w1 = b.alloc(16 * KIB, weight_frames())
     w2 = b.alloc(4 * KIB, weight_frames())
     grads: list[int] = []
