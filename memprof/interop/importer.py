@@ -116,7 +116,11 @@ def _move_into_place(building: Path, out: Path) -> None:
 
 def _write_device(snapshot: Mapping[str, Any], device: int, run_dir: Path, names: Mapping[str, Any]) -> None:
     history = replay(snapshot, device)
-    processed, failure = analyse(history, plan_steps(history))
+    try:
+        processed, failure = analyse(history, plan_steps(history))
+    except OverflowError:  # each size fits int64 (checked), their running total may not
+        raise SnapshotFormatError(f"the allocated bytes of device {device} add up beyond what 64 bits hold; the "
+                                  "snapshot's sizes are not a real allocator's") from None
     writer = TraceWriter(run_dir)
     for first in range(0, len(processed), _BATCH):
         write_iterations(writer, processed[first: first + _BATCH])

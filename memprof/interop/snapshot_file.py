@@ -12,6 +12,7 @@ naming the first one that is missing or of the wrong type. Torch-free.
 from __future__ import annotations
 
 import io
+import math
 import pickle
 from collections.abc import Mapping
 from pathlib import Path
@@ -30,6 +31,8 @@ ACTIONS_WITH_ADDRESS = frozenset({"alloc", "free_requested", "free_completed", "
                                   "segment_map", "segment_unmap"})
 KNOWN_ACTIONS = ACTIONS_WITH_ADDRESS | {"oom", "snapshot"}
 BLOCK_STATES = frozenset({"active_allocated", "active_pending_free", "inactive"})
+#: Addresses, sizes and times are int64 in the trace's tables.
+_LIMIT = 2**63
 
 
 class _Refused(Exception):
@@ -114,23 +117,30 @@ def _whole(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _count(value: Any) -> bool:
+    """A whole number that fits the trace's int64 columns, >= 0."""
+    return _whole(value) and 0 <= value < _LIMIT
+
+
 def _check_segment(segment: Any, where: str, checked: set[int]) -> None:
     _require(isinstance(segment, dict), f"{where} must be a dict, found {type(segment).__name__}")
     for key in ("address", "total_size"):
         _require(key in segment, f"{where} lacks {key!r}")
-        _require(_whole(segment[key]) and segment[key] >= 0, f"{where}: {key!r} must be a whole number >= 0, "
-                                                             f"found {segment[key]!r}")
-    _require(_whole(segment.get("device", 0)), f"{where}: 'device' must be a whole number, found "
-                                               f"{segment.get('device')!r}")
+        _require(_count(segment[key]), f"{where}: {key!r} must be a whole number >= 0, found {segment[key]!r}")
+    device = segment.get("device", 0)
+    _require(_whole(device) and device >= 0, f"{where}: 'device' must be a whole number >= 0, found {device!r}")
     blocks = segment.get("blocks", [])
     _require(isinstance(blocks, list), f"{where}: 'blocks' must be a list, found {type(blocks).__name__}")
     for i, block in enumerate(blocks):
         here = f"{where}.blocks[{i}]"
         _require(isinstance(block, dict), f"{here} must be a dict, found {type(block).__name__}")
-        _require("size" in block and _whole(block["size"]) and block["size"] >= 0,
-                 f"{here} lacks a whole 'size' >= 0 (found {block.get('size')!r})")
-        _require(block.get("state") in BLOCK_STATES,
-                 f"{here}: 'state' must be one of {sorted(BLOCK_STATES)}, found {block.get('state')!r}")
+        _require("size" in block and _count(block["size"]), f"{here} lacks a whole 'size' >= 0 (found "
+                                                          f"{block.get('size')!r})")
+        _require(_count(block.get("requested_size", 0)), f"{here}: 'requested_size' must be a whole number >= 0, "
+                                                         f"found {block.get('requested_size')!r}")
+        state = block.get("state")
+        _require(isinstance(state, str) and state in BLOCK_STATES,
+                 f"{here}: 'state' must be one of {sorted(BLOCK_STATES)}, found {state!r}")
         _check_frames(block.get("frames", []), here, checked)
 
 
@@ -141,11 +151,15 @@ def _check_entry(entry: Any, where: str, checked: set[int]) -> None:
     if action in ACTIONS_WITH_ADDRESS:
         for key in ("addr", "size"):
             _require(key in entry, f"{where} ({action}) lacks {key!r}")
-            _require(_whole(entry[key]) and entry[key] >= 0,
-                     f"{where}: {key!r} must be a whole number >= 0, found {entry[key]!r}")
+            _require(_count(entry[key]), f"{where}: {key!r} must be a whole number >= 0, found {entry[key]!r}")
     time_us = entry.get("time_us", 0)
-    _require(_whole(time_us) or isinstance(time_us, float), f"{where}: 'time_us' must be a number, "
-                                                            f"found {time_us!r}")
+    _require((_whole(time_us) or (isinstance(time_us, float) and math.isfinite(time_us)))
+             and abs(time_us) < _LIMIT // 1000, f"{where}: 'time_us' must be a finite number of microseconds, "
+                                                 f"found {time_us!r}")
+    if action == "oom":
+        for key in ("size", "device_free"):
+            value = entry.get(key, 0)
+            _require(_count(value), f"{where}: {key!r} must be a whole number >= 0, found {value!r}")
     _check_frames(entry.get("frames", []), where, checked)
 
 
@@ -155,4 +169,7 @@ def _check_frames(frames: Any, where: str, checked: set[int]) -> None:
     _require(isinstance(frames, list), f"{where}: 'frames' must be a list, found {type(frames).__name__}")
     for frame in frames:
         _require(isinstance(frame, dict), f"{where}: a frame must be a dict, found {type(frame).__name__}")
+        for key, kind in (("filename", str), ("name", str), ("line", int)):
+            _require(isinstance(frame.get(key, kind()), kind) and not isinstance(frame.get(key), bool),
+                     f"{where}: a frame's {key!r} must be a {kind.__name__}, found {frame.get(key)!r}")
     checked.add(id(frames))

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import copy
 import pickle
+import tempfile
+import warnings
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from memprof import MemprofError, SnapshotFormatError
 from memprof.interop import import_snapshot, load_snapshot, write_snapshot
-from tests.bad_input import api_error
+from tests.bad_input import BAD_VALUES, CASES, FUZZ, NOTED, api_error
 from tests.memprof.interop.snapshots import training_snapshot
 
 
@@ -96,3 +101,46 @@ def test_pickles_that_are_not_snapshots_name_the_field(tmp_path, value, fragment
         import_snapshot(path, tmp_path / "run")
     assert not (tmp_path / "run").exists()
     assert [p.name for p in tmp_path.iterdir()] == ["foreign.pickle"]
+
+
+def _paths(value: object, prefix: tuple = ()) -> list[tuple]:
+    """Every key or index path into a nest of dicts and lists."""
+    found = [prefix] if prefix else []
+    if isinstance(value, dict):
+        for key, child in value.items():
+            found += _paths(child, (*prefix, key))
+    elif isinstance(value, list):
+        for index, child in enumerate(value):
+            found += _paths(child, (*prefix, index))
+    return found
+
+
+_SMALL = training_snapshot(steps=1).builder.snapshot()
+_PATHS = _paths(_SMALL)
+
+
+@FUZZ
+@given(data=st.data())
+def test_a_damaged_snapshot_imports_or_is_refused_in_one_line(data):
+    """Any field replaced by a bad value, or deleted: the import works or raises a memprof error, nothing else."""
+    snapshot = copy.deepcopy(_SMALL)
+    path = data.draw(st.sampled_from(_PATHS))
+    parent = snapshot
+    for key in path[:-1]:
+        parent = parent[key]
+    if data.draw(st.booleans()) and isinstance(parent, dict):
+        del parent[path[-1]]
+    else:
+        parent[path[-1]] = data.draw(st.sampled_from(BAD_VALUES + [-(2**70), 2**70, "alloc", [{}], {"a": 1}]))
+    with tempfile.TemporaryDirectory() as tmp:
+        file = Path(tmp) / "s.pickle"
+        file.write_bytes(pickle.dumps(snapshot, protocol=4))
+        CASES["damaged snapshot"] += 1
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # repairs of inconsistent segments
+                import_snapshot(file, Path(tmp) / "run")
+        except MemprofError as exc:
+            assert len(str(exc).splitlines()) == 1
+            assert not (Path(tmp) / "run").exists()
+            NOTED["damaged snapshot refused"] += 1
