@@ -6,8 +6,8 @@ A snapshot's frames are ``{"filename", "line", "name"}`` dicts, innermost first;
 
 1. frames memprof wrote itself (``memprof/...`` file names, see :mod:`memprof.interop.exporter`) name the
    category, phase, module and iteration exactly;
-2. autograd's backward (the C++ engine's frames, ``torch/autograd`` ``backward``, activation checkpointing's
-   recomputation) -> ``backward``;
+2. autograd's backward (the C++ engine's frames or a node's ``...Backward0::apply``, ``torch/autograd``
+   ``backward``, activation checkpointing's recomputation) -> ``backward``;
 3. a frame in ``torch/optim/`` -> ``optimizer``;
 4. a call of an ``nn.Module`` (torch's ``_call_impl`` frame) -> ``forward``, in the chain of module calls the
    frames show;
@@ -42,7 +42,9 @@ _BACKWARD_PY = {
     "torch/autograd/graph.py": frozenset({"_engine_run_backward"}),
     "torch/utils/checkpoint.py": frozenset({"unpack_hook", "recompute_fn", "backward"}),
 }
-_BACKWARD_CPP = ("torch::autograd::Engine", "torch::autograd::generated::", "torch::autograd::python::")
+#: C++ frames only autograd's backward engine runs (forward ops pass through ``torch::autograd::VariableType``
+#: and build nodes, but never enter the engine or a node's ``apply``).
+_BACKWARD_CPP = ("autograd::Engine::", "PythonEngine::")
 
 
 @dataclass(frozen=True)
@@ -156,7 +158,11 @@ def _in_backward(frames: Sequence[Mapping[str, Any]], python: Sequence[Mapping[s
         for suffix, names in _BACKWARD_PY.items():
             if filename.endswith(suffix) and _text(frame, "name") in names:
                 return True
-    return any(marker in _text(f, "name") for f in frames for marker in _BACKWARD_CPP)
+    for frame in frames:
+        name = _text(frame, "name")
+        if any(marker in name for marker in _BACKWARD_CPP) or ("Backward" in name and "::apply" in name):
+            return True
+    return False
 
 
 def _makes_weights(python: Sequence[Mapping[str, Any]]) -> bool:

@@ -40,6 +40,16 @@ def test_each_rule():
                            ModuleCall("linear@model:31", "linear.py:forward"))
 
 
+def test_forward_with_cpp_frames_is_forward():
+    """``stacks="all"`` adds C++ frames; a forward op passes through autograd's VariableType, not its engine."""
+    cpp = [frame("??", 0, "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc"),
+           frame("??", 0, "at::native::addmm_out_cuda_impl"),
+           frame("??", 0, "torch::autograd::VariableType::(anonymous namespace)::addmm"),
+           frame("??", 0, "torch::autograd::THPVariable_addmm")]
+    assert label(cpp + forward_frames(FC1)).phase == Phase.FORWARD
+    assert label(cpp + [frame("??", 0, "torch::autograd::generated::AddmmBackward0::apply")]).phase == Phase.BACKWARD
+
+
 def test_recomputation_in_backward_is_backward():
     """Activation checkpointing runs module forwards inside backward: the allocation is backward's."""
     frames = forward_frames(FC1)[:4] + [frame(f"{TORCH}/utils/checkpoint.py", 1100, "unpack_hook")]
