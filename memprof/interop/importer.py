@@ -27,9 +27,10 @@ from memprof.analysis.layers import layer_rows
 from memprof.analysis.records import CAT, AllocationEvents, LiveBlock, ModuleInfo
 from memprof.analysis.timeline import peak_summary, series, timeline_rows
 from memprof.errors import OutputExistsError, SnapshotFormatError
+from memprof.interop.marks import Step
 from memprof.interop.replay import Replay, devices, replay
 from memprof.interop.snapshot_file import load_snapshot
-from memprof.interop.steps import Plan, Step, plan_steps
+from memprof.interop.steps import Plan, plan_steps
 from memprof.trace.schema import FORMAT_NAME, SCHEMA_VERSION
 from memprof.trace.writer import TraceWriter, write_iterations, write_meta
 from memprof.units import format_bytes
