@@ -228,6 +228,8 @@ def _run_kind(meta: dict[str, Any]) -> str:
     if isinstance(schedule, dict):
         source = meta.get("source_run", "?")
         return f"measured {schedule.get('algorithm', '?')} schedule of {source}"
+    if meta.get("source") == "pytorch-snapshot":
+        return f"imported PyTorch snapshot {meta.get('source_file', '')}".rstrip()
     return "profiled"
 
 

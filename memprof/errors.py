@@ -47,3 +47,12 @@ class ProfilerError(MemprofError):
 
 class MemoryBudgetExceeded(MemprofError, RuntimeError):
     """Allocated memory crossed the profiler's ``budget_bytes`` guard."""
+
+
+class SnapshotFormatError(MemprofError):
+    """A file is not a PyTorch CUDA memory snapshot memprof can read (not a pickle, a foreign or unsafe
+    pickle, or a dict that lacks what ``torch.cuda.memory._dump_snapshot`` writes); the message says which."""
+
+
+class OutputExistsError(MemprofError, FileExistsError):
+    """The output a command would write already exists; nothing was changed (pass ``force`` to replace it)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -86,19 +87,38 @@ def event_table(sw: Sweep, s: Series, iteration: int, start_ns: int, end_ns: int
     states = [0] + [m[3] for m in sw.marks] + [len(s.total) - 1]
     names = [("other", "start")] + [_MARK_NAMES[m[1]] for m in sw.marks] + [("other", "end")]
     modules = [""] + [module_names[m[2]] if m[2] >= 0 else "" for m in sw.marks] + [""]
+    return timeline_rows(s, iteration, states, times, [p for p, _ in names], modules, [e for _, e in names],
+                         reserved_bytes)
+
+
+def timeline_rows(s: Series, iteration: int, states: Sequence[int], times: Sequence[int], phases: Sequence[str],
+                  modules: Sequence[str], events: Sequence[str], reserved_bytes: int | Sequence[int]) -> pa.Table:
+    """Rows of the events table read at chosen states of an iteration's series, in the order given.
+
+    The one place where a row's bytes are read from a :class:`Series`: its allocated bytes and categories
+    at the state, and the highest allocated (and activation) bytes since the previous row's state.
+
+    Args:
+        s: the iteration's series.
+        iteration: the iteration's number.
+        states: for each row, the index into the series (0: when the iteration began) it shows.
+        times, phases, modules, events: each row's ``time_ns``, ``phase``, ``module`` and ``event``.
+        reserved_bytes: the allocator's reserved bytes, one value for every row or one per row.
+    """
     idx = np.asarray(states, dtype=np.int64)
-    peaks = _peaks_between(s.total, idx)
+    reserved = (np.full(len(idx), reserved_bytes, dtype=np.int64) if isinstance(reserved_bytes, int)
+                else np.asarray(reserved_bytes, dtype=np.int64))
     columns = {
         "iteration": np.full(len(idx), iteration, dtype=np.int64),
         "seq": np.arange(len(idx), dtype=np.int64),
         "time_ns": np.asarray(times, dtype=np.int64),
-        "phase": [p for p, _ in names],
-        "module": modules,
-        "event": [e for _, e in names],
+        "phase": list(phases),
+        "module": list(modules),
+        "event": list(events),
         "allocated_bytes": s.total[idx],
-        "peak_bytes": peaks,
+        "peak_bytes": _peaks_between(s.total, idx),
         "peak_activation_bytes": _peaks_between(s.activations, idx),
-        "reserved_bytes": np.full(len(idx), reserved_bytes, dtype=np.int64),
+        "reserved_bytes": reserved,
     }
     for code, name in enumerate(CATEGORY_COLUMNS):
         columns[name] = s.per_category[idx, code]

@@ -22,6 +22,7 @@ from memprof.analysis.layers import subtree_bytes
 from memprof.analysis.records import CAT, CarriedState, IterationRecord, LiveBlock, Mark, RunSpec
 from memprof.capture.hooks import HookRecorder
 from memprof.capture.kineto import SLOT_TAKEN
+from memprof.capture.oom_snapshot import OomSnapshot
 from memprof.capture.sinks import BackgroundSink, InlineSink, Outcome
 from memprof.capture.streams import open_stream
 from memprof.capture.tensor_walk import describe_modules, module_tree, optimizer_state, pointers, storages
@@ -106,6 +107,11 @@ class MemoryProfiler:
             iteration's keeps its detail, so the run's highest peak is within it of a detailed one. The
             iteration before an out-of-memory error, the failed one, and those passed
             ``record_stats(detail=True)`` always keep theirs (see :class:`memprof.analysis.DetailPolicy`).
+        snapshot_on_oom: on CUDA, record PyTorch's allocation history (``torch.cuda.memory._record_memory_history``,
+            the newest 100,000 entries, unless it is on already) and, when a step runs out of memory (or crosses
+            ``budget_bytes``), dump it to ``<run_dir>/oom_snapshot.pickle`` beside the post-mortem, for
+            ``memprof import-snapshot`` or PyTorch's memory_viz (:mod:`memprof.capture.oom_snapshot`). Elsewhere
+            it warns once and does nothing.
 
     Raises:
         ProfilerError: the model already has a live profiler, or another torch.profiler is running.
@@ -115,7 +121,8 @@ class MemoryProfiler:
                  out_dir: str | Path = "traces", run_id: str | None = None, print_period: int = 1,
                  stream: IO[str] | None = None, extra_meta: dict[str, Any] | None = None,
                  budget_bytes: int | None = None, background: bool = True, detail_first: int = DEFAULT_FIRST,
-                 detail_every: int = DEFAULT_EVERY, detail_peak_rise: float = DEFAULT_PEAK_RISE) -> None:
+                 detail_every: int = DEFAULT_EVERY, detail_peak_rise: float = DEFAULT_PEAK_RISE,
+                 snapshot_on_oom: bool = False) -> None:
         if not isinstance(model, nn.Module):
             raise ProfilerError(f"expected a torch.nn.Module to profile, found {type(model).__name__}")
         if isinstance(print_period, bool) or not isinstance(print_period, int) or print_period < 0:
@@ -140,6 +147,8 @@ class MemoryProfiler:
         if budget_bytes is not None and (isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int)
                                          or budget_bytes <= 0):
             raise ProfilerError(f"budget_bytes must be a positive whole number of bytes, found {budget_bytes!r}")
+        if not isinstance(snapshot_on_oom, bool):
+            raise ProfilerError(f"snapshot_on_oom must be True or False, found {snapshot_on_oom!r}")
         self.budget_bytes = budget_bytes
         self.detail = DetailPolicy(first=detail_first, every=detail_every, peak_rise=detail_peak_rise)
         self._detailed: set[int] = set()
@@ -167,6 +176,9 @@ class MemoryProfiler:
         self._stream.start()
         self._recorder.attach()
         _ATTACHED.add(model)
+        self._oom_snapshot = OomSnapshot(self.device) if snapshot_on_oom else None
+        if self._oom_snapshot is not None:
+            self._oom_snapshot.start()
         self._iteration_start_ns = time_ns()
 
     # ------------------------------------------------------------------ set-up
@@ -312,6 +324,8 @@ class MemoryProfiler:
         try:
             self._stream.close()
         finally:
+            if self._oom_snapshot is not None:
+                self._oom_snapshot.stop()
             self._recorder.detach()
             _ATTACHED.discard(self.model)
             try:
@@ -348,6 +362,8 @@ class MemoryProfiler:
                 "module": self._names[last[2]] if last and last[2] >= 0 else "",
                 "budget_bytes": self.budget_bytes,
             }
+        if self._oom_snapshot is not None and (dumped := self._oom_snapshot.dump(self.run_dir)) is not None:
+            self._failure["snapshot"] = dumped.name
         self._recorder.enabled = False  # the failed step's autograd graph may still run hooks
         try:
             self._finish_iteration(restart=False, failed=True)

@@ -35,3 +35,9 @@ def test_the_worker_side_imports_neither_torch_nor_pandas(module: str) -> None:
 
 def test_the_reader_imports_no_torch() -> None:
     assert _loaded_after(["memprof.trace.reader", "memprof.trace.recovery", "memprof.trace.ranks"], ("torch",)) == []
+
+
+def test_snapshot_interop_imports_no_torch() -> None:
+    # memprof import-snapshot and export-snapshot run where torch (or CUDA) is not installed
+    modules = ["memprof.interop.importer", "memprof.interop.exporter", "memprof.interop.snapshot_file"]
+    assert _loaded_after(modules, ("torch",)) == []
