@@ -47,3 +47,19 @@ class ProfilerError(MemprofError):
 
 class MemoryBudgetExceeded(MemprofError, RuntimeError):
     """Allocated memory crossed the profiler's ``budget_bytes`` guard."""
+
+
+class EstimateError(MemprofError):
+    """A training step cannot be estimated on fake tensors (an op needs real values, or bad arguments).
+
+    Attributes:
+        op: the operator that could not run on fake tensors (e.g. ``aten.nonzero.default``), or ``None``
+            when the arguments were the problem.
+    """
+
+    def __init__(self, message: str, op: str | None = None) -> None:
+        super().__init__(message)
+        self.op = op
+
+    def __reduce__(self) -> tuple[type, tuple[str, str | None]]:  # keeps ``op`` through pickling
+        return type(self), (str(self), self.op)

@@ -31,6 +31,7 @@ __all__ = ["HookRecorder"]
 # Enum members looked up once: attribute access on an Enum class costs more than a global (hot paths).
 _FWD_ENTER, _FWD_EXIT, _BWD_ENTER, _BWD_EXIT = Mark.FWD_ENTER, Mark.FWD_EXIT, Mark.BWD_ENTER, Mark.BWD_EXIT
 _WEIGHT_GRADS = CAT[Category.WEIGHT_GRADS]
+_INPUTS = CAT[Category.INPUTS]
 
 
 class HookRecorder:
@@ -109,6 +110,14 @@ class HookRecorder:
         if watching is not None and watching.alive:  # a batch fed again: one finalizer is enough
             return
         self._finalizers[ptr] = weakref.finalize(storage, _note_free, self._free_sink, ptr)
+
+    def mark_inputs(self, obj: Any) -> None:
+        """Observes the storages of every tensor in ``obj`` as inputs (see ``MemoryProfiler.mark_inputs``)."""
+        now = time_ns()
+        self.observations.extend((now, ptr, _INPUTS, nbytes) for ptr, nbytes in storages(obj))
+        if self.watch_inputs:
+            for tensor in tensors(obj):
+                self.watch_free(tensor)
 
     def drain(self) -> Drained:
         """Returns and clears what was recorded since the last drain."""

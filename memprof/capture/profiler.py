@@ -106,6 +106,9 @@ class MemoryProfiler:
             iteration's keeps its detail, so the run's highest peak is within it of a detailed one. The
             iteration before an out-of-memory error, the failed one, and those passed
             ``record_stats(detail=True)`` always keep theirs (see :class:`memprof.analysis.DetailPolicy`).
+        allocation_stream: where allocator events come from instead of the device's allocator, with the
+            interface of :mod:`memprof.capture.streams` and a ``device`` (the device it models, which the
+            run is then profiled as). :func:`memprof.estimate.estimate` passes one that sees fake tensors.
 
     Raises:
         ProfilerError: the model already has a live profiler, or another torch.profiler is running.
@@ -115,7 +118,8 @@ class MemoryProfiler:
                  out_dir: str | Path = "traces", run_id: str | None = None, print_period: int = 1,
                  stream: IO[str] | None = None, extra_meta: dict[str, Any] | None = None,
                  budget_bytes: int | None = None, background: bool = True, detail_first: int = DEFAULT_FIRST,
-                 detail_every: int = DEFAULT_EVERY, detail_peak_rise: float = DEFAULT_PEAK_RISE) -> None:
+                 detail_every: int = DEFAULT_EVERY, detail_peak_rise: float = DEFAULT_PEAK_RISE,
+                 allocation_stream: Any = None) -> None:
         if not isinstance(model, nn.Module):
             raise ProfilerError(f"expected a torch.nn.Module to profile, found {type(model).__name__}")
         if isinstance(print_period, bool) or not isinstance(print_period, int) or print_period < 0:
@@ -127,7 +131,7 @@ class MemoryProfiler:
             )
         self.model, self.optimizer = model, optimizer
         self.print_period, self.stream = print_period, stream
-        self.device = _model_device(model)
+        self.device = torch.device(allocation_stream.device) if allocation_stream is not None else _model_device(model)
         self._cuda = self.device.type == "cuda"
         self.rank, self.world_size = _distributed()
         self.run_id = run_id or self._shared_run_id(model)
@@ -144,7 +148,7 @@ class MemoryProfiler:
         self.detail = DetailPolicy(first=detail_first, every=detail_every, peak_rise=detail_peak_rise)
         self._detailed: set[int] = set()
         _warn_if_compiled(model)
-        self._stream = open_stream(self.device)
+        self._stream = allocation_stream if allocation_stream is not None else open_stream(self.device)
         self._names, self._modules = module_tree(model)
         self._params = list(dict.fromkeys(p for m in self._modules for p in m.parameters(recurse=False)))
         self._infos = describe_modules(self._names, self._modules, self._params)
@@ -295,9 +299,19 @@ class MemoryProfiler:
     def _reserved(self, events: Any) -> tuple[int, int]:
         if not self._cuda:
             return 0, 0
-        current = int(torch.cuda.memory_reserved(self.device))
+        modelled = getattr(self._stream, "reserved_bytes", None)  # a stream that models the allocator says
+        current = int(modelled()) if modelled is not None else int(torch.cuda.memory_reserved(self.device))
         seen = int(np.max(events.total_reserved_bytes)) if len(events) else 0
         return current, max(current, seen)
+
+    def mark_inputs(self, batch: Any) -> None:
+        """Marks the tensors of ``batch`` as this iteration's inputs.
+
+        The root module's positional arguments are marked by its forward hook; call this for what the
+        hook cannot see: inputs passed by keyword (``model(input_ids=...)``) and targets only the loss reads.
+        """
+        self._check_open()
+        self._recorder.mark_inputs(batch)
 
     def epoch_end(self) -> None:
         """Marks the end of an epoch: later iterations are recorded with the next epoch number."""
