@@ -9,7 +9,6 @@ import uuid
 import warnings
 import weakref
 from pathlib import Path
-from time import time_ns
 from typing import IO, Any
 
 import numpy as np
@@ -20,7 +19,7 @@ from memprof.analysis.detail import DEFAULT_EVERY, DEFAULT_FIRST, DEFAULT_PEAK_R
 from memprof.analysis.iteration import IterationProcessor, root_forward_ran
 from memprof.analysis.layers import subtree_bytes
 from memprof.analysis.records import CAT, CarriedState, IterationRecord, LiveBlock, Mark, RunSpec
-from memprof.capture.hooks import HookRecorder
+from memprof.capture.hooks import HookRecorder, now_ns
 from memprof.capture.kineto import SLOT_TAKEN
 from memprof.capture.sinks import BackgroundSink, InlineSink, Outcome
 from memprof.capture.streams import open_stream
@@ -137,7 +136,7 @@ class MemoryProfiler:
         self.run_id = run_id or self._shared_run_id(model)
         base = Path(out_dir) / self.run_id
         self.run_dir = base / f"rank={self.rank}" if self.world_size > 1 else base
-        if torch.autograd._profiler_enabled():
+        if allocation_stream is None and torch.autograd._profiler_enabled():
             raise ProfilerError(SLOT_TAKEN)
         if (self.run_dir / "meta.json").exists():
             raise ProfilerError(f"{self.run_dir} already holds a trace; choose another run_id or out_dir")
@@ -171,7 +170,7 @@ class MemoryProfiler:
         self._stream.start()
         self._recorder.attach()
         _ATTACHED.add(model)
-        self._iteration_start_ns = time_ns()
+        self._iteration_start_ns = now_ns()
 
     # ------------------------------------------------------------------ set-up
     def _shared_run_id(self, model: nn.Module) -> str:
@@ -252,7 +251,7 @@ class MemoryProfiler:
         self._finish_iteration(detail=bool(detail))
 
     def _finish_iteration(self, restart: bool = True, failed: bool = False, detail: bool = False) -> None:
-        end_ns = time_ns()
+        end_ns = now_ns()
         events = self._stream.collect(restart=restart)
         drained = self._recorder.drain()
         reserved, peak_reserved = self._reserved(events)
@@ -272,7 +271,7 @@ class MemoryProfiler:
                 "still exact, but per-layer numbers are empty; profile the eager model (for torch.compile, "
                 "model._orig_mod) to get them.", RuntimeWarning, stacklevel=3)
         self.iteration += 1
-        self._iteration_start_ns = time_ns()
+        self._iteration_start_ns = now_ns()
 
     def _handle(self, outcomes: list[Outcome]) -> None:
         """Prints the reports, keeps the post-mortem, and says once what went wrong writing."""

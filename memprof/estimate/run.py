@@ -10,6 +10,7 @@ timeline of a measured run, and the planner and the dashboard read it unchanged.
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import time
 from collections.abc import Callable
@@ -21,10 +22,12 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from memprof.capture.hooks import use_clock
 from memprof.capture.profiler import MemoryProfiler
 from memprof.capture.tensor_walk import fake_addresses
 from memprof.categories import CATEGORIES, Category
 from memprof.errors import EstimateError
+from memprof.estimate.clock import ROOFLINES, VirtualClock
 from memprof.estimate.fake import FakeConverter, fake_state
 from memprof.estimate.stream import FakeAllocationStream
 from memprof.estimate.workspace import WorkspaceProbe
@@ -150,11 +153,13 @@ def estimate(model: nn.Module, batch: Any, loss_fn: LossFn, optimizer: Optimizer
     ops_device = _ops_device(modelled)
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     probe = WorkspaceProbe() if modelled.type == "cpu" else None  # CPU kernels say nothing of CUDA's
-    stream = FakeAllocationStream(modelled, probe)
+    clock = VirtualClock(ROOFLINES[modelled.type])
+    stream = FakeAllocationStream(modelled, probe, clock)
     meta = {"estimate": True, "truth": "estimate", "fake_mode": "torch._subclasses.fake_tensor.FakeTensorMode",
             "modelled_device": str(modelled), "ops_device": str(ops_device), "estimate_steps": STEPS,
-            "estimate_iteration": STEPS - 1}
-    with fake_addresses(), fake_state(model, FakeConverter(mode, ops_device)) as state, mode:
+            "estimate_iteration": STEPS - 1, "clock": "virtual-roofline",
+            "roofline": dataclasses.asdict(clock.roofline)}
+    with use_clock(clock), fake_addresses(), fake_state(model, FakeConverter(mode, ops_device)) as state, mode:
         built = optimizer(list(p for p in state if isinstance(p, nn.Parameter))) if optimizer is not None else None
         stream.adopt(state)
         profiler = MemoryProfiler(model, built, out_dir=out_dir, run_id=run_id, print_period=0, background=False,

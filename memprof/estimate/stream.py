@@ -26,7 +26,6 @@ from __future__ import annotations
 import traceback
 import weakref
 from collections.abc import Callable, Iterable
-from time import time_ns
 from typing import Any
 
 import numpy as np
@@ -40,8 +39,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from memprof.analysis.records import AllocationEvents
+from memprof.capture.hooks import now_ns
 from memprof.capture.tensor_walk import fake_addresses, storage_address
 from memprof.errors import EstimateError
+from memprof.estimate.clock import VirtualClock
 from memprof.estimate.cuda_allocator import CachingAllocatorModel
 from memprof.estimate.workspace import WorkspaceProbe
 
@@ -76,15 +77,13 @@ def data_dependent_error(op: str) -> EstimateError:
         op=op)
 
 
-class _NewStorages(TorchDispatchMode):
-    """Calls each operator and hands the storages it created to ``found``."""
+class _Operators(TorchDispatchMode):
+    """Calls each operator and hands it, its arguments and its outputs to ``ran``."""
 
-    def __init__(self, found: Callable[[Iterable[Any], Any, int], None], failed: Callable[[EstimateError], None],
-                 probe: WorkspaceProbe | None) -> None:
+    def __init__(self, ran: Callable[[Any, tuple, dict, Any], None], failed: Callable[[EstimateError], None]) -> None:
         super().__init__()
-        self._found = found
+        self._ran = ran
         self._failed = failed
-        self._probe = probe
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
@@ -100,8 +99,7 @@ class _NewStorages(TorchDispatchMode):
                                   op=str(func))
             self._failed(error)
             raise error from None
-        workspace = self._probe.workspace_bytes(func, args, kwargs) if self._probe is not None else 0
-        self._found(tree_flatten((args, kwargs))[0], out, workspace)
+        self._ran(func, args, kwargs, out)
         return out
 
 
@@ -113,6 +111,8 @@ class FakeAllocationStream:
             caching allocator's blocks, and its reserved bytes).
         probe: measures the workspace of CPU kernels (:mod:`memprof.estimate.workspace`); ``None``: none
             is reported (the CPU's kernels' workspace says nothing of CUDA's).
+        clock: advanced past each operator (:class:`~memprof.estimate.clock.VirtualClock`); the events are
+            stamped with the hooks' clock (:func:`memprof.capture.hooks.now_ns`), which should be it.
     """
 
     #: Names the source in the trace's metadata.
@@ -120,14 +120,16 @@ class FakeAllocationStream:
     #: Whether :meth:`net_bytes` may be called inside autograd's backward.
     polls_in_backward = True
 
-    def __init__(self, device: torch.device | str, probe: WorkspaceProbe | None = None) -> None:
+    def __init__(self, device: torch.device | str, probe: WorkspaceProbe | None = None,
+                 clock: VirtualClock | None = None) -> None:
         self.device = torch.device(device)
         self.active = False
         #: The first operator that could not run on fake tensors (kept should the user's code catch it).
         self.failure: EstimateError | None = None
         self._cuda = self.device.type == "cuda"
         self._allocator = CachingAllocatorModel() if self._cuda else None
-        self._mode = _NewStorages(self._outputs, self._note_failure, probe)
+        self._probe, self._clock = probe, clock
+        self._mode = _Operators(self._operator, self._note_failure)
         self._addresses = fake_addresses()
         self._rows: list[tuple[int, int, int, int, int]] = []
         self._live: dict[int, tuple[Any, int, int]] = {}  # storage address -> (weak ref, bytes, model address)
@@ -173,20 +175,26 @@ class FakeAllocationStream:
         for tensor in tensors:
             self._track(tensor.untyped_storage(), report=False)
 
-    def _outputs(self, inputs: Iterable[Any], out: Any, workspace_bytes: int) -> None:
-        seen = {storage_address(t.untyped_storage()) for t in inputs if isinstance(t, torch.Tensor)}
-        if workspace_bytes:  # the kernel's own buffers, alive while its outputs are made
+    def _operator(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
+        """One operator ran: its new storages are allocated, then it takes its time, then its workspace
+        (the kernel's own buffers, alive while its outputs are made) is freed."""
+        workspace_bytes = self._probe.workspace_bytes(func, args, kwargs) if self._probe is not None else 0
+        seen = {storage_address(t.untyped_storage()) for t in tree_flatten((args, kwargs))[0]
+                if isinstance(t, torch.Tensor)}
+        if workspace_bytes:
             self._report(_WORKSPACE_ADDRESS, workspace_bytes)
         for tensor in tree_flatten(out)[0]:
             if isinstance(tensor, torch.Tensor):
                 storage = tensor.untyped_storage()
                 if storage_address(storage) not in seen:
                     self._track(storage, report=True)
+        if self._clock is not None:
+            self._clock.advance(func, args, kwargs, out)
         if workspace_bytes:
             self._report(_WORKSPACE_ADDRESS, -workspace_bytes)
 
     def _report(self, address: int, size: int) -> None:
-        self._rows.append((time_ns(), address, size, _UNKNOWN, self.reserved_bytes()))
+        self._rows.append((now_ns(), address, size, _UNKNOWN, self.reserved_bytes()))
         self._net_bytes += size
 
     def _track(self, storage: torch.UntypedStorage, report: bool) -> None:
