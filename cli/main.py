@@ -12,13 +12,13 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from cli import dashboard, demo, export, plan, report
+from cli import dashboard, demo, estimate, export, plan, report
 from memprof.errors import MemprofError
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
 #: Every sub-command, in the order ``memprof --help`` lists them; each module has ``register(subparsers)``.
-COMMANDS = (report, plan, export, dashboard, demo)
+COMMANDS = (report, plan, export, dashboard, demo, estimate)
 
 
 class _OneLineParser(argparse.ArgumentParser):
