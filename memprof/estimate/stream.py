@@ -23,6 +23,8 @@ wraps into tensors (8 bytes each).
 
 from __future__ import annotations
 
+import contextlib
+import os
 import traceback
 import weakref
 from collections.abc import Callable, Iterable
@@ -38,6 +40,7 @@ from torch._subclasses.fake_tensor import (
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+import memprof
 from memprof.analysis.records import AllocationEvents
 from memprof.capture.hooks import now_ns
 from memprof.capture.tensor_walk import fake_addresses, storage_address
@@ -53,11 +56,15 @@ _UNKNOWN = -1  # running totals are not reported
 _WORKSPACE_ADDRESS = 1  # odd: never a StorageImpl's address
 
 
+# Frames in these folders are not the user's: the innermost frame outside them is where the user called.
+_LIBRARIES = tuple(os.path.dirname(os.path.abspath(m.__file__ or "")) + os.sep
+                   for m in (torch, memprof, contextlib))
+
+
 def _user_frame() -> str:
     """Where the user's code called the failing operator: the innermost frame outside torch and memprof."""
     for frame in reversed(traceback.extract_stack()[:-2]):
-        name = frame.filename.replace("\\", "/")
-        if "/torch/" not in name and "/memprof/" not in name and "/contextlib.py" not in name:
+        if not os.path.abspath(frame.filename).startswith(_LIBRARIES):
             return f" (called at {frame.filename}:{frame.lineno}, in {frame.name})"
     return ""
 
