@@ -16,9 +16,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
+
+from memprof.capture.tensor_walk import tensors
 
 __all__ = ["ROOFLINES", "Roofline", "VirtualClock"]
 
@@ -53,8 +53,8 @@ ROOFLINES: dict[str, Roofline] = {
 }
 
 
-def _bytes(tensors: list[Any]) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
+def _bytes(obj: Any) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors(obj))
 
 
 class VirtualClock:
@@ -82,5 +82,5 @@ class VirtualClock:
         """The predicted time of one operator call (a view costs only the fixed overhead)."""
         count = flop_registry.get(getattr(func, "_overloadpacket", None))
         flops = float(count(*args, **kwargs, out_val=out)) if count is not None else 0.0
-        moved = 0 if getattr(func, "is_view", False) else _bytes(tree_flatten((args, kwargs, out))[0])
+        moved = 0 if getattr(func, "is_view", False) else _bytes((args, kwargs, out))
         return self.roofline.op_ns(flops, moved)

@@ -10,10 +10,12 @@ timeline of a measured run, and the planner and the dashboard read it unchanged.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import logging
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -90,6 +92,19 @@ def _ops_device(modelled: torch.device) -> torch.device:
     return torch.device("cpu")
 
 
+@contextlib.contextmanager
+def _quiet_fake_tensor_log() -> Iterator[None]:
+    """Keeps FakeTensorMode from logging a traceback for an operator that raises: the error itself
+    reaches the caller (the command line prints it as one line)."""
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    saved = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(saved)
+
+
 def _check(model: Any, loss_fn: Any, optimizer: Any) -> None:
     if not isinstance(model, nn.Module):
         raise EstimateError(f"expected a torch.nn.Module to estimate, found {type(model).__name__}")
@@ -159,7 +174,8 @@ def estimate(model: nn.Module, batch: Any, loss_fn: LossFn, optimizer: Optimizer
             "modelled_device": str(modelled), "ops_device": str(ops_device), "estimate_steps": STEPS,
             "estimate_iteration": STEPS - 1, "clock": "virtual-roofline",
             "roofline": dataclasses.asdict(clock.roofline)}
-    with use_clock(clock), fake_addresses(), fake_state(model, FakeConverter(mode, ops_device)) as state, mode:
+    with (use_clock(clock), fake_addresses(), _quiet_fake_tensor_log(),
+          fake_state(model, FakeConverter(mode, ops_device)) as state, mode):
         built = optimizer(list(p for p in state if isinstance(p, nn.Parameter))) if optimizer is not None else None
         stream.adopt(state)
         profiler = MemoryProfiler(model, built, out_dir=out_dir, run_id=run_id, print_period=0, background=False,

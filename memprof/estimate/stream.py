@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import traceback
 import weakref
 from collections.abc import Callable, Iterable
@@ -38,12 +39,11 @@ from torch._subclasses.fake_tensor import (
     UnsupportedOperatorException,
 )
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 import memprof
 from memprof.analysis.records import AllocationEvents
 from memprof.capture.hooks import now_ns
-from memprof.capture.tensor_walk import fake_addresses, storage_address
+from memprof.capture.tensor_walk import fake_addresses, storage_address, tensors
 from memprof.errors import EstimateError
 from memprof.estimate.clock import VirtualClock
 from memprof.estimate.cuda_allocator import CachingAllocatorModel
@@ -52,6 +52,8 @@ from memprof.estimate.workspace import WorkspaceProbe
 __all__ = ["FakeAllocationStream"]
 
 _DATA_DEPENDENT = (DataDependentOutputException, DynamicOutputShapeException)
+# How PyTorch says an operator has no fake or meta kernel (custom operators without register_fake).
+_NO_FAKE = re.compile(r"no fake impl|'Meta' backend|meta kernel", re.IGNORECASE)
 _UNKNOWN = -1  # running totals are not reported
 _WORKSPACE_ADDRESS = 1  # odd: never a StorageImpl's address
 
@@ -69,7 +71,7 @@ def _user_frame() -> str:
     return ""
 
 
-#: What the operators a Python read of a tensor turns into are, in the user's words.
+#: The operator that reading a tensor into Python becomes, said in the user's terms.
 _READS = {"aten._local_scalar_dense.default": " (a tensor read into Python: .item(), .tolist(), int(), an if)"}
 
 
@@ -77,11 +79,10 @@ def data_dependent_error(op: str) -> EstimateError:
     """The error an operator whose output depends on tensor values raises in an estimate."""
     return EstimateError(
         f"cannot estimate this step: {op}{_READS.get(op, '')} needs the values of its inputs{_user_frame()}, "
-        "and an estimate runs "
-        "on fake tensors that have shapes but no values (an output shape set by the data, or a tensor read "
-        "into Python with .item(), .tolist() or an if). Make the shape static (e.g. multiply by a mask "
-        "instead of indexing with it, keep counts as tensors), or measure a real step with MemoryProfiler",
-        op=op)
+        "and an estimate runs on fake tensors that have shapes but no values (an output shape set by the "
+        "data, or a tensor read into Python with .item(), .tolist() or an if). Make the shape static (e.g. "
+        "multiply by a mask instead of indexing with it, keep counts as tensors), or measure a real step "
+        "with MemoryProfiler", op=op)
 
 
 class _Operators(TorchDispatchMode):
@@ -100,10 +101,12 @@ class _Operators(TorchDispatchMode):
             error = data_dependent_error(str(getattr(exc, "func", func)))
             self._failed(error)
             raise error from None
-        except UnsupportedOperatorException:
+        except (UnsupportedOperatorException, RuntimeError, NotImplementedError) as exc:
+            if not isinstance(exc, UnsupportedOperatorException) and not _NO_FAKE.search(str(exc)):
+                raise  # the user's error (a shape mismatch, ...), as the real step would raise it
             error = EstimateError(f"cannot estimate this step: {func}{_user_frame()} has no fake-tensor "
-                                  "implementation in this PyTorch; measure a real step with MemoryProfiler",
-                                  op=str(func))
+                                  "(meta) implementation; register one (torch.library.register_fake) or "
+                                  "measure a real step with MemoryProfiler", op=str(func))
             self._failed(error)
             raise error from None
         self._ran(func, args, kwargs, out)
@@ -186,15 +189,13 @@ class FakeAllocationStream:
         """One operator ran: its new storages are allocated, then it takes its time, then its workspace
         (the kernel's own buffers, alive while its outputs are made) is freed."""
         workspace_bytes = self._probe.workspace_bytes(func, args, kwargs) if self._probe is not None else 0
-        seen = {storage_address(t.untyped_storage()) for t in tree_flatten((args, kwargs))[0]
-                if isinstance(t, torch.Tensor)}
+        seen = {storage_address(t.untyped_storage()) for t in tensors((args, kwargs))}
         if workspace_bytes:
             self._report(_WORKSPACE_ADDRESS, workspace_bytes)
-        for tensor in tree_flatten(out)[0]:
-            if isinstance(tensor, torch.Tensor):
-                storage = tensor.untyped_storage()
-                if storage_address(storage) not in seen:
-                    self._track(storage, report=True)
+        for tensor in tensors(out):
+            storage = tensor.untyped_storage()
+            if storage_address(storage) not in seen:
+                self._track(storage, report=True)
         if self._clock is not None:
             self._clock.advance(func, args, kwargs, out)
         if workspace_bytes:

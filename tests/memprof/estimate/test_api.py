@@ -190,3 +190,27 @@ def test_cuda_is_modelled_with_the_caching_allocator(tmp_path):
     assert cuda.reserved_peak_bytes % (2 << 20) == 0  # segments are 2 MiB, 20 MiB or multiples of 2 MiB
     meta = json.loads((cuda.run_dir / "meta.json").read_text())
     assert meta["modelled_device"] == "cuda" and meta["ops_device"] in ("cpu", "cuda")
+
+
+@torch.library.custom_op("memprof_tests::double_without_fake", mutates_args=())
+def _double_without_fake(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+class _CustomOp(_Masked):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _double_without_fake(self.lin(x)).sum()
+
+
+def test_an_operator_without_a_fake_implementation_raises_naming_it(tmp_path):
+    with pytest.raises(EstimateError, match="has no fake-tensor .meta. implementation") as caught:
+        estimate(_CustomOp(), torch.randn(4, 8), lambda m, b: m(b), out_dir=tmp_path)
+    assert caught.value.op == "memprof_tests.double_without_fake.default"
+
+
+def test_the_users_own_errors_pass_through_without_a_logged_traceback(tmp_path, capfd):
+    model = nn.Linear(4, 3)
+    with pytest.raises(RuntimeError, match="must have same reduction dim") as caught:
+        estimate(model, (torch.randn(2, 5), torch.tensor([0, 1])), _cross_entropy, out_dir=tmp_path)
+    assert not isinstance(caught.value, EstimateError)  # a mistake in the model, as the real step would raise
+    assert "Traceback" not in capfd.readouterr().err
