@@ -1,6 +1,6 @@
 """Estimates on fake tensors against the allocator's measured step peak, and the time an estimate takes.
 
-Table 1: every model of ``tests/memprof/estimate/cases.py`` (the zoo's MLP, CNN, GPT-style and Llama-style
+Table 1: every model of ``tests/memprof/estimation/cases.py`` (the zoo's MLP, CNN, GPT-style and Llama-style
 models; Hugging Face GPT-2, BERT and Llama from small configs; a model with in-place ops, views and tied
 weights) with AdamW: the estimated step peak (``memprof.estimate``, the second of two steps) beside the
 measured one (torch.profiler's allocator events over a real CPU step, the baseline), the error, the worst
@@ -32,9 +32,9 @@ from pathlib import Path
 
 import torch
 
-from memprof.estimate import estimate
+from memprof import estimate
 from memprof.units import format_bytes
-from tests.memprof.estimate.cases import CASES, OPTIMIZERS, measured_peak, train_step
+from tests.memprof.estimation.cases import CASES, OPTIMIZERS, measured_peak, train_step
 
 GPT2_SIZES = {"gpt2 (124M)": (12, 768, 12), "gpt2-medium (355M)": (24, 1024, 16), "gpt2-large (774M)": (36, 1280, 20)}
 

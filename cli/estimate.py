@@ -2,7 +2,7 @@
 that fits a memory, as is and with the planner's schedule.
 
 ``FACTORY(batch_size)`` returns ``(model, batch, loss_fn)`` (see :mod:`cli.factory`). The estimate is
-:func:`memprof.estimate.estimate`; its trace is written under ``--out`` for ``memprof report``, ``plan`` and
+:func:`memprof.estimate`; its trace is written under ``--out`` for ``memprof report``, ``plan`` and
 ``dashboard``. Whatever the user's code raises is reported as one line, as any bad input.
 """
 
@@ -71,7 +71,7 @@ class _Estimator:
         self.found: dict[int, Any] = {}
 
     def __call__(self, batch_size: int) -> Any:
-        from memprof.estimate import estimate
+        from memprof import estimate
 
         if batch_size not in self.found:
             model, batch, loss_fn = build(self.factory, self.spec, batch_size)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from memprof.estimate.run import Estimate
+from memprof.estimation.run import Estimate
 
 __all__ = ["Planned", "largest_fitting", "largest_fitting_reference", "planned_fit"]
 

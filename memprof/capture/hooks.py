@@ -29,7 +29,7 @@ from memprof.categories import Category
 __all__ = ["HookRecorder", "now_ns", "use_clock"]
 
 # The clock every mark is stamped with: the wall clock, or while an estimate runs its virtual clock
-# (memprof.estimate.clock), which advances by each operator's predicted time. A module global, read as
+# (memprof.estimation.clock), which advances by each operator's predicted time. A module global, read as
 # cheaply as the plain time.time_ns it usually is (the hooks are the training thread's hot path).
 time_ns: Callable[[], int] = time.time_ns
 

@@ -107,7 +107,7 @@ class MemoryProfiler:
             ``record_stats(detail=True)`` always keep theirs (see :class:`memprof.analysis.DetailPolicy`).
         allocation_stream: where allocator events come from instead of the device's allocator, with the
             interface of :mod:`memprof.capture.streams` and a ``device`` (the device it models, which the
-            run is then profiled as). :func:`memprof.estimate.estimate` passes one that sees fake tensors.
+            run is then profiled as). :func:`memprof.estimate` passes one that sees fake tensors.
 
     Raises:
         ProfilerError: the model already has a live profiler, or another torch.profiler is running.

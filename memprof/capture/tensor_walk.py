@@ -18,7 +18,7 @@ from memprof.analysis.records import ModuleInfo, Storage
 __all__ = ["fake_addresses", "grad_tensors", "module_tree", "optimizer_state", "pointers", "storage_address", "storages",
            "tensors"]
 
-# Fake tensors (memprof.estimate) have storages on the meta device, whose data pointer is 0 for all of them.
+# Fake tensors (memprof.estimation) have storages on the meta device, whose data pointer is 0 for all of them.
 # While fake addresses are on, such a storage is named by the address of its StorageImpl instead, which is
 # unique while it lives, as a real block's address is: the fake allocation stream and the hooks both name
 # storages through :func:`storage_address`, so they agree.

@@ -9,8 +9,7 @@ import pytest
 
 from cli.factory import load_factory
 from cli.main import main
-from memprof import load_trace
-from memprof.estimate import estimate
+from memprof import estimate, load_trace
 from memprof.units import format_bytes, parse_bytes
 from tests.cli.estimate_factories import tiny_gpt
 from tests.cli.helpers import ROOT, exit_code, one_line_error

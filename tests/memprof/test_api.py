@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ["memprof", "memprof.capture", "memprof.analysis", "memprof.trace"]
+PACKAGES = ["memprof", "memprof.capture", "memprof.analysis", "memprof.trace", "memprof.estimation"]
 
 
 @pytest.mark.parametrize("name", PACKAGES)

@@ -11,11 +11,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from memprof import load_trace, zoo
+from memprof import estimate, load_trace, zoo
 from memprof.categories import Category
 from memprof.errors import EstimateError
-from memprof.estimate import estimate
-from tests.memprof.estimate.cases import CASES, OPTIMIZERS, TiedViews
+from tests.memprof.estimation.cases import CASES, OPTIMIZERS, TiedViews
 
 ADAMW = OPTIMIZERS["adamw"]
 

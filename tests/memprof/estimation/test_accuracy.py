@@ -1,6 +1,6 @@
 """The estimated step peak against the allocator's measured peak of the same step, model by model.
 
-Every model of :mod:`tests.memprof.estimate.cases` runs with every optimizer (SGD with momentum, Adam,
+Every model of :mod:`tests.memprof.estimation.cases` runs with every optimizer (SGD with momentum, Adam,
 AdamW; foreach and not): the estimate, on fake tensors, must be within 3% of torch.profiler's peak of the
 real step on the CPU (same seed, same shapes). A covering set (every model, every optimizer at least once)
 runs by default; the rest of the product is marked slow.
@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import pytest
 
-from memprof import load_trace
+from memprof import estimate, load_trace
 from memprof.categories import CATEGORY_COLUMNS
-from memprof.estimate import estimate
-from tests.memprof.estimate.cases import CASES, OPTIMIZERS, measured_peak
+from tests.memprof.estimation.cases import CASES, OPTIMIZERS, measured_peak
 
 TOLERANCE = 0.03
 _MODELS = sorted(CASES)

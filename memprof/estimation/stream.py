@@ -8,7 +8,7 @@ above ``FakeTensorMode``, which sees every operator's outputs:
 
 * an output whose storage is none of the operator's inputs' (not a view, not in place) and was not seen
   before is a new storage: an allocation of its bytes (on CPU the allocator reports a storage's exact
-  bytes; on CUDA the block :class:`~memprof.estimate.cuda_allocator.CachingAllocatorModel` gives it);
+  bytes; on CUDA the block :class:`~memprof.estimation.cuda_allocator.CachingAllocatorModel` gives it);
   empty storages are not reported, as neither allocator reports them;
 * a weak reference to the storage reports its free when the last tensor using it dies, as the
   allocator's free would be.
@@ -17,7 +17,7 @@ Storages are named by :func:`memprof.capture.tensor_walk.storage_address`, switc
 the stream runs, so the hooks' addresses and the stream's agree. The running totals of the events are not
 reported (``-1``): the analysis sums the blocks, as it does on CPU. What the stream cannot see: memory a
 kernel allocates and frees inside one operator (workspaces, temporary copies), which fake tensors never
-run, except for the kernels :mod:`memprof.estimate.workspace` probes on CPU; scalars the argument parser
+run, except for the kernels :mod:`memprof.estimation.workspace` probes on CPU; scalars the argument parser
 wraps into tensors (8 bytes each).
 """
 
@@ -40,14 +40,13 @@ from torch._subclasses.fake_tensor import (
 )
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import memprof
 from memprof.analysis.records import AllocationEvents
 from memprof.capture.hooks import now_ns
 from memprof.capture.tensor_walk import fake_addresses, storage_address, tensors
 from memprof.errors import EstimateError
-from memprof.estimate.clock import VirtualClock
-from memprof.estimate.cuda_allocator import CachingAllocatorModel
-from memprof.estimate.workspace import WorkspaceProbe
+from memprof.estimation.clock import VirtualClock
+from memprof.estimation.cuda_allocator import CachingAllocatorModel
+from memprof.estimation.workspace import WorkspaceProbe
 
 __all__ = ["FakeAllocationStream"]
 
@@ -59,8 +58,8 @@ _WORKSPACE_ADDRESS = 1  # odd: never a StorageImpl's address
 
 
 # Frames in these folders are not the user's: the innermost frame outside them is where the user called.
-_LIBRARIES = tuple(os.path.dirname(os.path.abspath(m.__file__ or "")) + os.sep
-                   for m in (torch, memprof, contextlib))
+_LIBRARIES = tuple(os.path.dirname(os.path.abspath(path)) + os.sep
+                   for path in (torch.__file__ or "", os.path.dirname(os.path.abspath(__file__)), contextlib.__file__))
 
 
 def _user_frame() -> str:
@@ -119,9 +118,9 @@ class FakeAllocationStream:
     Args:
         device: the device whose allocator is modelled (``cpu``: exact storage bytes; ``cuda``: the
             caching allocator's blocks, and its reserved bytes).
-        probe: measures the workspace of CPU kernels (:mod:`memprof.estimate.workspace`); ``None``: none
+        probe: measures the workspace of CPU kernels (:mod:`memprof.estimation.workspace`); ``None``: none
             is reported (the CPU's kernels' workspace says nothing of CUDA's).
-        clock: advanced past each operator (:class:`~memprof.estimate.clock.VirtualClock`); the events are
+        clock: advanced past each operator (:class:`~memprof.estimation.clock.VirtualClock`); the events are
             stamped with the hooks' clock (:func:`memprof.capture.hooks.now_ns`), which should be it.
     """
 

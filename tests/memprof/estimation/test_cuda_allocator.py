@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memprof.estimate.cuda_allocator import CachingAllocatorModel, round_size, segment_size, should_split
+from memprof.estimation.cuda_allocator import CachingAllocatorModel, round_size, segment_size, should_split
 
 KiB, MiB = 1 << 10, 1 << 20
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from memprof.estimate import estimate
-from memprof.estimate.cuda_allocator import round_size
-from tests.memprof.estimate.cases import CASES, train_step
+from memprof import estimate
+from memprof.estimation.cuda_allocator import round_size
+from tests.memprof.estimation.cases import CASES, train_step
 
 pytestmark = pytest.mark.gpu
 

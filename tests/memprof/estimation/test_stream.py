@@ -11,9 +11,9 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from memprof.capture.hooks import now_ns, use_clock
 from memprof.capture.tensor_walk import storage_address
-from memprof.estimate.clock import ROOFLINES, Roofline, VirtualClock
-from memprof.estimate.stream import FakeAllocationStream
-from memprof.estimate.workspace import WorkspaceProbe
+from memprof.estimation.clock import ROOFLINES, Roofline, VirtualClock
+from memprof.estimation.stream import FakeAllocationStream
+from memprof.estimation.workspace import WorkspaceProbe
 
 aten = torch.ops.aten
 
@@ -104,7 +104,7 @@ def test_a_probed_kernel_reports_its_workspace_around_its_outputs():
 
 
 def test_the_workspace_of_a_cut_batch_extrapolates_to_the_full_one(monkeypatch):
-    import memprof.estimate.workspace as workspace_module
+    import memprof.estimation.workspace as workspace_module
 
     args = (torch.Size([16, 16, 32, 32]), torch.Size([16, 16, 3, 3]))
     with FakeTensorMode():
@@ -152,9 +152,8 @@ def test_the_virtual_clock_advances_by_the_roofline():
 
 
 def test_estimates_are_deterministic(tmp_path):
-    from memprof import load_trace
-    from memprof.estimate import estimate
-    from tests.memprof.estimate.cases import CASES, OPTIMIZERS
+    from memprof import estimate, load_trace
+    from tests.memprof.estimation.cases import CASES, OPTIMIZERS
 
     layers = []
     for name in ("a", "b"):

@@ -1,8 +1,8 @@
 """``estimate()``: a training step's memory, predicted on fake tensors before the step ever runs.
 
-The model's parameters and buffers are swapped for fake twins (:mod:`memprof.estimate.fake`), a
+The model's parameters and buffers are swapped for fake twins (:mod:`memprof.estimation.fake`), a
 :class:`~memprof.capture.profiler.MemoryProfiler` is attached with a
-:class:`~memprof.estimate.stream.FakeAllocationStream` in place of the allocator, and two ordinary training
+:class:`~memprof.estimation.stream.FakeAllocationStream` in place of the allocator, and two ordinary training
 steps run under ``FakeTensorMode``: no memory is allocated and no kernel runs, only shapes are computed.
 The profiler's own hooks and analysis make the trace, so an estimate has the categories, per-layer costs and
 timeline of a measured run, and the planner and the dashboard read it unchanged.
@@ -29,10 +29,10 @@ from memprof.capture.profiler import MemoryProfiler
 from memprof.capture.tensor_walk import fake_addresses
 from memprof.categories import CATEGORIES, Category
 from memprof.errors import EstimateError
-from memprof.estimate.clock import ROOFLINES, VirtualClock
-from memprof.estimate.fake import FakeConverter, fake_state
-from memprof.estimate.stream import FakeAllocationStream
-from memprof.estimate.workspace import WorkspaceProbe
+from memprof.estimation.clock import ROOFLINES, VirtualClock
+from memprof.estimation.fake import FakeConverter, fake_state
+from memprof.estimation.stream import FakeAllocationStream
+from memprof.estimation.workspace import WorkspaceProbe
 
 __all__ = ["STEPS", "Estimate", "estimate"]
 
@@ -154,7 +154,7 @@ def estimate(model: nn.Module, batch: Any, loss_fn: LossFn, optimizer: Optimizer
             ``lambda params: torch.optim.AdamW(params)``; ``None``: forward and backward only.
         device: the device modelled, ``"cpu"`` or ``"cuda"`` (default: the model's; ``cpu`` for meta).
             On CUDA, block sizes and reserved memory follow the caching allocator
-            (:mod:`memprof.estimate.cuda_allocator`).
+            (:mod:`memprof.estimation.cuda_allocator`).
         out_dir: folder for the trace; it is written to ``out_dir/run_id``.
         run_id: name of the run (default ``<model class>-<UTC time>-<random>``).
 
