@@ -174,6 +174,7 @@ def estimate(model: nn.Module, batch: Any, loss_fn: LossFn, optimizer: Optimizer
             "modelled_device": str(modelled), "ops_device": str(ops_device), "estimate_steps": STEPS,
             "estimate_iteration": STEPS - 1, "clock": "virtual-roofline",
             "roofline": dataclasses.asdict(clock.roofline)}
+    existed = run_id is not None and (Path(out_dir) / run_id).exists()  # then not ours to remove on failure
     with (use_clock(clock), fake_addresses(), _quiet_fake_tensor_log(),
           fake_state(model, FakeConverter(mode, ops_device)) as state, mode):
         built = optimizer(list(p for p in state if isinstance(p, nn.Parameter))) if optimizer is not None else None
@@ -189,7 +190,8 @@ def estimate(model: nn.Module, batch: Any, loss_fn: LossFn, optimizer: Optimizer
                 raise failure
         except BaseException:
             profiler.close()
-            shutil.rmtree(profiler.run_dir, ignore_errors=True)  # no trace of a step that could not be estimated
+            if not existed:  # no trace of a step that could not be estimated
+                shutil.rmtree(profiler.run_dir, ignore_errors=True)
             raise
         profiler.close()
     return _read(profiler.run_dir, modelled, time.perf_counter() - started)
