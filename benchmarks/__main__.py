@@ -33,6 +33,8 @@ SECTIONS = {
                 ["benchmarks.bench_quality"], ["--steps", "3"]),
     "real_models": ("6. The planner on models written by others (Hugging Face, torchvision-style)",
                     ["benchmarks.bench_real_models"], ["--repeats", "1"]),
+    "estimate": ("9. Estimates on fake tensors: predicted vs measured step peak, and their cost",
+                 ["benchmarks.bench_estimate"], ["--repeats", "1", "--skip-large"]),
     "dashboard": ("Dashboard responsiveness", ["benchmarks.bench_dashboard"], []),
     "long_dashboard": ("The dashboard on a 100,000-iteration run", ["benchmarks.bench_long_dashboard"],
                        ["--repeats", "3", "--part-iterations", "1000"]),

@@ -224,6 +224,8 @@ def rank_view_points(ranks: int) -> int:
 
 
 def _run_kind(meta: dict[str, Any]) -> str:
+    if meta.get("estimate"):  # memprof.estimate: predicted on fake tensors, not measured
+        return f"estimate ({meta.get('modelled_device', '?')}, fake tensors)"
     schedule = meta.get("schedule")
     if isinstance(schedule, dict):
         source = meta.get("source_run", "?")

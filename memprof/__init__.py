@@ -5,6 +5,7 @@ from typing import TYPE_CHECKING, Any
 from memprof.categories import CATEGORY_COLUMNS, Category
 from memprof.errors import (
     CorruptTraceError,
+    EstimateError,
     MemoryBudgetExceeded,
     MemprofError,
     OutputExistsError,
@@ -19,12 +20,14 @@ from memprof.units import format_bytes, parse_bytes
 
 if TYPE_CHECKING:
     from memprof.capture.profiler import MemoryProfiler
+    from memprof.estimation.run import Estimate, estimate
     from memprof.trace.reader import RunEntry, Trace, list_runs, load_trace
 
 # Imported on first use: the profiler imports torch and the reader pandas, and the background worker
 # (``python -m memprof.trace.worker``, which runs this file first) needs neither.
 _LAZY = {"MemoryProfiler": "memprof.capture.profiler", "RunEntry": "memprof.trace.reader", "Trace": "memprof.trace.reader",
-         "list_runs": "memprof.trace.reader", "load_trace": "memprof.trace.reader"}
+         "list_runs": "memprof.trace.reader", "load_trace": "memprof.trace.reader",
+         "Estimate": "memprof.estimation.run", "estimate": "memprof.estimation.run"}
 
 
 def __getattr__(name: str) -> Any:
@@ -39,6 +42,8 @@ __all__ = [
     "CATEGORY_COLUMNS",
     "Category",
     "CorruptTraceError",
+    "Estimate",
+    "EstimateError",
     "MemoryBudgetExceeded",
     "MemoryProfiler",
     "MemprofError",
@@ -51,6 +56,7 @@ __all__ = [
     "Trace",
     "TraceError",
     "TraceNotFoundError",
+    "estimate",
     "format_bytes",
     "list_runs",
     "load_trace",

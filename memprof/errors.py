@@ -56,3 +56,19 @@ class SnapshotFormatError(MemprofError):
 
 class OutputExistsError(MemprofError, FileExistsError):
     """The output a command would write already exists; nothing was changed (pass ``force`` to replace it)."""
+
+
+class EstimateError(MemprofError):
+    """A training step cannot be estimated on fake tensors (an op needs real values, or bad arguments).
+
+    Attributes:
+        op: the operator that could not run on fake tensors (e.g. ``aten.nonzero.default``), or ``None``
+            when the arguments were the problem.
+    """
+
+    def __init__(self, message: str, op: str | None = None) -> None:
+        super().__init__(message)
+        self.op = op
+
+    def __reduce__(self) -> tuple[type, tuple[str, str | None]]:  # keeps ``op`` through pickling
+        return type(self), (str(self), self.op)

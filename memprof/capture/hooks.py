@@ -6,10 +6,11 @@ analysis happens later in :mod:`memprof.analysis.attribution`. No hook keeps a r
 
 from __future__ import annotations
 
+import contextlib
+import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import partial
-from time import time_ns
 from typing import Any
 
 import torch
@@ -25,12 +26,34 @@ from memprof.capture.tensor_walk import (
 )
 from memprof.categories import Category
 
-__all__ = ["HookRecorder"]
+__all__ = ["HookRecorder", "now_ns", "use_clock"]
+
+# The clock every mark is stamped with: the wall clock, or while an estimate runs its virtual clock
+# (memprof.estimation.clock), which advances by each operator's predicted time. A module global, read as
+# cheaply as the plain time.time_ns it usually is (the hooks are the training thread's hot path).
+time_ns: Callable[[], int] = time.time_ns
+
+
+def now_ns() -> int:
+    """The current time on the clock the hooks stamp their marks with."""
+    return time_ns()
+
+
+@contextlib.contextmanager
+def use_clock(clock: Callable[[], int]) -> Iterator[None]:
+    """Stamps marks (and the profiler's iteration times) with ``clock`` inside the block."""
+    global time_ns
+    saved, time_ns = time_ns, clock
+    try:
+        yield
+    finally:
+        time_ns = saved
 
 
 # Enum members looked up once: attribute access on an Enum class costs more than a global (hot paths).
 _FWD_ENTER, _FWD_EXIT, _BWD_ENTER, _BWD_EXIT = Mark.FWD_ENTER, Mark.FWD_EXIT, Mark.BWD_ENTER, Mark.BWD_EXIT
 _WEIGHT_GRADS = CAT[Category.WEIGHT_GRADS]
+_INPUTS = CAT[Category.INPUTS]
 
 
 class HookRecorder:
@@ -109,6 +132,14 @@ class HookRecorder:
         if watching is not None and watching.alive:  # a batch fed again: one finalizer is enough
             return
         self._finalizers[ptr] = weakref.finalize(storage, _note_free, self._free_sink, ptr)
+
+    def mark_inputs(self, obj: Any) -> None:
+        """Observes the storages of every tensor in ``obj`` as inputs (see ``MemoryProfiler.mark_inputs``)."""
+        now = time_ns()
+        self.observations.extend((now, ptr, _INPUTS, nbytes) for ptr, nbytes in storages(obj))
+        if self.watch_inputs:
+            for tensor in tensors(obj):
+                self.watch_free(tensor)
 
     def drain(self) -> Drained:
         """Returns and clears what was recorded since the last drain."""

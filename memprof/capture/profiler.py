@@ -9,7 +9,6 @@ import uuid
 import warnings
 import weakref
 from pathlib import Path
-from time import time_ns
 from typing import IO, Any
 
 import numpy as np
@@ -20,7 +19,7 @@ from memprof.analysis.detail import DEFAULT_EVERY, DEFAULT_FIRST, DEFAULT_PEAK_R
 from memprof.analysis.iteration import IterationProcessor, root_forward_ran
 from memprof.analysis.layers import subtree_bytes
 from memprof.analysis.records import CAT, CarriedState, IterationRecord, LiveBlock, Mark, RunSpec
-from memprof.capture.hooks import HookRecorder
+from memprof.capture.hooks import HookRecorder, now_ns
 from memprof.capture.kineto import SLOT_TAKEN
 from memprof.capture.oom_snapshot import OomSnapshot
 from memprof.capture.sinks import BackgroundSink, InlineSink, Outcome
@@ -112,6 +111,9 @@ class MemoryProfiler:
             ``budget_bytes``), dump it to ``<run_dir>/oom_snapshot.pickle`` beside the post-mortem, for
             ``memprof import-snapshot`` or PyTorch's memory_viz (:mod:`memprof.capture.oom_snapshot`). Elsewhere
             it warns once and does nothing.
+        allocation_stream: where allocator events come from instead of the device's allocator, with the
+            interface of :mod:`memprof.capture.streams` and a ``device`` (the device it models, which the
+            run is then profiled as). :func:`memprof.estimate` passes one that sees fake tensors.
 
     Raises:
         ProfilerError: the model already has a live profiler, or another torch.profiler is running.
@@ -122,7 +124,8 @@ class MemoryProfiler:
                  stream: IO[str] | None = None, extra_meta: dict[str, Any] | None = None,
                  budget_bytes: int | None = None, background: bool = True, detail_first: int = DEFAULT_FIRST,
                  detail_every: int = DEFAULT_EVERY, detail_peak_rise: float = DEFAULT_PEAK_RISE,
-                 snapshot_on_oom: bool = False) -> None:
+                 snapshot_on_oom: bool = False,
+                 allocation_stream: Any = None) -> None:
         if not isinstance(model, nn.Module):
             raise ProfilerError(f"expected a torch.nn.Module to profile, found {type(model).__name__}")
         if isinstance(print_period, bool) or not isinstance(print_period, int) or print_period < 0:
@@ -134,13 +137,13 @@ class MemoryProfiler:
             )
         self.model, self.optimizer = model, optimizer
         self.print_period, self.stream = print_period, stream
-        self.device = _model_device(model)
+        self.device = torch.device(allocation_stream.device) if allocation_stream is not None else _model_device(model)
         self._cuda = self.device.type == "cuda"
         self.rank, self.world_size = _distributed()
         self.run_id = run_id or self._shared_run_id(model)
         base = Path(out_dir) / self.run_id
         self.run_dir = base / f"rank={self.rank}" if self.world_size > 1 else base
-        if torch.autograd._profiler_enabled():
+        if allocation_stream is None and torch.autograd._profiler_enabled():
             raise ProfilerError(SLOT_TAKEN)
         if (self.run_dir / "meta.json").exists():
             raise ProfilerError(f"{self.run_dir} already holds a trace; choose another run_id or out_dir")
@@ -153,7 +156,7 @@ class MemoryProfiler:
         self.detail = DetailPolicy(first=detail_first, every=detail_every, peak_rise=detail_peak_rise)
         self._detailed: set[int] = set()
         _warn_if_compiled(model)
-        self._stream = open_stream(self.device)
+        self._stream = allocation_stream if allocation_stream is not None else open_stream(self.device)
         self._names, self._modules = module_tree(model)
         self._params = list(dict.fromkeys(p for m in self._modules for p in m.parameters(recurse=False)))
         self._infos = describe_modules(self._names, self._modules, self._params)
@@ -179,7 +182,7 @@ class MemoryProfiler:
         self._oom_snapshot = OomSnapshot(self.device) if snapshot_on_oom else None
         if self._oom_snapshot is not None:
             self._oom_snapshot.start()
-        self._iteration_start_ns = time_ns()
+        self._iteration_start_ns = now_ns()
 
     # ------------------------------------------------------------------ set-up
     def _shared_run_id(self, model: nn.Module) -> str:
@@ -260,7 +263,7 @@ class MemoryProfiler:
         self._finish_iteration(detail=bool(detail))
 
     def _finish_iteration(self, restart: bool = True, failed: bool = False, detail: bool = False) -> None:
-        end_ns = time_ns()
+        end_ns = now_ns()
         events = self._stream.collect(restart=restart)
         drained = self._recorder.drain()
         reserved, peak_reserved = self._reserved(events)
@@ -280,7 +283,7 @@ class MemoryProfiler:
                 "still exact, but per-layer numbers are empty; profile the eager model (for torch.compile, "
                 "model._orig_mod) to get them.", RuntimeWarning, stacklevel=3)
         self.iteration += 1
-        self._iteration_start_ns = time_ns()
+        self._iteration_start_ns = now_ns()
 
     def _handle(self, outcomes: list[Outcome]) -> None:
         """Prints the reports, keeps the post-mortem, and says once what went wrong writing."""
@@ -307,9 +310,19 @@ class MemoryProfiler:
     def _reserved(self, events: Any) -> tuple[int, int]:
         if not self._cuda:
             return 0, 0
-        current = int(torch.cuda.memory_reserved(self.device))
+        modelled = getattr(self._stream, "reserved_bytes", None)  # a stream that models the allocator says
+        current = int(modelled()) if modelled is not None else int(torch.cuda.memory_reserved(self.device))
         seen = int(np.max(events.total_reserved_bytes)) if len(events) else 0
         return current, max(current, seen)
+
+    def mark_inputs(self, batch: Any) -> None:
+        """Marks the tensors of ``batch`` as this iteration's inputs.
+
+        The root module's positional arguments are marked by its forward hook; call this for what the
+        hook cannot see: inputs passed by keyword (``model(input_ids=...)``) and targets only the loss reads.
+        """
+        self._check_open()
+        self._recorder.mark_inputs(batch)
 
     def epoch_end(self) -> None:
         """Marks the end of an epoch: later iterations are recorded with the next epoch number."""

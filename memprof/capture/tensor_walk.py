@@ -6,7 +6,8 @@ profiler's set-up, which needs exact storage sizes for memory that predates prof
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -14,7 +15,33 @@ from torch import nn
 
 from memprof.analysis.records import ModuleInfo, Storage
 
-__all__ = ["grad_tensors", "module_tree", "optimizer_state", "pointers", "storages", "tensors"]
+__all__ = ["fake_addresses", "grad_tensors", "module_tree", "optimizer_state", "pointers", "storage_address", "storages",
+           "tensors"]
+
+# Fake tensors (memprof.estimation) have storages on the meta device, whose data pointer is 0 for all of them.
+# While fake addresses are on, such a storage is named by the address of its StorageImpl instead, which is
+# unique while it lives, as a real block's address is: the fake allocation stream and the hooks both name
+# storages through :func:`storage_address`, so they agree.
+_fake_address_users = 0
+
+
+@contextlib.contextmanager
+def fake_addresses() -> Iterator[None]:
+    """Within the block, meta storages are named by their StorageImpl's address (see :func:`storage_address`)."""
+    global _fake_address_users
+    _fake_address_users += 1
+    try:
+        yield
+    finally:
+        _fake_address_users -= 1
+
+
+def storage_address(storage: torch.UntypedStorage) -> int:
+    """The address a storage is known by: its data pointer, or for a fake tensor's storage (while a fake
+    allocation stream runs, see :func:`fake_addresses`) the address of its StorageImpl."""
+    if _fake_address_users and storage.device.type == "meta":
+        return int(storage._cdata)
+    return storage.data_ptr()
 
 
 def storages(obj: Any, out: list[Storage] | None = None, depth: int = 0, exact: bool = True) -> list[Storage]:
@@ -39,7 +66,7 @@ def storages(obj: Any, out: list[Storage] | None = None, depth: int = 0, exact: 
             obj = obj.to_local()  # a DTensor (FSDP2, tensor parallel): this rank's shard holds the memory
         try:
             storage = obj.untyped_storage()
-            out.append((storage.data_ptr(), storage.nbytes()))
+            out.append((storage_address(storage), storage.nbytes()))
         except (RuntimeError, NotImplementedError):  # sparse, nested or subclass tensors
             pass
     elif depth < 4 and (cls is tuple or cls is list or isinstance(obj, (tuple, list))):
@@ -117,7 +144,7 @@ def describe_modules(names: list[str], modules: list[nn.Module], params: list[nn
     infos = []
     for name, module in zip(names, modules):
         parent = -1 if name == "" else index_of_name.get(name.rpartition(".")[0], 0)
-        buffers = {b.untyped_storage().data_ptr(): b.untyped_storage().nbytes() for b in module.buffers()}
+        buffers = {storage_address(b.untyped_storage()): b.untyped_storage().nbytes() for b in module.buffers()}
         infos.append(ModuleInfo(
             name=name,
             parent=parent,

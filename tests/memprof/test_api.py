@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ["memprof", "memprof.capture", "memprof.analysis", "memprof.trace", "memprof.interop"]
+PACKAGES = ["memprof", "memprof.capture", "memprof.analysis", "memprof.trace", "memprof.interop",
+            "memprof.estimation"]
 
 
 @pytest.mark.parametrize("name", PACKAGES)
