@@ -2,7 +2,8 @@
 
 On a 2-core CPU it finishes in a few minutes: three models (a ResNet-style CNN with BatchNorm, a GPT-style
 transformer stack and a Hugging Face-style Llama whose forward loops over its blocks with keyword side
-inputs), trained with Adam, a few profiled iterations each; the chain is found automatically; every
+inputs), trained with Adam: first each step's memory is estimated on fake tensors (``memprof.estimate``),
+then a few iterations of each are profiled and the measured peak printed beside the estimate; the chain is found automatically; every
 algorithm at several whole-step budgets; store-all and a selection of schedules executed and measured
 (whole-step peak predicted against measured); one hand-written chain of 3,000 small stages solved by
 binomial checkpointing; then the dashboard.
@@ -27,6 +28,7 @@ from memprof.units import format_bytes
 if TYPE_CHECKING:
     import torch
 
+    from memprof import Estimate
     from memprof.zoo import ModelAndData
     from planner.measure import Comparison
     from planner.schedule import Schedule
@@ -108,6 +110,35 @@ def profile_model(spec: DemoModel, out_dir: Path, tag: str, iterations: int) -> 
             prof.record_stats()
             progress.step()
     return prof.run_dir
+
+
+def estimate_model(spec: DemoModel, out_dir: Path, tag: str) -> Estimate:
+    """The estimated memory of one training step of an embedded model, before it has run (fake tensors)."""
+    import torch
+
+    from memprof import estimate
+
+    torch.manual_seed(0)
+    model, make_batch = spec.build()
+
+    def loss_fn(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        inputs, targets = batch
+        return torch.nn.functional.cross_entropy(model(inputs), targets)
+
+    return estimate(model, make_batch(spec.batch_size), loss_fn, lambda params: torch.optim.Adam(params, lr=1e-3),
+                    out_dir=out_dir, run_id=f"{spec.name}-{tag}-estimate")
+
+
+def estimate_line(spec: DemoModel, found: Estimate, run_dir: Path) -> str:
+    """The estimate beside the profiled run's measured step peak (its iterations after the first, with state)."""
+    from memprof import load_trace
+
+    summary = load_trace(run_dir).iterations
+    steady = summary[summary["iteration"] >= 1] if len(summary) > 1 else summary
+    measured = int(steady["peak_allocated_bytes"].max())
+    error = (measured - found.peak_bytes) / found.peak_bytes if found.peak_bytes else 0.0
+    return (f"{spec.name}: estimated step peak {format_bytes(found.peak_bytes)} before running ({found.seconds:.1f} s "
+            f"on fake tensors); measured {format_bytes(measured)} ({error:+.2%})")
 
 
 def plan_and_measure(spec: DemoModel, run_dir: Path, out_dir: Path, tag: str, measure: bool) -> list[str]:
@@ -222,8 +253,14 @@ def run_demo(args: argparse.Namespace) -> int:
     tag = time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:4]  # a second run never mixes with the first
     started = time.perf_counter()
     summary = []
+    progress = Progress("estimating", len(DEMO_MODELS))
+    estimates = {}
+    for spec in DEMO_MODELS:  # before anything runs: what each step will need
+        estimates[spec.name] = estimate_model(spec, out_dir, tag)
+        progress.step(spec.name)
     for spec in DEMO_MODELS:
         run_dir = profile_model(spec, out_dir, tag, args.iterations)
+        summary.append(estimate_line(spec, estimates[spec.name], run_dir))
         summary += plan_and_measure(spec, run_dir, out_dir, tag, measure=not args.no_measure)
     summary += long_chain_lines()
     print("\n".join(["", *summary, f"demo finished in {time.perf_counter() - started:.0f} s; traces in {out_dir}"]))

@@ -84,3 +84,14 @@ def test_the_long_chain_section_is_binomials_optimal_count():
     assert lines[0].startswith("long chain: 300 stages of 1.0 MiB; binomial checkpointing with 5 snapshots in ")
     count = forward_count(301, 5)
     assert lines[1].startswith(f"  {count} forward evaluations (optimal for 301 steps and 5 snapshots: {count});")
+
+
+def test_the_estimate_of_a_demo_model_matches_its_profiled_peak(tmp_path):
+    # the demo's first section: each model estimated on fake tensors before it runs, then measured
+    spec = cli.demo.DEMO_MODELS[1]  # the GPT-style stack
+    found = cli.demo.estimate_model(spec, tmp_path, "t")
+    run_dir = cli.demo.profile_model(spec, tmp_path, "t", iterations=2)
+    line = cli.demo.estimate_line(spec, found, run_dir)
+    assert line.startswith(f"gpt: estimated step peak {cli.demo.format_bytes(found.peak_bytes)} before running")
+    error = float(line.rsplit("(", 1)[1].rstrip("%)"))
+    assert abs(error) <= 3.0, line
