@@ -34,6 +34,7 @@ import torch
 
 from memprof import estimate
 from memprof.units import format_bytes
+from tests.allocator_truth import allocator_rise_bytes
 from tests.memprof.estimation.cases import CASES, OPTIMIZERS, measured_peak, train_step
 
 GPT2_SIZES = {"gpt2 (124M)": (12, 768, 12), "gpt2-medium (355M)": (24, 1024, 16), "gpt2-large (774M)": (36, 1280, 20)}
@@ -93,18 +94,8 @@ def _gpt2(layers: int, width: int, heads: int) -> tuple:
 
 
 def _allocator_peak_during(call) -> int:
-    from torch.profiler import ProfilerActivity, profile
-
-    with warnings.catch_warnings(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        warnings.simplefilter("ignore")  # the workspace probes step aside for the profiler, and say so
-        call()
-    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
-                    key=lambda e: e.start_ns())
-    live = peak = 0
-    for event in events:
-        live += event.nbytes()
-        peak = max(peak, live)
-    return peak
+    # the workspace probes step aside for the profiler, and say so
+    return allocator_rise_bytes(call, quiet=True)
 
 
 def _peak_rss() -> int:

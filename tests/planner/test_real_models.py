@@ -26,6 +26,7 @@ from planner import (
 )
 from planner.executor import remove_schedule
 from planner.measure import measure_schedule
+from tests.allocator_truth import allocator_rise_bytes
 from tests.planner.real_models import ALL_BUILDERS, RealModel
 
 pytestmark = pytest.mark.slow
@@ -70,21 +71,11 @@ def _storage_bytes(tensors) -> int:
 
 def allocator_step_peak(real: RealModel, model, optimizer, batch) -> int:
     """The whole step's peak: what is allocated at its start plus the highest rise of torch.profiler's events."""
-    from torch.profiler import ProfilerActivity, profile
-
     _train(real, model, optimizer, batch)  # optimizer state exists, as in the profiled steps
     optimizer.zero_grad(set_to_none=True)
     state = [t for s in optimizer.state.values() for t in s.values()]
     start = _storage_bytes([*model.parameters(), *model.buffers(), *state, *batch])
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        _train(real, model, optimizer, batch)
-    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
-                    key=lambda e: e.start_ns())
-    live = peak = 0
-    for event in events:
-        live += event.nbytes()
-        peak = max(peak, live)
-    return start + peak
+    return start + allocator_rise_bytes(lambda: _train(real, model, optimizer, batch))
 
 
 def _grads(real: RealModel, model, batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

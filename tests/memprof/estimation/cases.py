@@ -18,6 +18,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from memprof import zoo
+from tests.allocator_truth import allocator_rise_bytes
 
 Loss = Callable[[nn.Module, Any], torch.Tensor]
 
@@ -142,19 +143,9 @@ def measured_peak(model: nn.Module, batch: Any, loss_fn: Loss,
                   make_optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer] | None) -> int:
     """The allocator's peak of a steady-state CPU step: what is allocated when it starts (model and
     optimizer state, the batch) plus the highest rise of torch.profiler's allocation events during it."""
-    from torch.profiler import ProfilerActivity, profile
-
     optimizer = make_optimizer(list(model.parameters())) if make_optimizer is not None else None
     train_step(model, batch, loss_fn, optimizer)  # the optimizer's state exists, as in the estimate's step
     model.zero_grad(set_to_none=True)  # frees of blocks allocated before profiling are not reported
     state = [t for s in (optimizer.state.values() if optimizer is not None else []) for t in _tensors(s)]
     start = _storage_bytes([*model.parameters(), *model.buffers(), *state, *_tensors(batch)])
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        train_step(model, batch, loss_fn, optimizer)
-    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
-                    key=lambda e: e.start_ns())
-    live = peak = 0
-    for event in events:
-        live += event.nbytes()
-        peak = max(peak, live)
-    return start + peak
+    return start + allocator_rise_bytes(lambda: train_step(model, batch, loss_fn, optimizer))

@@ -14,6 +14,7 @@ from torch.nn import functional as F
 from memprof import estimate, load_trace, zoo
 from memprof.categories import Category
 from memprof.errors import EstimateError
+from tests.allocator_truth import allocator_rise_bytes
 from tests.memprof.estimation.cases import CASES, OPTIMIZERS, TiedViews
 
 ADAMW = OPTIMIZERS["adamw"]
@@ -25,17 +26,7 @@ def _cross_entropy(model: nn.Module, batch) -> torch.Tensor:
 
 def _allocated_peak(call) -> int:
     """The highest bytes the CPU allocator had allocated during ``call()`` above what it had before."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        call()
-    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
-                    key=lambda e: e.start_ns())
-    live = peak = 0
-    for event in events:
-        live += event.nbytes()
-        peak = max(peak, live)
-    return peak
+    return allocator_rise_bytes(call)
 
 
 def test_a_meta_model_is_estimated_without_allocating_its_weights(tmp_path):
