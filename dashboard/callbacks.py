@@ -16,6 +16,7 @@ from dash import Input, Output, State
 
 from dashboard import ids
 from dashboard.data import VIEW_ERRORS, TraceStore
+from dashboard.estimates import estimate_vs_measured, is_estimate
 from dashboard.figures import (
     empty_figure,
     headline,
@@ -107,6 +108,10 @@ def overview_view(store: TraceStore, names: list[str] | None) -> tuple[str, go.F
     if compare is not None and not compare.empty and not iterations.empty:
         a, b = int(iterations["peak_allocated_bytes"].max()), int(compare["peak_allocated_bytes"].max())
         text += f" {names[1]} peaks at {b / a:.2f}x of it." if a else ""
+        first, second = (is_estimate(store.meta(name)) for name in names[:2])
+        if first != second:  # an estimate beside a measured run: how far it was, by category
+            pair = (iterations, compare) if first else (compare, iterations)
+            text += " " + estimate_vs_measured(*pair)
     detail = store.detail_iterations(names[0])
     return text, peaks_figure(iterations, compare, names, detail), breakdown_figure(iterations)
 
