@@ -17,6 +17,7 @@ from typing import Any
 
 from planner.errors import ChainError, ChainWarning
 from planner.jsonio import load_json
+from planner.stage_option import StageOption, option_from_dict
 from planner.step import StepCosts
 from planner.transfer import DEFAULT_TRANSFER, TransferCosts
 
@@ -49,6 +50,8 @@ class Stage:
         modules: qualified names of the modules the stage runs (empty for a hand-written chain).
         weight_grad_bytes: parameter gradients that ``B(l)`` allocates and that stay allocated until the
             optimizer step (0 when the gradients already exist, e.g. ``zero_grad(set_to_none=False)``).
+        options: the stage's recomputation options besides keeping everything (option 0); ``F_all`` with
+            option ``k`` keeps ``options[k-1].saved_bytes`` (:mod:`planner.stage_option`).
     """
 
     forward_ms: float
@@ -61,6 +64,7 @@ class Stage:
     name: str = ""
     modules: tuple[str, ...] = ()
     weight_grad_bytes: int = 0
+    options: tuple[StageOption, ...] = ()
 
     def __post_init__(self) -> None:
         for key in _STAGE_FLOAT_FIELDS:
@@ -77,6 +81,23 @@ class Stage:
                 f"(a, {self.output_bytes}); expected saved_bytes >= output_bytes"
             )
         object.__setattr__(self, "modules", tuple(self.modules))
+        object.__setattr__(self, "options", tuple(self.options))
+        for option in self.options:
+            if not isinstance(option, StageOption):
+                raise ChainError(f"stage {self.name or '?'}: options must be StageOption objects, found {option!r}")
+            if not self.output_bytes <= option.saved_bytes <= self.saved_bytes:
+                raise ChainError(
+                    f"stage {self.name or '?'}: option {option.name!r} keeps {option.saved_bytes} bytes; expected "
+                    f"between output_bytes ({self.output_bytes}) and saved_bytes ({self.saved_bytes})"
+                )
+
+    def saved_with(self, option: int) -> int:
+        """a-bar with option ``option`` (0: keep everything)."""
+        return self.saved_bytes if option == 0 else self.options[option - 1].saved_bytes
+
+    def recompute_ms_with(self, option: int) -> float:
+        """What ``B(l)`` spends recomputing after a forward with option ``option`` (0: nothing)."""
+        return 0.0 if option == 0 else self.options[option - 1].recompute_ms
 
 
 @dataclass(frozen=True)
@@ -173,6 +194,9 @@ class Chain:
         for stage in self.stages:
             entry = asdict(stage)
             entry["modules"] = list(stage.modules)
+            entry["options"] = [option.to_dict() for option in stage.options]
+            if not entry["options"]:
+                del entry["options"]
             stages.append(entry)
         out: dict[str, Any] = {"name": self.name, "input_bytes": self.input_bytes, "stages": stages}
         if self.source:
@@ -195,6 +219,7 @@ class Chain:
         body = json.dumps({"input_bytes": self.input_bytes, "stages": [
             [s.output_bytes, s.saved_bytes, s.grad_bytes, s.forward_overhead_bytes, s.backward_overhead_bytes]
             + ([s.weight_grad_bytes] if s.weight_grad_bytes else [])
+            + ([[o.saved_bytes, o.recompute_ms] for o in s.options] if s.options else [])
             for s in self.stages
         ]}, sort_keys=True)
         return hashlib.sha256(body.encode()).hexdigest()[:16]
@@ -290,4 +315,11 @@ def _stage_from_dict(index: int, raw: Any) -> Stage:
         name=str(raw.get("name", "")),
         modules=tuple(str(m) for m in raw.get("modules", ())),
         weight_grad_bytes=_as_int("weight_grad_bytes", raw.get("weight_grad_bytes", 0), where),
+        options=_options(raw.get("options", ()), where),
     )
+
+
+def _options(raw: Any, where: str) -> tuple[StageOption, ...]:
+    if not isinstance(raw, Sequence) or isinstance(raw, (str, bytes)):
+        raise ChainError(f"{where}: 'options' must be a list of objects, found {type(raw).__name__}")
+    return tuple(option_from_dict(item, where) for item in raw)

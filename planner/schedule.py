@@ -49,18 +49,31 @@ class OpKind(str, Enum):
 
 @dataclass(frozen=True)
 class Op:
-    """One operation on stage ``stage`` (1..L+1, the loss being L+1)."""
+    """One operation on stage ``stage`` (1..L+1, the loss being L+1).
+
+    ``option`` (``F_all`` only) picks the stage's recomputation option (:mod:`planner.stage_option`): 0 keeps
+    everything B needs; ``k`` keeps ``chain.stage(stage).options[k-1]`` and ``B`` recomputes the rest.
+    """
 
     kind: OpKind
     stage: int
+    option: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", OpKind(self.kind))
         if isinstance(self.stage, bool) or not isinstance(self.stage, int) or self.stage < 1:
             raise InvalidScheduleError(f"operation stage must be an integer >= 1, found {self.stage!r}")
+        if isinstance(self.option, bool) or not isinstance(self.option, int) or self.option < 0:
+            raise InvalidScheduleError(f"operation option must be an integer >= 0, found {self.option!r}")
+        if self.option and self.kind is not OpKind.F_ALL:
+            raise InvalidScheduleError(f"only F_all takes a recomputation option, found {self.kind.value} with option {self.option}")
 
     def __str__(self) -> str:
-        return f"{self.kind.value}({self.stage})"
+        return f"{self.kind.value}({self.stage})" + (f"[{self.option}]" if self.option else "")
+
+    def to_list(self) -> list[Any]:
+        """The JSON form: ``[kind, stage]``, or ``[kind, stage, option]`` with an option."""
+        return [self.kind.value, self.stage] + ([self.option] if self.option else [])
 
 
 @dataclass(frozen=True)
@@ -92,12 +105,17 @@ class Schedule:
     predicted_host_peak_bytes: int | None = None
 
     def __post_init__(self) -> None:
-        ops = tuple(o if isinstance(o, Op) else Op(OpKind(o[0]), int(o[1])) for o in self.ops)
+        ops = tuple(o if isinstance(o, Op) else Op(OpKind(o[0]), *(int(v) for v in o[1:])) for o in self.ops)
         top = self.chain.length + 1
         for position, op in enumerate(ops):
             if op.stage > top:
                 raise InvalidScheduleError(
                     f"operation {position} ({op}) names stage {op.stage}, but the chain has stages 1..{top}"
+                )
+            if op.option > len(self.chain.stage(op.stage).options):
+                raise InvalidScheduleError(
+                    f"operation {position} ({op}) picks option {op.option}, but stage {op.stage} has "
+                    f"{len(self.chain.stage(op.stage).options)} recomputation options besides keeping everything"
                 )
         object.__setattr__(self, "ops", ops)
 
@@ -127,7 +145,7 @@ class Schedule:
             "budget_bytes": self.budget_bytes,
             "modules": list(self.modules),
             "chain_fingerprint": self.chain.fingerprint(),
-            "ops": [[op.kind.value, op.stage] for op in self.ops],
+            "ops": [op.to_list() for op in self.ops],
             "predicted_peak_bytes": self.predicted_peak_bytes,
             "predicted_makespan_ms": self.predicted_makespan_ms,
             "predicted_step_peak_bytes": self.predicted_step_peak_bytes,
@@ -197,16 +215,18 @@ def _load(source: str | Path | Mapping[str, Any]) -> Any:
 
 def _parse_ops(raw: Any) -> tuple[Op, ...]:
     if not isinstance(raw, Sequence) or isinstance(raw, (str, bytes)):
-        raise InvalidScheduleError(f"'ops' must be a list of [kind, stage] pairs, found {type(raw).__name__}")
+        raise InvalidScheduleError(f"'ops' must be a list of [kind, stage(, option)] lists, found {type(raw).__name__}")
     ops = []
     kinds = [k.value for k in OpKind]
     for position, item in enumerate(raw):
-        if not isinstance(item, Sequence) or isinstance(item, (str, bytes)) or len(item) != 2:
-            raise InvalidScheduleError(f"operation {position} must be [kind, stage], found {item!r}")
-        kind, stage = item
+        if not isinstance(item, Sequence) or isinstance(item, (str, bytes)) or len(item) not in (2, 3):
+            raise InvalidScheduleError(f"operation {position} must be [kind, stage] or [kind, stage, option], found {item!r}")
+        kind, stage, *option = item
         if kind not in kinds:
             raise InvalidScheduleError(f"operation {position} has kind {kind!r}; expected one of {kinds}")
         if isinstance(stage, bool) or not isinstance(stage, int):
             raise InvalidScheduleError(f"operation {position} has stage {stage!r}; expected an integer")
-        ops.append(Op(OpKind(kind), stage))
+        if option and (isinstance(option[0], bool) or not isinstance(option[0], int)):
+            raise InvalidScheduleError(f"operation {position} has option {option[0]!r}; expected an integer")
+        ops.append(Op(OpKind(kind), stage, *option))
     return tuple(ops)

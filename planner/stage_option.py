@@ -1,0 +1,78 @@
+"""Recomputation options of one stage: what ``F_all(l)`` may keep short of everything (selective recomputation).
+
+A stage's forward recorded with option ``o`` keeps the outputs of some of its ops (``saves``) and drops the
+rest; ``B(l)`` first recomputes what was dropped (``recompute_ms``), which brings the stage's memory back to
+a-bar^l, then runs the backward. Option 0, keep everything, is the plain ``F_all`` and is not listed; the
+others come from the op records of a planning pass (:mod:`planner.option_builder`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from planner.errors import ChainError
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageOption:
+    """One recomputation option of a stage.
+
+    Attributes:
+        name: a short label (``"compute"``, ``"none"`` ...), shown in schedules and the dashboard.
+        saved_bytes: a-bar_o, what the forward keeps until ``B(l)`` with this option (includes a^l).
+        recompute_ms: forward time ``B(l)`` spends recomputing what the option dropped.
+        recompute_flops: the FLOPs of that recomputation (0 when unknown).
+        saves: indexes, in the stage's forward op order (0-based), of the ops whose outputs are kept.
+        save_ops: the aten overload names of those ops (``"aten.addmm.default"``), so an executor can check
+            that the ops it sees are the ones that were planned.
+    """
+
+    name: str
+    saved_bytes: int
+    recompute_ms: float
+    recompute_flops: int = 0
+    saves: tuple[int, ...] = ()
+    save_ops: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        where = f"option {self.name or '?'}"
+        for key in ("saved_bytes", "recompute_flops"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ChainError(f"{where}: {key} must be a whole number >= 0, found {value!r}")
+        ms = self.recompute_ms
+        if isinstance(ms, bool) or not isinstance(ms, (int, float)) or not math.isfinite(ms) or ms < 0:
+            raise ChainError(f"{where}: recompute_ms must be a finite number >= 0, found {ms!r}")
+        saves, names = tuple(int(i) for i in self.saves), tuple(str(n) for n in self.save_ops)
+        if any(i < 0 for i in saves) or list(saves) != sorted(set(saves)):
+            raise ChainError(f"{where}: saves must be distinct op indexes >= 0 in increasing order, found {saves}")
+        if names and len(names) != len(saves):
+            raise ChainError(f"{where}: save_ops names {len(names)} ops but saves lists {len(saves)}; expected one name per index")
+        object.__setattr__(self, "saves", saves)
+        object.__setattr__(self, "save_ops", names)
+        object.__setattr__(self, "recompute_ms", float(ms))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON-compatible form :func:`option_from_dict` reads."""
+        return {"name": self.name, "saved_bytes": self.saved_bytes, "recompute_ms": self.recompute_ms,
+                "recompute_flops": self.recompute_flops, "saves": list(self.saves), "save_ops": list(self.save_ops)}
+
+
+def option_from_dict(raw: Any, where: str) -> StageOption:
+    """Reads one option of a chain JSON (``where`` names the stage in errors)."""
+    if not isinstance(raw, Mapping):
+        raise ChainError(f"{where}: each option must be an object, found {type(raw).__name__}")
+    missing = [k for k in ("name", "saved_bytes", "recompute_ms") if k not in raw]
+    if missing:
+        raise ChainError(f"{where}: an option lacks {missing}; each needs 'name', 'saved_bytes', 'recompute_ms'")
+    try:
+        return StageOption(name=str(raw["name"]), saved_bytes=raw["saved_bytes"], recompute_ms=raw["recompute_ms"],
+                           recompute_flops=raw.get("recompute_flops", 0), saves=tuple(raw.get("saves", ())),
+                           save_ops=tuple(raw.get("save_ops", ())))
+    except (TypeError, ValueError) as exc:
+        raise ChainError(f"{where}: option {raw.get('name')!r} is malformed ({exc})") from None
+    except ChainError as exc:
+        raise ChainError(f"{where}: {exc}") from None
