@@ -21,8 +21,9 @@ class OpRecord:
         module: qualified name of the innermost module whose forward ran the op (``""`` outside any).
         op: the aten overload, e.g. ``"aten.addmm.default"``.
         output_bytes: bytes of the storages the op's outputs newly allocated (0 for views and in-place ops).
-        needs: indexes of the ops whose outputs this op's backward reads (what its autograd node saved);
-            tensors made outside the recorded forward (inputs, parameters) are not listed.
+        needs: indexes of the ops whose outputs this op's backward reads (what its autograd node saved),
+            its own index included when it saves its output (``relu``, ``tanh``); tensors made outside the
+            recorded forward (inputs, parameters) are not listed.
         forward_ms: wall time of the op in the recorded forward.
         flops: its FLOPs by ``torch.utils.flop_counter``'s formulas (0 for ops it does not count).
     """
@@ -43,6 +44,6 @@ class OpRecord:
         if not math.isfinite(self.forward_ms) or self.forward_ms < 0:
             raise ValueError(f"op record {self.op}: forward_ms must be a finite number >= 0, found {self.forward_ms!r}")
         needs = tuple(int(i) for i in self.needs)
-        if any(not 0 <= i < self.index for i in needs):
-            raise ValueError(f"op record {self.index} ({self.op}): needs must name earlier ops, found {needs}")
+        if any(not 0 <= i <= self.index for i in needs):
+            raise ValueError(f"op record {self.index} ({self.op}): needs must name this op or earlier ones, found {needs}")
         object.__setattr__(self, "needs", needs)
