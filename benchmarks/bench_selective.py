@@ -1,0 +1,274 @@
+"""Selective recomputation against torch.compile's min-cut partitioner and block-level rotor, on GPT-2 (CPU).
+
+One run, side by side, on a Hugging Face GPT-2 built from its config with random weights (GPT-2 small by
+default: 12 layers, 768 wide, 12 heads, 124M parameters; batch 2 x 256 tokens, fp32, dropout as configured),
+every method measured the same way on the same model and batch:
+
+- *activations held*: what the forward leaves allocated for the backward, read from the CPU allocator
+  (torch.profiler's ``[memory]`` events summed over the forward, the loss included); it counts the saved
+  tensors of plain autograd, of ``torch.utils.checkpoint`` (inputs, cached outputs of selective policies) and
+  of compiled graphs alike, where ``saved_tensors_hooks`` miss what a checkpoint holds;
+- *FLOPs*: forward + backward, ``torch.utils.flop_counter.FlopCounterMode`` around the eager step; for
+  torch.compile, the same counter run inside the compiled forward and backward graphs (the partitioner's
+  recomputation is in the backward graph), since a counter outside a compiled call does not see them;
+- *step time*: median forward + backward wall time over ``--repeats`` steps (the first excluded).
+
+Methods: plain autograd (store all); eager ``torch.utils.checkpoint`` of every other block; torch.compile
+(``aot_autograd`` with inductor's decompositions and the min-cut partitioner, eager kernels, i.e. the
+``aot_eager_decomp_partition`` backend with FLOP counting) at ``activation_memory_budget`` 1.0, 0.5, 0.3,
+0.1; memprof ``rotor`` (blocks kept or recomputed whole) and ``selective`` (each kept block picks a
+recomputation option from the op records) at ``--budgets`` whole-step budgets from the lowest feasible to
+store-all's, planned from one profiled step with op records (``MemoryProfiler(..., ops=True)``).
+
+Run ``python -m benchmarks.bench_selective [--layers 12 --width 768 --heads 12] [--repeats 3] [--budgets 8]``
+(``--quick``: a 4-layer, 256-wide model for a smoke run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from memprof.units import format_bytes
+
+COMPILE_BUDGETS = (1.0, 0.5, 0.3, 0.1)
+
+
+@dataclass(frozen=True)
+class Point:
+    """One method at one setting, measured."""
+
+    method: str
+    setting: str
+    held_bytes: int
+    flops: int
+    step_ms: float
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The model and its batch: ``step()`` runs forward + backward and returns the loss."""
+
+    model: nn.Module
+    ids: torch.Tensor
+
+    def forward(self, model: Callable[..., Any] | None = None) -> torch.Tensor:
+        return (self.model if model is None else model)(input_ids=self.ids, labels=self.ids).loss
+
+
+def build(layers: int, width: int, heads: int, batch: int, seq: int, vocab: int) -> Workload:
+    """GPT-2 from its config, random weights (seeded), in training mode."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=layers, n_embd=width, n_head=heads, vocab_size=vocab, n_positions=max(seq, 64))
+    model = GPT2LMHeadModel(config).train()
+    return Workload(model, torch.randint(0, vocab, (batch, seq)))
+
+
+def held_bytes(forward: Callable[[], torch.Tensor]) -> int:
+    """Bytes the forward leaves allocated (the CPU allocator's events summed over it), the loss included."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        loss = forward()
+    held = sum(e.nbytes() for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
+    loss.backward()
+    return held
+
+
+def eager_flops(forward: Callable[[], torch.Tensor]) -> int:
+    """Forward + backward FLOPs of an eager step (recomputation in the backward included)."""
+    with FlopCounterMode(display=False) as counter:
+        forward().backward()
+    return counter.get_total_flops()
+
+
+def step_ms(forward: Callable[[], torch.Tensor], repeats: int) -> float:
+    """Median forward + backward wall time over ``repeats`` steps, after one warm-up step."""
+    times = []
+    for _ in range(repeats + 1):
+        started = time.perf_counter()
+        forward().backward()
+        times.append((time.perf_counter() - started) * 1e3)
+    return statistics.median(times[1:])
+
+
+def measure(method: str, setting: str, forward: Callable[[], torch.Tensor], repeats: int,
+            flops: Callable[[], int] | None = None, note: str = "") -> Point:
+    """One point: activations held, FLOPs and step time of ``forward`` (+ its backward)."""
+    forward().backward()  # warm-up: lazy initialisation and compilation stay out of every number
+    held = held_bytes(forward)
+    counted = flops() if flops is not None else eager_flops(forward)
+    ms = step_ms(forward, repeats)
+    print(f"  {method:<22} {setting:<24} held {format_bytes(held):>11}  {counted / 1e9:8.2f} GFLOP  {ms:8.0f} ms",
+          flush=True)
+    return Point(method, setting, held, counted, ms, note)
+
+
+@contextmanager
+def every_other_block_checkpointed(blocks: nn.ModuleList) -> Iterator[None]:
+    """Wraps blocks 0, 2, 4 ... in non-reentrant ``torch.utils.checkpoint`` (restored on exit)."""
+    from torch.utils.checkpoint import checkpoint
+
+    patched = list(blocks)[::2]
+    for block in patched:
+        block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        for block in patched:
+            del block.forward  # the instance attribute goes; the class's forward is back
+
+
+class _CompiledFlops:
+    """An ``aot_autograd`` backend like ``aot_eager_decomp_partition`` whose graphs count their FLOPs."""
+
+    def __init__(self) -> None:
+        self.counting = False
+        self.flops = 0
+
+    def compiler(self, gm: torch.fx.GraphModule, example_inputs: Any) -> Callable[..., Any]:
+        def run(*args: Any) -> Any:
+            if not self.counting:
+                return gm(*args)
+            with FlopCounterMode(display=False) as counter:
+                out = gm(*args)
+            self.flops += counter.get_total_flops()
+            return out
+
+        return run
+
+    def backend(self) -> Any:
+        from torch._dynamo.backends.common import aot_autograd
+        from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+        def decompositions() -> Any:
+            from torch._inductor.compile_fx import select_decomp_table
+
+            return select_decomp_table()
+
+        return aot_autograd(fw_compiler=self.compiler, bw_compiler=self.compiler, decompositions=decompositions,
+                            partition_fn=functools.partial(min_cut_rematerialization_partition, compiler="inductor"))
+
+    def count(self, forward: Callable[[], torch.Tensor]) -> int:
+        self.counting, self.flops = True, 0
+        try:
+            forward().backward()
+        finally:
+            self.counting = False
+        return self.flops
+
+
+def compiled_points(work: Workload, repeats: int) -> list[Point]:
+    """torch.compile with the min-cut partitioner at each ``activation_memory_budget``."""
+    import torch._dynamo
+    import torch._functorch.config as functorch_config
+
+    points = []
+    for budget in COMPILE_BUDGETS:
+        torch._dynamo.reset()
+        counter = _CompiledFlops()
+        compiled = torch.compile(work.model, backend=counter.backend())
+        with functorch_config.patch(activation_memory_budget=budget):
+            forward = functools.partial(work.forward, compiled)
+            points.append(measure("torch.compile", f"activation_memory_budget={budget}", forward, repeats,
+                                  flops=functools.partial(counter.count, forward)))
+    torch._dynamo.reset()
+    return points
+
+
+def planned_points(work: Workload, repeats: int, budgets: int, out: Path) -> list[Point]:
+    """memprof rotor and selective at ``budgets`` whole-step budgets, planned from one profiled step."""
+    from memprof import MemoryProfiler, load_trace
+    from planner import chain_from_trace, min_feasible_budget, solve, store_all_budget
+    from planner.executor import apply_schedule, remove_schedule
+
+    with MemoryProfiler(work.model, None, out_dir=out, print_period=0, background=False, ops=True) as prof:
+        for _ in range(2):
+            work.forward().backward()
+            work.model.zero_grad(set_to_none=True)
+            prof.record_stats()
+    chain = chain_from_trace(load_trace(prof.run_dir))
+    print(f"  chain: {chain.length} stages, {sum(len(s.options) for s in chain.stages)} options", flush=True)
+    points: list[Point] = []
+    for algorithm in ("rotor", "selective"):
+        low, high = min_feasible_budget(chain, algorithm), store_all_budget(chain)
+        seen: set[tuple] = set()
+        for i in range(budgets):
+            budget = low + (high - low) * i // max(budgets - 1, 1)
+            schedule = solve(chain, budget, algorithm)
+            if schedule.ops in seen:
+                continue
+            seen.add(schedule.ops)
+            apply_schedule(work.model, schedule)
+            try:
+                predicted = schedule.predicted_step_peak_bytes or schedule.predicted_peak_bytes or 0
+                points.append(measure(f"memprof {algorithm}", f"budget {format_bytes(budget)}", work.forward,
+                                      repeats, note=f"predicted step peak {format_bytes(predicted)}"))
+            finally:
+                remove_schedule(work.model)
+            work.model.zero_grad(set_to_none=True)
+    return points
+
+
+def table(points: list[Point]) -> str:
+    """The Markdown table, ratios against plain autograd (the first point)."""
+    base = points[0]
+    lines = ["| method | setting | activations held | x store-all | fwd+bwd GFLOP | FLOPs vs store-all | "
+             "step ms | time vs store-all |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for p in points:
+        lines.append(
+            f"| {p.method} | {p.setting} | {format_bytes(p.held_bytes)} | {p.held_bytes / base.held_bytes:.2f}x | "
+            f"{p.flops / 1e9:.1f} | {100 * (p.flops / base.flops - 1):+.1f}% | {p.step_ms:.0f} | "
+            f"{100 * (p.step_ms / base.step_ms - 1):+.1f}% |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> str:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--layers", type=int, default=12)
+    parser.add_argument("--width", type=int, default=768)
+    parser.add_argument("--heads", type=int, default=12)
+    parser.add_argument("--vocab", type=int, default=50257)
+    parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--seq", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--budgets", type=int, default=8)
+    parser.add_argument("--quick", action="store_true", help="a 4-layer, 256-wide GPT-2 (smoke run)")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.layers, args.width, args.heads, args.vocab = 4, 256, 4, 1000
+    work = build(args.layers, args.width, args.heads, args.batch, args.seq, args.vocab)
+    params = sum(p.numel() for p in work.model.parameters())
+    print(f"GPT-2 {args.layers} layers x {args.width} ({params / 1e6:.0f}M parameters), batch {args.batch} x "
+          f"{args.seq} tokens, fp32, {torch.get_num_threads()} threads", flush=True)
+    points = [measure("plain autograd", "store all", work.forward, args.repeats)]
+    with every_other_block_checkpointed(work.model.transformer.h):
+        points.append(measure("torch.utils.checkpoint", "every other block", work.forward, args.repeats))
+    points += compiled_points(work, args.repeats)
+    with tempfile.TemporaryDirectory() as tmp:
+        points += planned_points(work, args.repeats, args.budgets, Path(tmp))
+    text = table(points)
+    print(text)
+    return text
+
+
+if __name__ == "__main__":
+    main()
