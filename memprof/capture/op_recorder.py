@@ -251,3 +251,59 @@ def record_ops(model: nn.Module, run: Callable[[], Any]) -> list[OpRecord]:
     with OpRecorder(model) as recorder:
         run()
     return recorder.records
+
+
+class OpPass:
+    """The planning pass of a profiler: records the ops of one iteration's root forward, then gets out of the way.
+
+    Two hooks on the root module start an :class:`OpRecorder` when the chosen iteration's forward begins and
+    stop it when it ends; both are removed once it has run, so later steps cost what they cost without it.
+
+    Args:
+        model: the root module.
+        iteration: the iteration whose forward is recorded.
+        current: returns the iteration in progress.
+    """
+
+    def __init__(self, model: nn.Module, iteration: int, current: Callable[[], int]) -> None:
+        if isinstance(iteration, bool) or not isinstance(iteration, int) or iteration < 0:
+            raise ProfilerError(f"ops_iteration must be a whole number >= 0, found {iteration!r}")
+        self.model, self.iteration, self._current = model, iteration, current
+        self.recorder: OpRecorder | None = None
+        self.done = False
+        self._handles = [model.register_forward_pre_hook(self._begin),
+                         model.register_forward_hook(self._end, always_call=True)]
+
+    def _begin(self, module: nn.Module, args: Any) -> None:
+        if self.recorder is None and self._current() == self.iteration:
+            self.recorder = OpRecorder(self.model)
+            self.recorder.start()
+
+    def _end(self, module: nn.Module, args: Any, output: Any) -> None:
+        if self.recorder is not None and self.recorder.active:
+            self.recorder.stop()
+            self.done = True
+            self.detach()
+
+    def take(self) -> list[OpRecord] | None:
+        """The records, once, at the end of the recorded iteration; ``None`` before and after.
+
+        A forward that raised leaves the recorder running: it is stopped here and its records dropped.
+        """
+        if self.recorder is None:
+            return None
+        recorder, self.recorder = self.recorder, None
+        if recorder.active:  # the forward raised before its end hook ran
+            recorder.stop()
+            self.done = True
+            self.detach()
+            return None
+        return recorder.records
+
+    def detach(self) -> None:
+        """Removes the hooks (and stops a recorder still running). Idempotent."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        if self.recorder is not None and self.recorder.active:
+            self.recorder.stop()
