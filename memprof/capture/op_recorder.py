@@ -43,6 +43,8 @@ _next_node_number: Callable[[], int] = torch._C._autograd._get_sequence_nr
 _aten = torch.ops.aten
 # The CPU flash kernel has the flash kernel's first arguments; torch's registry counts only the latter.
 _FLOP_ALIASES = {_aten._scaled_dot_product_flash_attention_for_cpu: _aten._scaled_dot_product_flash_attention}
+# ``torch.tensor(data)`` fills its storage outside the dispatcher, then lifts it: the lift's output is new.
+_FRESH = {_aten.lift_fresh.default}
 
 
 def _storage(tensor: torch.Tensor) -> tuple[int, int] | None:
@@ -211,7 +213,7 @@ class OpRecorder:
             if not isinstance(tensor, torch.Tensor) or (found := _storage(tensor)) is None:
                 continue
             ptr, nbytes = found
-            if ptr in inputs:  # a view or an in-place result: nothing new
+            if ptr in inputs and func not in _FRESH:  # a view or an in-place result: nothing new
                 continue
             inputs.add(ptr)  # two outputs sharing one new storage count it once
             self._creator[ptr] = index
