@@ -22,6 +22,7 @@ an address freed and allocated again is mapped to its newest creator, and a save
 
 from __future__ import annotations
 
+import sys
 import time
 from bisect import bisect_right
 from collections.abc import Callable
@@ -286,6 +287,8 @@ class OpPass:
             self.recorder.stop()
             self.done = True
             self.detach()
+            if sys.exc_info()[0] is not None:  # an always-call hook of a forward that raised: half a forward
+                self.recorder = None
 
     def take(self) -> list[OpRecord] | None:
         """The records, once, at the end of the recorded iteration; ``None`` before and after.
