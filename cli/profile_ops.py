@@ -9,6 +9,7 @@ the ops recorded, the bytes autograd saved of them, their forward time and FLOPs
 from __future__ import annotations
 
 import argparse
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,7 +100,12 @@ def run_profile_ops(args: argparse.Namespace) -> int:
     if "meta" in devices:
         raise OptionError(f"the model of {args.factory} is on the meta device: profile-ops runs the step for real "
                           "(build it on cpu or cuda; memprof estimate takes meta models)")
-    run_dir, records = _record(args, model, batch, loss_fn, "cuda" if "cuda" in devices else "cpu")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        # a failed step is reported as one line: the profiler's warnings about it would only repeat it
+        run_dir, records = _record(args, model, batch, loss_fn, "cuda" if "cuda" in devices else "cpu")
+    for warning in caught:
+        warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
     print(summary(records, run_dir, args.factory, batch_size, args.warmup, args.top))
     return 0
 
