@@ -79,10 +79,10 @@ def test_ops_iteration_zero_and_a_run_too_short(tmp_path: Path) -> None:
                         ops=True, ops_iteration=0) as profiler:
         _steps(model, profiler, 2)
     assert load_trace(profiler.run_dir).op_iterations == [0]
-    with pytest.warns(RuntimeWarning, match="recorded no ops"):
-        with MemoryProfiler(model, optimizer, out_dir=tmp_path, run_id="short", print_period=0, background=False,
-                            ops=True, ops_iteration=5) as profiler:
-            _steps(model, profiler, 2)
+    with pytest.warns(RuntimeWarning, match="recorded no ops"), MemoryProfiler(
+            model, optimizer, out_dir=tmp_path, run_id="short", print_period=0, background=False, ops=True,
+            ops_iteration=5) as profiler:
+        _steps(model, profiler, 2)
     assert load_trace(profiler.run_dir).op_records() == []
     assert _hooks(model) == 0
 
