@@ -15,13 +15,13 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from cli import dashboard, demo, estimate, export, export_snapshot, import_snapshot, plan, report
+from cli import dashboard, demo, estimate, export, export_snapshot, import_snapshot, plan, profile_ops, report
 from memprof.errors import MemprofError
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
 #: Every sub-command, in the order ``memprof --help`` lists them; each module has ``register(subparsers)``.
-COMMANDS = (report, plan, export, import_snapshot, export_snapshot, dashboard, demo, estimate)
+COMMANDS = (report, plan, export, import_snapshot, export_snapshot, dashboard, demo, estimate, profile_ops)
 
 
 class _OneLineParser(argparse.ArgumentParser):

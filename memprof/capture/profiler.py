@@ -22,11 +22,13 @@ from memprof.analysis.records import CAT, CarriedState, IterationRecord, LiveBlo
 from memprof.capture.hooks import HookRecorder, now_ns
 from memprof.capture.kineto import SLOT_TAKEN
 from memprof.capture.oom_snapshot import OomSnapshot
+from memprof.capture.op_recorder import OpPass
 from memprof.capture.sinks import BackgroundSink, InlineSink, Outcome
 from memprof.capture.streams import open_stream
 from memprof.capture.tensor_walk import describe_modules, module_tree, optimizer_state, pointers, storages
 from memprof.categories import Category
 from memprof.errors import MemoryBudgetExceeded, ProfilerError
+from memprof.trace.ops_table import write_ops
 from memprof.trace.schema import FORMAT_NAME, SCHEMA_VERSION
 from memprof.trace.writer import TraceWriter, write_meta
 from memprof.units import format_bytes
@@ -114,6 +116,13 @@ class MemoryProfiler:
         allocation_stream: where allocator events come from instead of the device's allocator, with the
             interface of :mod:`memprof.capture.streams` and a ``device`` (the device it models, which the
             run is then profiled as). :func:`memprof.estimate` passes one that sees fake tensors.
+        ops: run a planning pass: record the aten ops of one iteration's forward (the root module's first
+            forward in it) into the trace's ``ops`` table (:class:`memprof.capture.op_recorder.OpRecorder`):
+            each op's new output bytes, what autograd saved of which op, its time and FLOPs. That iteration
+            keeps its detail; its times include the recorder's own cost (several times the forward's). Two
+            hooks on the root module wait for it and are removed once it has run: other steps cost the same.
+        ops_iteration: the iteration the planning pass records (default 1: the first after a warm-up step,
+            whose times are not those of first calls).
 
     Raises:
         ProfilerError: the model already has a live profiler, or another torch.profiler is running.
@@ -125,7 +134,7 @@ class MemoryProfiler:
                  budget_bytes: int | None = None, background: bool = True, detail_first: int = DEFAULT_FIRST,
                  detail_every: int = DEFAULT_EVERY, detail_peak_rise: float = DEFAULT_PEAK_RISE,
                  snapshot_on_oom: bool = False,
-                 allocation_stream: Any = None) -> None:
+                 allocation_stream: Any = None, ops: bool = False, ops_iteration: int = 1) -> None:
         if not isinstance(model, nn.Module):
             raise ProfilerError(f"expected a torch.nn.Module to profile, found {type(model).__name__}")
         if isinstance(print_period, bool) or not isinstance(print_period, int) or print_period < 0:
@@ -152,6 +161,8 @@ class MemoryProfiler:
             raise ProfilerError(f"budget_bytes must be a positive whole number of bytes, found {budget_bytes!r}")
         if not isinstance(snapshot_on_oom, bool):
             raise ProfilerError(f"snapshot_on_oom must be True or False, found {snapshot_on_oom!r}")
+        if not isinstance(ops, bool):
+            raise ProfilerError(f"ops must be True or False, found {ops!r}")
         self.budget_bytes = budget_bytes
         self.detail = DetailPolicy(first=detail_first, every=detail_every, peak_rise=detail_peak_rise)
         self._detailed: set[int] = set()
@@ -178,6 +189,7 @@ class MemoryProfiler:
         self._sink = self._open_sink(spec, CarriedState(-1, self._baseline(), 1), background and budget_bytes is None)
         self._stream.start()
         self._recorder.attach()
+        self._op_pass = OpPass(model, ops_iteration, lambda: self.iteration) if ops else None
         _ATTACHED.add(model)
         self._oom_snapshot = OomSnapshot(self.device) if snapshot_on_oom else None
         if self._oom_snapshot is not None:
@@ -264,6 +276,8 @@ class MemoryProfiler:
 
     def _finish_iteration(self, restart: bool = True, failed: bool = False, detail: bool = False) -> None:
         end_ns = now_ns()
+        if self._op_pass is not None and self.iteration == self._op_pass.iteration:
+            detail = self._write_ops() or detail
         events = self._stream.collect(restart=restart)
         drained = self._recorder.drain()
         reserved, peak_reserved = self._reserved(events)
@@ -284,6 +298,19 @@ class MemoryProfiler:
                 "model._orig_mod) to get them.", RuntimeWarning, stacklevel=3)
         self.iteration += 1
         self._iteration_start_ns = now_ns()
+
+    def _write_ops(self) -> bool:
+        """Writes the planning pass's records of this iteration; says whether there were any."""
+        assert self._op_pass is not None
+        records = self._op_pass.take()
+        if not records:
+            return False
+        try:
+            write_ops(self.run_dir, self.iteration, records)
+        except OSError as exc:
+            warnings.warn(f"memprof could not write the ops of iteration {self.iteration} to {self.run_dir} ({exc})",
+                          RuntimeWarning, stacklevel=4)
+        return True
 
     def _handle(self, outcomes: list[Outcome]) -> None:
         """Prints the reports, keeps the post-mortem, and says once what went wrong writing."""
@@ -340,6 +367,7 @@ class MemoryProfiler:
             if self._oom_snapshot is not None:
                 self._oom_snapshot.stop()
             self._recorder.detach()
+            self._close_op_pass()
             _ATTACHED.discard(self.model)
             try:
                 self._handle(self._sink.finish())
@@ -358,6 +386,15 @@ class MemoryProfiler:
             except OSError as exc:
                 warnings.warn(f"memprof could not finalise {self.run_dir / 'meta.json'}: {exc}", RuntimeWarning,
                               stacklevel=2)
+
+    def _close_op_pass(self) -> None:
+        if self._op_pass is None:
+            return
+        self._op_pass.detach()
+        if not self._op_pass.done:
+            warnings.warn(f"MemoryProfiler(ops=True) recorded no ops: the run ended after {self.iteration} "
+                          f"iteration(s), before the forward of iteration {self._op_pass.iteration} (ops_iteration)",
+                          RuntimeWarning, stacklevel=4)
 
     def record_failure(self, exc: BaseException) -> None:
         """Flushes the iteration in progress as a post-mortem of ``exc`` (an out-of-memory error).

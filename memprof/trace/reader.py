@@ -14,16 +14,20 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from memprof.analysis.iteration import ProcessedIteration
+from memprof.analysis.op_records import OpRecord
 from memprof.errors import CorruptTraceError, SchemaVersionError, TraceError, TraceNotFoundError
+from memprof.trace.ops_table import records_from_frame
 from memprof.trace.recovery import recover, recovered_frame
 from memprof.trace.schema import (
     FORMAT_NAME,
     ITERATIONS,
     META_FILE,
     META_KEYS,
+    OPS,
+    OPTIONAL_TABLES,
+    READ_SCHEMAS,
     READABLE_VERSIONS,
     SCHEMA_VERSION,
-    SCHEMAS,
     TABLES,
     V1_DEFAULTS,
     table_dir_name,
@@ -89,7 +93,7 @@ def table_parts(run_dir: Path, table: str) -> list[Path]:
 def _required(table: str, version: int) -> list[pa.Field]:
     """The columns a part of ``table`` must have in a trace of schema ``version``."""
     absent = V1_DEFAULTS.get(table, {}) if version == 1 else {}
-    return [f for f in SCHEMAS[table] if f.name not in absent]
+    return [f for f in READ_SCHEMAS[table] if f.name not in absent]
 
 
 def _list_parts(run_dir: Path, table: str, version: int) -> tuple[tuple[Path, ...], tuple[IterationRange, ...]]:
@@ -165,7 +169,7 @@ class Trace:
         """Reads one table (all parts), optionally only some columns and some iterations.
 
         Args:
-            table: ``"iterations"``, ``"layers"`` or ``"events"``.
+            table: ``"iterations"``, ``"layers"``, ``"events"`` or ``"ops"`` (empty when no planning pass ran).
             columns: the columns to read (default: all).
             iterations: read only these iterations' rows (default: all); parts and row groups that
                 cannot hold them are skipped.
@@ -173,14 +177,17 @@ class Trace:
         Raises:
             CorruptTraceError: a part cannot be read or lacks a requested column.
         """
-        if table not in SCHEMAS:
-            raise KeyError(f"unknown table {table!r}; expected one of {TABLES}")
+        if table not in READ_SCHEMAS:
+            raise KeyError(f"unknown table {table!r}; expected one of {(*TABLES, *OPTIONAL_TABLES)}")
         wanted = None if iterations is None else sorted({int(i) for i in iterations})
         if columns is not None and "iteration" not in columns:
             # the iteration column tells which of two parts holding an iteration wins
             frame = self.read(table, ["iteration", *columns], wanted)
             return frame[list(columns)]
         frame = self._read_parts(table, columns, wanted)
+        if table == OPS:
+            # written whole, by the recording process itself, before its iteration's row: kept as it is
+            return frame
         if table != ITERATIONS and "iteration" in frame.columns and self._parts[ITERATIONS]:
             # a run killed between an iteration's parts wrote layers/events but not its row: drop them
             frame = frame[frame.iteration.isin(self._written_iterations)].reset_index(drop=True)
@@ -250,7 +257,7 @@ class Trace:
             frame = data.to_pandas()
             for name, value in defaults.items():
                 if (names is None or name in names) and name not in frame.columns:
-                    frame[name] = pd.Series([value] * len(frame), dtype=SCHEMAS[table].field(name).type.to_pandas_dtype())
+                    frame[name] = pd.Series([value] * len(frame), dtype=READ_SCHEMAS[table].field(name).type.to_pandas_dtype())
             frames.append(frame[names] if names else frame)
         if len(frames) == 1:
             return frames[0]
@@ -276,6 +283,31 @@ class Trace:
     def events(self) -> pd.DataFrame:
         """The memory timeline of the detailed iterations: one row per hook event."""
         return self.read("events")
+
+    @cached_property
+    def op_iterations(self) -> list[int]:
+        """The iterations whose ops a planning pass recorded (the ``ops`` table), in order; usually one."""
+        return sorted(int(i) for i in pd.unique(self.read(OPS, columns=["iteration"]).iteration))
+
+    def op_records(self, iteration: int | None = None) -> list[OpRecord]:
+        """The aten ops of one recorded forward, in dispatch order (see :class:`OpRecord`).
+
+        Args:
+            iteration: the iteration whose ops to return (default: the first in :attr:`op_iterations`).
+
+        Returns:
+            The records, or an empty list when the trace has no ops for that iteration (no planning pass
+            ran, or the trace predates the ``ops`` table).
+
+        Raises:
+            CorruptTraceError: the table cannot be read, or holds a row that is not a valid record.
+        """
+        if iteration is None:
+            if not self.op_iterations:
+                return []
+            iteration = self.op_iterations[0]
+        frame = self.read(OPS, iterations=[int(iteration)])
+        return records_from_frame(frame[frame.iteration == int(iteration)])
 
     @property
     def run_id(self) -> str:
@@ -312,7 +344,7 @@ def _latest_parts_only(frames: list[pd.DataFrame]) -> list[pd.DataFrame]:
 
 
 def _empty_frame(table: str, columns: Iterable[str] | None) -> pd.DataFrame:
-    schema = SCHEMAS[table]
+    schema = READ_SCHEMAS[table]
     names = list(columns) if columns else schema.names
     return schema.empty_table().select([n for n in names if n in schema.names]).to_pandas()
 
@@ -337,7 +369,7 @@ def load_trace(run_dir: str | Path) -> Trace:
     parts: dict[str, tuple[Path, ...]] = {}
     ranges: dict[str, tuple[IterationRange, ...]] = {}
     version = int(meta["schema_version"])
-    for table in TABLES:
+    for table in (*TABLES, *OPTIONAL_TABLES):
         parts[table], ranges[table] = _list_parts(run_dir, table, version)
     return Trace(path=run_dir, meta=meta, _parts=parts, _recovered=recovered, _ranges=ranges)
 

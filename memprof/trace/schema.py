@@ -2,7 +2,8 @@
 
 A run is a directory ``<out_dir>/<run_id>/`` (``<out_dir>/<run_id>/rank=<r>/`` under
 ``torch.distributed``) holding ``meta.json`` and three tables: ``iterations`` (one summary row per
-iteration), ``layers`` and ``events`` (the detail, kept for the iterations the detail policy chose).
+iteration), ``layers`` and ``events`` (the detail, kept for the iterations the detail policy chose), and,
+when a planning pass ran, the optional ``ops`` table (the aten ops of one iteration's forward).
 Each table is a directory of Parquet parts (``iterations.parquet/part-000001.parquet`` ...), each
 written to a hidden temporary name and renamed into place, so a killed run leaves every flushed iteration
 readable and ``pandas.read_parquet(run_dir / "events.parquet")`` reads a table as one frame. Each flush
@@ -29,6 +30,10 @@ ITERATIONS = "iterations"
 LAYERS = "layers"
 EVENTS = "events"
 TABLES: tuple[str, ...] = (ITERATIONS, LAYERS, EVENTS)
+#: Written only by a planning pass (``MemoryProfiler(..., ops=True)``, ``memprof profile-ops``): the aten ops
+#: of one iteration's forward. Optional: a trace without it (every trace before it existed) has no op rows.
+OPS = "ops"
+OPTIONAL_TABLES: tuple[str, ...] = (OPS,)
 
 #: Keys every ``meta.json`` must have.
 META_KEYS: tuple[str, ...] = (
@@ -111,11 +116,28 @@ EVENTS_SCHEMA = pa.schema(
     ]
 )
 
+#: One row per recorded op (:class:`memprof.analysis.op_records.OpRecord`) and the iteration it ran in.
+OPS_SCHEMA = pa.schema(
+    [
+        pa.field("iteration", pa.int64()),
+        pa.field("index", pa.int64()),
+        pa.field("module", pa.string()),
+        pa.field("op", pa.string()),
+        pa.field("output_bytes", pa.int64()),
+        pa.field("needs", pa.list_(pa.int64())),
+        pa.field("forward_ms", pa.float64()),
+        pa.field("flops", pa.int64()),
+    ]
+)
+
+#: The tables every flush of the profiler writes (and the writer compacts).
 SCHEMAS: dict[str, pa.Schema] = {
     ITERATIONS: ITERATIONS_SCHEMA,
     LAYERS: LAYERS_SCHEMA,
     EVENTS: EVENTS_SCHEMA,
 }
+#: Every table the reader opens: the flushed ones and the optional ones.
+READ_SCHEMAS: dict[str, pa.Schema] = {**SCHEMAS, OPS: OPS_SCHEMA}
 
 
 def table_dir_name(table: str) -> str:

@@ -19,7 +19,7 @@ from tests.cli.helpers import EXAMPLE_RUN, ROOT, TOY, one_line_error
 def test_every_command_is_registered():
     subparsers = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     assert list(subparsers.choices) == ["report", "plan", "export", "import-snapshot", "export-snapshot", "dashboard",
-                                       "demo", "estimate"]
+                                       "demo", "estimate", "profile-ops"]
     assert all(callable(command.register) for command in COMMANDS)
 
 
