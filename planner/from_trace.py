@@ -181,6 +181,22 @@ def saving_bytes(chain: Chain) -> int:
     return store_all_budget(chain) - min_feasible_budget(chain, "rotor", slots=_RANKING_SLOTS)
 
 
+def _savings(chains: list[Chain]) -> list[int]:
+    """What each chain can save, against one store-all peak when every chain has the step around it.
+
+    Every candidate describes the same profiled step, so store-all's peak is one number; the candidates'
+    predictions of it differ only by their models' errors (coarse stages overestimate it), which must not
+    decide the ranking: against the highest, the chain that saves the most is the one whose minimum is lowest.
+    """
+    from planner.solve import min_feasible_budget, store_all_budget
+
+    if not all(chain.step is not None for chain in chains):
+        return [saving_bytes(chain) for chain in chains]
+    minimums = [min_feasible_budget(chain, "rotor", slots=_RANKING_SLOTS) for chain in chains]
+    reference = max(store_all_budget(chain) for chain in chains)
+    return [reference - minimum for minimum in minimums]
+
+
 def chain_from_trace(trace: Trace, container: str | None = None, checkpoints: Sequence[str] | None = None) -> Chain:
     """Builds the cost model of the model's chain from a profiled run.
 
@@ -208,7 +224,7 @@ def chain_from_trace(trace: Trace, container: str | None = None, checkpoints: Se
                      fuse=checkpoints is None) for candidate in found]
     if len(chains) == 1:
         return chains[0]
-    ranked = [(saving_bytes(chain), chain.length, -index) for index, chain in enumerate(chains)]
+    ranked = [(saving, chain.length, -index) for index, (chain, saving) in enumerate(zip(chains, _savings(chains)))]
     best = max(range(len(chains)), key=lambda i: ranked[i])
     chosen = chains[best]
     reason = (f"saves up to {ranked[best][0]} bytes of the step, the most of {len(chains)} chains found "
