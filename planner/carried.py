@@ -30,8 +30,8 @@ from planner.errors import ChainError, InfeasibleBudgetError
 
 if TYPE_CHECKING:  # planner.chain imports this module: the rest is imported where used
     from planner.chain import Chain
-    from planner.schedule import Op
     from planner.prediction import Prediction
+    from planner.schedule import Op
     from planner.solvers.common import Plan
 
 _FIT_TRIES = 8

@@ -73,14 +73,11 @@ def _candidates(trace: Trace, tree: ModuleTree, container: str | None) -> list[C
         try:  # a graph: blocks that also read earlier blocks' outputs
             return [container_graph(tree, container)]
         except NotAChainError as exc:
-            if sequence and runs:
-                raise
-            raise NotAChainError(f"{exc} (no chain of its children either)") from None
-        raise NotAChainError(
-            f"the children of {container!r} do not form one chain (found {len(runs)} separate runs"
-            f"{': ' + ' | '.join(','.join(m for g in r for m in g) for r in runs) if runs else ''}); "
-            "name a container whose children each consume the previous one's output"
-        )
+            raise NotAChainError(
+                f"the children of {container!r} do not form one chain (found {len(runs)} separate runs"
+                f"{': ' + ' | '.join(','.join(m for g in r for m in g) for r in runs) if runs else ''}); "
+                f"name a container whose children each consume the previous one's output. As a graph: {exc}"
+            ) from None
     return [Candidate(container, runs[0])]
 
 

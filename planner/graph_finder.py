@@ -144,9 +144,9 @@ def _read_outside(tree: ModuleTree, groups: tuple[tuple[str, ...], ...]) -> str 
         outputs = tree.nodes[group[-1]].outputs
         start = tree.nodes[group[-1]].order
         for node in tree.nodes.values():
-            if node.module not in inside and node.calls > 0 and node.order > start and node.inputs & outputs:
-                if not any(node.module == m or m.startswith(f"{node.module}.") for m in inside):
-                    return f"{node.module!r} reads the output of {group[-1]!r} outside the chain"
+            reads = node.module not in inside and node.calls > 0 and node.order > start and node.inputs & outputs
+            if reads and not any(m.startswith(f"{node.module}.") for m in inside):  # an enclosing module passes it
+                return f"{node.module!r} reads the output of {group[-1]!r} outside the chain"
     return None
 
 

@@ -223,6 +223,7 @@ class _Run:
 def _carried_leaf(where: int | str, call: StageCall) -> torch.Tensor:
     """A leaf on carried input ``where`` of ``call`` (its storage, no history), whose ``grad`` B(l) fills."""
     value = call.args[where] if isinstance(where, int) else call.kwargs[where]
+    assert isinstance(value, torch.Tensor), "a carried input was released before its stage's last recording"
     return value.detach().requires_grad_(True)
 
 

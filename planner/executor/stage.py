@@ -95,7 +95,7 @@ class StageCall:
         self.where = where
         self.carried: list[int | str] = []
         self.carried_inputs: list[torch.Tensor] = []
-        places = [*enumerate(args), *kwargs.items()]
+        places: list[tuple[int | str, Any]] = [*enumerate(args), *kwargs.items()]
         for name, value in places:
             if name == where:
                 continue

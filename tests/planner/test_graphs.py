@@ -14,7 +14,15 @@ import pytest
 import torch
 
 from memprof import MemoryProfiler, load_trace
-from planner import Chain, NotAChainError, apply_schedule, chain_from_trace, min_feasible_budget, solve, store_all_budget
+from planner import (
+    Chain,
+    NotAChainError,
+    apply_schedule,
+    chain_from_trace,
+    min_feasible_budget,
+    solve,
+    store_all_budget,
+)
 from planner.carried import Carried
 from planner.executor import remove_schedule
 from tests.planner.graph_models import GRAPH_BUILDERS
@@ -124,8 +132,8 @@ def test_parallel_branches_cannot_be_segmented_and_say_why(tmp_path) -> None:
 
 
 def test_a_skip_counts_only_where_the_chain_has_dropped_it() -> None:
-    from planner.chain import Stage
     from planner.carried import extra_bytes
+    from planner.chain import Stage
     from planner.schedule import Op, OpKind
     from planner.simulator import simulate
 
@@ -141,3 +149,19 @@ def test_a_skip_counts_only_where_the_chain_has_dropped_it() -> None:
             Op(OpKind.B, 4), Op(OpKind.B, 3), F("F_ck", 1), F("F_all", 2), Op(OpKind.B, 2), F("F_all", 1),
             Op(OpKind.B, 1)]
     assert extra_bytes(chain, simulate(chain, drop)) == [0, 0] + [100] * 9 + [0, 0]
+
+
+def test_plan_command_takes_checkpoints(tmp_path, capsys) -> None:
+    from cli.main import main
+    from planner.schedule import Schedule
+
+    _, trace, _, _ = _profile("unet", tmp_path / "run")
+    out = tmp_path / "schedule.json"
+    names = "inc,down1,down2,down3,up1,up2,up3,outc"
+    budget = min_feasible_budget(chain_from_trace(trace, checkpoints=names.split(",")))
+    assert main(["plan", str(trace.path), "--budget", str(budget), "--checkpoints", names, "--out", str(out)]) == 0
+    schedule = Schedule.from_json(out)
+    assert len(schedule.chain.carried) == 3 and schedule.predicted_step_peak_bytes <= budget
+    assert main(["plan", str(trace.path), "--budget", str(budget), "--checkpoints", "inc,up3",
+                 "--out", str(out)]) == 2
+    assert "do not cut the graph: 'down1' reads the output of 'inc'" in capsys.readouterr().err
