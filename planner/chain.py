@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from planner.carried import Carried, carried_from_dict, check_stages
+from planner.carried_tensor import Carried, carried_from_dict, check_stages
 from planner.errors import ChainError, ChainWarning
 from planner.jsonio import load_json
 from planner.stage_option import StageOption, option_from_dict
