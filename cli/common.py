@@ -66,8 +66,9 @@ def whole_number(low: int, high: int | None = None) -> Callable[[str], int]:
 port_number = whole_number(1, 65535)
 
 
-def load_chain(source: str | Path, container: str | None = None) -> Chain:
-    """The chain of a run directory (found, or the children of ``container``) or of a chain JSON file.
+def load_chain(source: str | Path, container: str | None = None, checkpoints: list[str] | None = None) -> Chain:
+    """The chain of a run directory (found, the children of ``container``, or the named ``checkpoints``) or of
+    a chain JSON file.
 
     Raises:
         ChainError: no such path, or the file is not a chain.
@@ -82,9 +83,14 @@ def load_chain(source: str | Path, container: str | None = None) -> Chain:
         from memprof.trace import load_trace
         from planner.from_trace import chain_from_trace
 
-        return chain_from_trace(load_trace(path), container=container)
+        if checkpoints is not None and container is not None:
+            raise OptionError("--checkpoints names the stages themselves; drop --container")
+        return chain_from_trace(load_trace(path), container=container, checkpoints=checkpoints)
     if not path.exists():
         raise ChainError(f"no run directory or chain file at {path}")
+    if checkpoints is not None:
+        raise OptionError(f"--checkpoints chooses the stages in a run directory, but {path} is a chain file; "
+                          "drop --checkpoints")
     if container is not None:
         raise OptionError(
             f"--container chooses the chain in a run directory, but {path} is a chain file (its stages already "

@@ -42,6 +42,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     plan.add_argument("--algorithm", default="rotor", help="solver (default rotor; see planner.ALGORITHMS)")
     plan.add_argument("--container", default=None,
                       help="run directories only: the module whose children form the chain (default: found)")
+    plan.add_argument("--checkpoints", default=None, metavar="A,B,...",
+                      help="run directories only: the modules whose outputs are the checkpoints, i.e. the stages, "
+                           "comma-separated in the order they run (default: found)")
     plan.add_argument("--slots", default="500", help="memory slots of the dynamic programs (default 500)")
     plan.add_argument("--host-cap", default=None, metavar="SIZE",
                       help="offload only: the most host memory offloaded activations may take, e.g. 64GiB "
@@ -61,6 +64,7 @@ def run_plan(args: argparse.Namespace) -> int:
         OptionError: a bad ``--slots``, ``--container`` or ``--out``.
         MemprofError: an unknown algorithm, an unreadable source, an infeasible budget.
     """
+    from planner.carried import peak_bytes as carried_peak_bytes
     from planner.export import export_json
     from planner.simulator import simulate
     from planner.solve import solve, solver
@@ -72,15 +76,18 @@ def run_plan(args: argparse.Namespace) -> int:
     solver(args.algorithm)  # an unknown name fails before the chain is read
     host_cap = parse_bytes(args.host_cap) if args.host_cap is not None else None
     gbps = _bandwidth(args.bandwidth)
-    chain = _with_link(load_chain(args.source, args.container), host_cap, gbps)
+    checkpoints = [name.strip() for name in args.checkpoints.split(",")] if args.checkpoints else None
+    chain = _with_link(load_chain(args.source, args.container, checkpoints), host_cap, gbps)
     step = chain.step
     solved = chain.activations_only() if activations_only else chain
     schedule = solve(solved, budget_bytes, algorithm=args.algorithm, slots=slots)
     prediction = simulate(solved, schedule)
-    schedule = schedule.with_prediction(prediction.peak_bytes, prediction.makespan_ms, prediction.host_peak_bytes)
+    peak = carried_peak_bytes(solved, schedule.ops) if solved.carried else prediction.peak_bytes
+    schedule = schedule.with_prediction(peak, prediction.makespan_ms, prediction.host_peak_bytes)
     baseline = simulate(solved, store_all_ops(solved))
     out = write_output(args.out, export_json(schedule) + "\n")
-    print(summary(schedule, baseline.peak_bytes, baseline.makespan_ms, out, step=step))
+    baseline_peak = carried_peak_bytes(solved, store_all_ops(solved)) if solved.carried else baseline.peak_bytes
+    print(summary(schedule, baseline_peak, baseline.makespan_ms, out, step=step))
     return 0
 
 

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from planner.carried_tensor import Carried, carried_from_dict, check_stages
 from planner.errors import ChainError, ChainWarning
 from planner.jsonio import load_json
 from planner.stage_option import StageOption, option_from_dict
@@ -114,6 +115,8 @@ class Chain:
             memory (see :mod:`planner.step`); without it, the ROTOR paper's M (the chain's memory only).
         transfer: the device's bandwidths to and from host memory and the host cap, for offloading
             (:mod:`planner.transfer`); ``None``: :data:`planner.transfer.DEFAULT_TRANSFER`.
+        carried: tensors stages read besides their running activation (skip connections, an encoder's
+            output); their memory is counted by :mod:`planner.carried`.
     """
 
     name: str
@@ -122,6 +125,7 @@ class Chain:
     source: dict[str, Any] = field(default_factory=dict, compare=False)
     step: StepCosts | None = None
     transfer: TransferCosts | None = None
+    carried: tuple[Carried, ...] = ()
 
     def __post_init__(self) -> None:
         if isinstance(self.input_bytes, bool) or not isinstance(self.input_bytes, int) or self.input_bytes < 0:
@@ -138,6 +142,10 @@ class Chain:
         if self.transfer is not None and not isinstance(self.transfer, TransferCosts):
             raise ChainError(f"transfer must be a TransferCosts or None, found {type(self.transfer).__name__}")
         object.__setattr__(self, "stages", stages)
+        object.__setattr__(self, "carried", tuple(self.carried))
+        if not all(isinstance(c, Carried) for c in self.carried):
+            raise ChainError("carried must hold Carried objects; use Chain.from_json for dicts")
+        check_stages(self.carried, len(stages) - 1)
 
     @property
     def length(self) -> int:
@@ -205,6 +213,8 @@ class Chain:
             out["step"] = self.step.to_dict()
         if self.transfer is not None:
             out["transfer"] = self.transfer.to_dict()
+        if self.carried:
+            out["carried"] = [item.to_dict() for item in self.carried]
         return out
 
     def to_json(self, path: str | Path | None = None) -> str:
@@ -221,7 +231,7 @@ class Chain:
             + ([s.weight_grad_bytes] if s.weight_grad_bytes else [])
             + ([[o.saved_bytes, o.recompute_ms] for o in s.options] if s.options else [])
             for s in self.stages
-        ]}, sort_keys=True)
+        ], **({"carried": [c.to_dict() for c in self.carried]} if self.carried else {})}, sort_keys=True)
         return hashlib.sha256(body.encode()).hexdigest()[:16]
 
     @classmethod
@@ -248,6 +258,7 @@ class Chain:
             source=dict(data.get("source", {})),
             step=StepCosts.from_dict(data["step"]) if data.get("step") is not None else None,
             transfer=TransferCosts.from_dict(data["transfer"]) if data.get("transfer") is not None else None,
+            carried=tuple(carried_from_dict(item) for item in data.get("carried") or ()),
         )
 
 

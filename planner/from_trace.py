@@ -10,13 +10,23 @@ iteration's timeline.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pandas as pd
 
 from memprof.trace import Trace
 from planner import step_costs
+from planner.carried import Carried
 from planner.chain import Chain, Stage
 from planner.chain_finder import Candidate, ModuleTree, candidates, container_candidate
 from planner.errors import NotAChainError
+from planner.graph_finder import (
+    articulation_points,
+    carried_edges,
+    container_graph,
+    graph_candidates,
+    named_candidate,
+)
 from planner.transfer import TransferCosts
 
 _COST_COLUMNS = ["forward_ms", "backward_ms", "output_bytes", "saved_bytes", "input_bytes",
@@ -49,7 +59,7 @@ def _structure(trace: Trace) -> pd.DataFrame:
 
 def _candidates(trace: Trace, tree: ModuleTree, container: str | None) -> list[Candidate]:
     if container is None:
-        found = [c for c in candidates(tree) if len(c.groups) >= 2] or candidates(tree)
+        found = [c for c in [*candidates(tree), *graph_candidates(tree)] if len(c.groups) >= 2] or candidates(tree)
         if not found:
             raise NotAChainError(f"no sequential chain found in run {trace.run_id}: no module has children that "
                                  "consume each other's outputs")
@@ -60,11 +70,14 @@ def _candidates(trace: Trace, tree: ModuleTree, container: str | None) -> list[C
     runs, sequence = container_candidate(tree, container)
     covered = [m for run in runs for g in run for m in g]
     if len(runs) != 1 or covered != sequence:
-        raise NotAChainError(
-            f"the children of {container!r} do not form one chain (found {len(runs)} separate runs"
-            f"{': ' + ' | '.join(','.join(m for g in r for m in g) for r in runs) if runs else ''}); "
-            "name a container whose children each consume the previous one's output"
-        )
+        try:  # a graph: blocks that also read earlier blocks' outputs
+            return [container_graph(tree, container)]
+        except NotAChainError as exc:
+            raise NotAChainError(
+                f"the children of {container!r} do not form one chain (found {len(runs)} separate runs"
+                f"{': ' + ' | '.join(','.join(m for g in r for m in g) for r in runs) if runs else ''}); "
+                f"name a container whose children each consume the previous one's output. As a graph: {exc}"
+            ) from None
     return [Candidate(container, runs[0])]
 
 
@@ -100,12 +113,17 @@ def _stages(candidate: Candidate, costs: pd.DataFrame, fresh_grads: bool, freed:
     return stages
 
 
-def _build(trace: Trace, candidate: Candidate, costs: pd.DataFrame, timeline: step_costs.Timeline,
-           auto: bool) -> Chain:
+def _build(trace: Trace, tree: ModuleTree, candidate: Candidate, costs: pd.DataFrame, timeline: step_costs.Timeline,
+           auto: bool, fuse: bool = True) -> Chain:
     input_bytes = int(costs.loc[candidate.groups[0][0]].input_bytes)
     outputs = {m: int(costs.loc[m].output_bytes) for m in candidate.modules}
-    groups, freed = step_costs.fuse_freed_outputs(candidate.groups, timeline, outputs)
+    readers = frozenset(candidate.groups[c - 1][0] for e in carried_edges(tree, candidate.groups) for c in e.consumers)
+    if fuse:
+        groups, freed = step_costs.fuse_freed_outputs(candidate.groups, timeline, outputs, readers)
+    else:
+        groups, freed = candidate.groups, tuple(0 for _ in candidate.groups)
     candidate = Candidate(candidate.parent, groups)
+    carried = _carried(tree, candidate, costs)
     bounds = step_costs.boundaries(timeline, candidate.groups[0], candidate.groups[-1])
     step, loss = None, Stage(0.0, 0.0, 0, 0, 0, name="loss")
     if bounds is None:
@@ -121,10 +139,26 @@ def _build(trace: Trace, candidate: Candidate, costs: pd.DataFrame, timeline: st
         input_bytes=input_bytes,
         stages=(*stages, loss),
         source={"run_id": trace.run_id, "container": candidate.parent, "auto": auto,
-                "modules": [list(g) for g in candidate.groups]},
+                "modules": [list(g) for g in candidate.groups],
+                **({"articulation_points": list(articulation_points(candidate.groups, carried_edges(
+                    tree, candidate.groups)))} if carried else {})},
         step=step,
         transfer=transfer_from_meta(trace.meta),
+        carried=carried,
     )
+
+
+def _carried(tree: ModuleTree, candidate: Candidate, costs: pd.DataFrame) -> tuple[Carried, ...]:
+    """The tensors the stages read besides the running activation, with their sizes (see planner.carried)."""
+    out = []
+    for edge in carried_edges(tree, candidate.groups):
+        consumers = tuple(c for c in edge.consumers if c > max(edge.producer_stage + 1, 1))
+        grad = bool(edge.producer)  # made by a module: it may carry a gradient; a mask made by an op does not
+        if not consumers or (edge.producer_stage == 0 and not grad):
+            continue
+        size = int(costs.loc[edge.producer].output_bytes) if edge.producer in costs.index else 0
+        out.append(Carried(edge.producer_stage, consumers, size, edge.producer, grad))
+    return tuple(out)
 
 
 def transfer_from_meta(meta: dict) -> TransferCosts | None:
@@ -144,27 +178,53 @@ def saving_bytes(chain: Chain) -> int:
     return store_all_budget(chain) - min_feasible_budget(chain, "rotor", slots=_RANKING_SLOTS)
 
 
-def chain_from_trace(trace: Trace, container: str | None = None) -> Chain:
+def _savings(chains: list[Chain]) -> list[int]:
+    """What each chain can save, against one store-all peak when every chain has the step around it.
+
+    Every candidate describes the same profiled step, so store-all's peak is one number; the candidates'
+    predictions of it differ only by their models' errors (coarse stages overestimate it), which must not
+    decide the ranking: against the highest, the chain that saves the most is the one whose minimum is lowest.
+    """
+    from planner.solve import min_feasible_budget, store_all_budget
+
+    if not all(chain.step is not None for chain in chains):
+        return [saving_bytes(chain) for chain in chains]
+    minimums = [min_feasible_budget(chain, "rotor", slots=_RANKING_SLOTS) for chain in chains]
+    reference = max(store_all_budget(chain) for chain in chains)
+    return [reference - minimum for minimum in minimums]
+
+
+def chain_from_trace(trace: Trace, container: str | None = None, checkpoints: Sequence[str] | None = None) -> Chain:
     """Builds the cost model of the model's chain from a profiled run.
+
+    Blocks that read earlier blocks' outputs besides the previous one's (a U-Net's skips, an encoder's output
+    read by every decoder layer) still form a chain: those tensors are carried across the stages between
+    (:mod:`planner.graph_finder`, :mod:`planner.carried`).
 
     Args:
         trace: a run opened with :func:`memprof.load_trace`.
         container: the module whose children form the chain (e.g. ``"features"``); when omitted, the chain
             anywhere in the model whose step can save the most memory.
+        checkpoints: the modules whose outputs are the stage boundaries, i.e. the stages themselves, in the
+            order they run (the user's choice of checkpoints); excludes ``container``.
 
     Raises:
-        NotAChainError: no chain could be found (the message says what was looked at).
+        NotAChainError: no chain could be found, or the checkpoints do not cut the graph (the message says
+            what was looked at, or which tensor crosses which checkpoint).
     """
     tree = ModuleTree(_structure(trace))
-    found = _candidates(trace, tree, container)
+    if checkpoints is not None and container is not None:
+        raise NotAChainError("give either a container or the checkpoints, not both")
+    found = [named_candidate(tree, list(checkpoints))] if checkpoints is not None else _candidates(trace, tree, container)
     costs, timeline = _medians(trace), _timeline(trace)
-    chains = [_build(trace, candidate, costs, timeline, container is None) for candidate in found]
+    chains = [_build(trace, tree, candidate, costs, timeline, container is None and checkpoints is None,
+                     fuse=checkpoints is None) for candidate in found]
     if len(chains) == 1:
         return chains[0]
-    ranked = [(saving_bytes(chain), chain.length, -index) for index, chain in enumerate(chains)]
+    ranked = [(saving, chain.length, -index) for index, (chain, saving) in enumerate(zip(chains, _savings(chains)))]
     best = max(range(len(chains)), key=lambda i: ranked[i])
     chosen = chains[best]
     reason = (f"saves up to {ranked[best][0]} bytes of the step, the most of {len(chains)} chains found "
               f"(next best: {sorted(r[0] for r in ranked)[-2]} bytes)")
     return Chain(chosen.name, chosen.input_bytes, chosen.stages, {**chosen.source, "why": reason}, chosen.step,
-                 chosen.transfer)
+                 chosen.transfer, chosen.carried)

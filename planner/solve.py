@@ -5,6 +5,7 @@ from __future__ import annotations
 import numbers
 from types import ModuleType
 
+from planner import carried
 from planner.chain import Chain
 from planner.discretize import DEFAULT_SLOTS, check_slots
 from planner.errors import InfeasibleBudgetError, UnknownAlgorithmError
@@ -85,10 +86,16 @@ def solve(chain: Chain, budget_bytes: int, algorithm: str = "rotor", slots: int 
     check_slots(slots)
     inner = _chain_budget(chain, budget, algorithm, slots)
     try:
-        plan = module.plan(chain, inner, slots)
+        if chain.carried:
+            plan = carried.fit(chain, inner, lambda m: module.plan(chain, m, slots),
+                               lambda: int(module.min_budget_bytes(chain, slots)))
+        else:
+            plan = module.plan(chain, inner, slots)
     except InfeasibleBudgetError as exc:
         raise _as_step_error(chain, exc, budget, algorithm) from None
     peak, makespan, host_peak = predict_with_host(chain, plan.ops)
+    if chain.carried:
+        peak = carried.peak_bytes(chain, plan.ops)
     produced_by = plan.algorithm or algorithm  # a fallback names the algorithm that ran
     if peak > inner:
         raise AssertionError(f"{produced_by} returned a schedule peaking at {peak} bytes over its budget {inner}")
@@ -131,6 +138,8 @@ def min_feasible_budget(chain: Chain, algorithm: str = "rotor", slots: int = DEF
     module = solver(algorithm)
     check_slots(slots)
     inner = int(module.min_budget_bytes(chain, slots))
+    if chain.carried:
+        inner = carried.min_budget_bytes(chain, lambda m: module.plan(chain, m, slots), inner)
     if chain.step is None:
         return inner
     return max(chain.step.floor_bytes, inner + chain.step.base_bytes)
@@ -142,4 +151,6 @@ def store_all_budget(chain: Chain) -> int:
     For a chain with step costs it is the whole step's predicted peak.
     """
     peak = store_all.store_all_peak_bytes(chain)
+    if chain.carried:
+        peak = carried.peak_bytes(chain, store_all.plan(chain, peak).ops)
     return peak if chain.step is None else chain.step.step_peak_bytes(peak)

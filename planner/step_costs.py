@@ -200,14 +200,17 @@ def calibrated(stages: list[Stage], timeline: Timeline, groups: tuple[tuple[str,
     return out
 
 
-def fuse_freed_outputs(groups: tuple[tuple[str, ...], ...], timeline: Timeline,
-                       output_bytes: dict[str, int]) -> tuple[tuple[tuple[str, ...], ...], tuple[int, ...]]:
+def fuse_freed_outputs(groups: tuple[tuple[str, ...], ...], timeline: Timeline, output_bytes: dict[str, int],
+                       separate: frozenset[str] = frozenset()) -> tuple[tuple[tuple[str, ...], ...], tuple[int, ...]]:
     """Joins a stage to the next when plain autograd frees its output during the forward.
 
     A stage's output is a checkpoint only if it outlives the next stage's forward (the next stage saved it, as
     a Linear or a LayerNorm saves its input). When it does not (a Linear followed by a ReLU, which saves only
     its own output), the timeline shows it: allocated memory drops by that output once the next stage has
     returned. Such a pair is one stage, whose saved memory does not count the freed output.
+
+    A group whose first module is in ``separate`` (it reads tensors carried from earlier stages, which only
+    the stage's first module receives) always starts a stage.
 
     Returns:
         The stage groups, and per group the bytes of the outputs freed inside it.
@@ -219,7 +222,7 @@ def fuse_freed_outputs(groups: tuple[tuple[str, ...], ...], timeline: Timeline,
         exit_seq = timeline.forward_exit.get(group[-1])
         after = timeline.next_forward(exit_seq) if exit_seq is not None else None
         drop = timeline.allocated(exit_seq) - timeline.allocated(after) if exit_seq is not None and after is not None else 0
-        if size > 0 and drop >= size:
+        if size > 0 and drop >= size and group[0] not in separate:
             fused[-1] += list(group)
             freed[-1] += size
         else:

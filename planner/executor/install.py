@@ -97,8 +97,11 @@ class _StageForward:
                 f"the model called stage {self.stage} of its schedule where {expected} was due; the schedule needs "
                 "the chain's blocks called once each, in order, in every training forward"
             )
-        run.calls[self.stage] = StageCall(args, kwargs, where)
-        y = _StageFunction.apply(run, self.stage, x, executor.dummy)
+        call = run.calls[self.stage] = StageCall(args, kwargs, where)
+        # carried tensors are inputs of the stage's function, so autograd hands their gradients to their makers
+        carried, call.carried_inputs = call.carried_inputs, []
+        y = _StageFunction.apply(run, self.stage, x, executor.dummy, *carried)
+        del carried
         raw, run.raw = run.raw, None
         executor.last_output = weakref.ref(y)
         if self.stage == executor.program.length:

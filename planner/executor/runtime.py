@@ -57,6 +57,8 @@ class _Run:
         self.next_stage = 1
         self.done: set[int] = set()
         self.raw: Any = None  # the first run's full result (tuple, ModelOutput), handed to the wrapper
+        self.carried_leaves: dict[int, list[torch.Tensor]] = {}  # what F_all(l) recorded the carried inputs as
+        self.carried_grads: dict[int, list[torch.Tensor | None]] = {}  # their gradients, for autograd
         self.transfers = (Transfers(executor.pool, executor.copiers, executor.min_offload_bytes)
                           if self.program.offloaded else None)
 
@@ -169,15 +171,18 @@ class _Run:
         runner = self.executor.stages[stage - 1]
         call = self.calls[stage]
         version = x._version
+        leaves = None
+        if call.carried and torch.is_grad_enabled():  # a recording: the carried inputs' gradients are wanted
+            leaves = self.carried_leaves[stage] = [_carried_leaf(where, call) for where in call.carried]
         if stage not in self.seen:
             self.seen.add(stage)
             before = capture_rng(x) if stage in self.program.replayed else None
-            y, raw = runner(x, call)
+            y, raw = runner(x, call, leaves)
             if before is not None and not same_rng(before, capture_rng(x)):
                 self.rng[stage] = before  # kept only for stages that draw random numbers (dropout)
         else:
             with replay_rng(self.rng.get(stage), x), runner.frozen_state(), autocast_context(self.autocast):
-                y, raw = runner(x, call)
+                y, raw = runner(x, call, leaves)
             raw = None
         if keep and x._version != version:
             raise RuntimeError(
@@ -206,8 +211,20 @@ class _Run:
         if grad is None and stage > 1:
             grad = torch.zeros_like(leaf)  # the stage's output does not depend on its input
         self.delta = grad
+        leaves = self.carried_leaves.pop(stage, None)
+        if leaves is not None:
+            self.carried_grads[stage] = [t.grad for t in leaves]
+            self.calls[stage].release()  # nothing runs this stage again: its carried inputs may go
+            del leaves
         if self.transfers is not None:
             self.transfers.done(stage)
+
+
+def _carried_leaf(where: int | str, call: StageCall) -> torch.Tensor:
+    """A leaf on carried input ``where`` of ``call`` (its storage, no history), whose ``grad`` B(l) fills."""
+    value = call.args[where] if isinstance(where, int) else call.kwargs[where]
+    assert isinstance(value, torch.Tensor), "a carried input was released before its stage's last recording"
+    return value.detach().requires_grad_(True)
 
 
 def _steal(grad: torch.Tensor) -> torch.Tensor:
@@ -274,13 +291,13 @@ class _StageFunction(torch.autograd.Function):
     """Stage ``l``'s forward operation; its backward runs the schedule up to ``B(l)``."""
 
     @staticmethod
-    def forward(ctx, run: _Run, stage: int, x: torch.Tensor, dummy: torch.Tensor) -> torch.Tensor:
-        ctx.run, ctx.stage, ctx.input_shape = run, stage, x.shape
+    def forward(ctx, run: _Run, stage: int, x: torch.Tensor, dummy: torch.Tensor, *carried: torch.Tensor) -> torch.Tensor:
+        ctx.run, ctx.stage, ctx.input_shape, ctx.carried = run, stage, x.shape, len(carried)
         y, run.raw = run.forward(stage, x)
         return y
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[None, None, torch.Tensor | None, None]:
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         if not torch.autograd._is_checkpoint_valid():
             raise RuntimeError(
                 "a model trained with a memprof schedule supports loss.backward() only: torch.autograd.grad and "
@@ -292,6 +309,7 @@ class _StageFunction(torch.autograd.Function):
             raise RuntimeError("the scheduled backward of this forward call already ran (retain_graph?)")
         delta = run.backward(ctx.stage, grad)
         ctx.run = None
+        carried = run.carried_grads.pop(ctx.stage, [None] * ctx.carried)
         if delta is not None and ctx.needs_input_grad[2]:
-            return None, None, delta.reshape(ctx.input_shape), None
-        return None, None, None, None
+            return None, None, delta.reshape(ctx.input_shape), None, *carried
+        return None, None, None, None, *carried

@@ -41,12 +41,14 @@ class StageRunner:
         ]
         self.inplace = [m for m in everything if _is_inplace(m)]
 
-    def __call__(self, x: torch.Tensor, call: StageCall) -> tuple[torch.Tensor, Any]:
-        """Runs the stage on ``x`` with the model's other arguments; returns the output and the raw result."""
+    def __call__(self, x: torch.Tensor, call: StageCall,
+                 carried: Sequence[torch.Tensor] | None = None) -> tuple[torch.Tensor, Any]:
+        """Runs the stage on ``x`` with the model's other arguments (``carried``: leaves for the carried
+        ones); returns the output and the raw result."""
         with _guard_input(self.inplace, x):
             # The modules' own forwards are called directly (not through their hooks), so the guard above only
             # reaches their submodules: an in-place module that is itself in the stage gets a copy here.
-            args, kwargs = call.arguments(x.clone() if _is_inplace(self.modules[0]) else x)
+            args, kwargs = call.arguments(x.clone() if _is_inplace(self.modules[0]) else x, carried)
             raw = self.forwards[0](*args, **kwargs)
             y = first_tensor(raw)
             for module, forward in zip(self.modules[1:], self.forwards[1:]):
@@ -82,26 +84,55 @@ class StageCall:
     Args:
         args, kwargs: the call's arguments.
         where: the activation's position in ``args`` (an int) or its keyword (a str).
+
+    A tensor argument that requires grad (a skip connection, an encoder's output, an embedding made before
+    the chain) is *carried*: ``carried`` lists where each is and ``carried_inputs`` the tensors themselves
+    (which the stage's autograd function takes as inputs, so their gradients reach their producers); the
+    call keeps them detached, and a recording forward passes leaves in their place (:meth:`arguments`).
     """
 
     def __init__(self, args: tuple, kwargs: dict[str, Any], where: int | str) -> None:
         self.where = where
-        self.args = tuple(None if i == where else a for i, a in enumerate(args))
-        self.kwargs = {k: (None if k == where else v) for k, v in kwargs.items()}
-        for name, value in [*enumerate(self.args), *self.kwargs.items()]:
+        self.carried: list[int | str] = []
+        self.carried_inputs: list[torch.Tensor] = []
+        places: list[tuple[int | str, Any]] = [*enumerate(args), *kwargs.items()]
+        for name, value in places:
+            if name == where:
+                continue
+            if isinstance(value, torch.Tensor) and value.requires_grad:
+                self.carried.append(name)
+                self.carried_inputs.append(value)
+                continue
             for tensor in tensors_in(value):
                 if tensor.requires_grad:
                     raise RuntimeError(
-                        f"argument {name!r} of a scheduled block requires grad; the executor supports side inputs "
-                        "without gradients (masks, position ids, rotary tables): compute it under torch.no_grad() "
-                        "or choose a chain whose blocks take no trainable side input"
+                        f"argument {name!r} of a scheduled block holds a tensor that requires grad inside a "
+                        f"{type(value).__name__}; the executor carries trainable side inputs passed as tensors "
+                        "directly: pass it as its own argument, or compute it under torch.no_grad()"
                     )
+        self.args = tuple(None if i == where else _detached(a) for i, a in enumerate(args))
+        self.kwargs = {k: (None if k == where else _detached(v)) for k, v in kwargs.items()}
 
-    def arguments(self, x: torch.Tensor) -> tuple[tuple, dict[str, Any]]:
-        """The call's positional and keyword arguments with ``x`` as the running activation."""
-        if isinstance(self.where, int):
-            return tuple(x if i == self.where else a for i, a in enumerate(self.args)), self.kwargs
-        return self.args, {**self.kwargs, self.where: x}
+    def arguments(self, x: torch.Tensor, carried: Sequence[torch.Tensor] | None = None) -> tuple[tuple, dict[str, Any]]:
+        """The call's arguments with ``x`` as the running activation (and ``carried`` in the carried places)."""
+        swap: dict[int | str, Any] = {self.where: x}
+        if carried is not None:
+            swap.update(zip(self.carried, carried))
+        args = tuple(swap.get(i, a) for i, a in enumerate(self.args))
+        kwargs = {k: swap.get(k, v) for k, v in self.kwargs.items()}
+        if isinstance(self.where, str):
+            kwargs[self.where] = x
+        return args, kwargs
+
+    def release(self) -> None:
+        """Drops the carried tensors (after the stage's backward nothing runs it again)."""
+        self.carried_inputs = []
+        self.args = tuple(None if i in self.carried else a for i, a in enumerate(self.args))
+        self.kwargs = {k: (None if k in self.carried else v) for k, v in self.kwargs.items()}
+
+
+def _detached(value: Any) -> Any:
+    return value.detach() if isinstance(value, torch.Tensor) and value.requires_grad else value
 
 
 def find_activation(args: tuple, kwargs: dict[str, Any], previous: torch.Tensor | None) -> tuple[torch.Tensor, int | str]:
