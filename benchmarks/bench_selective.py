@@ -42,8 +42,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from memprof.units import format_bytes
-
-COMPILE_BUDGETS = (1.0, 0.5, 0.3, 0.1)
+from planner.compile_baseline import COMPILE_BUDGETS, CountingBackend
 
 
 @dataclass(frozen=True)
@@ -136,45 +135,6 @@ def every_other_block_checkpointed(blocks: nn.ModuleList) -> Iterator[None]:
             del block.forward  # the instance attribute goes; the class's forward is back
 
 
-class _CompiledFlops:
-    """An ``aot_autograd`` backend like ``aot_eager_decomp_partition`` whose graphs count their FLOPs."""
-
-    def __init__(self) -> None:
-        self.counting = False
-        self.flops = 0
-
-    def compiler(self, gm: torch.fx.GraphModule, example_inputs: Any) -> Callable[..., Any]:
-        def run(*args: Any) -> Any:
-            if not self.counting:
-                return gm(*args)
-            with FlopCounterMode(display=False) as counter:
-                out = gm(*args)
-            self.flops += counter.get_total_flops()
-            return out
-
-        return run
-
-    def backend(self) -> Any:
-        from torch._dynamo.backends.common import aot_autograd
-        from torch._functorch.partitioners import min_cut_rematerialization_partition
-
-        def decompositions() -> Any:
-            from torch._inductor.compile_fx import select_decomp_table
-
-            return select_decomp_table()
-
-        return aot_autograd(fw_compiler=self.compiler, bw_compiler=self.compiler, decompositions=decompositions,
-                            partition_fn=functools.partial(min_cut_rematerialization_partition, compiler="inductor"))
-
-    def count(self, forward: Callable[[], torch.Tensor]) -> int:
-        self.counting, self.flops = True, 0
-        try:
-            forward().backward()
-        finally:
-            self.counting = False
-        return self.flops
-
-
 def compiled_points(work: Workload, repeats: int) -> list[Point]:
     """torch.compile with the min-cut partitioner at each ``activation_memory_budget``."""
     import torch._dynamo
@@ -183,7 +143,7 @@ def compiled_points(work: Workload, repeats: int) -> list[Point]:
     points = []
     for budget in COMPILE_BUDGETS:
         torch._dynamo.reset()
-        counter = _CompiledFlops()
+        counter = CountingBackend()
         compiled = torch.compile(work.model, backend=counter.backend())
         with functorch_config.patch(activation_memory_budget=budget):
             forward = functools.partial(work.forward, compiled)
