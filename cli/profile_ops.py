@@ -47,6 +47,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--run-id", default=None, help="name of the run (default: model class and time)")
     parser.add_argument("--top", type=whole_number(0), default=20,
                         help="how many modules to list, most bytes saved first (default 20; 0: all)")
+    parser.add_argument("--compile-baseline", action="store_true",
+                        help="also measure torch.compile's min-cut partitioner at activation_memory_budget 1.0, 0.5, "
+                             "0.3, 0.1 (step peak, FLOPs, step time) and store it beside the run for the dashboard's "
+                             "Pareto view (compiles the model four times: minutes on large models)")
     parser.set_defaults(func=run_profile_ops)
 
 
@@ -107,7 +111,32 @@ def run_profile_ops(args: argparse.Namespace) -> int:
     for warning in caught:
         warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
     print(summary(records, run_dir, args.factory, batch_size, args.warmup, args.top))
+    if args.compile_baseline:
+        print(_compile_baseline(model, batch, loss_fn, args.optimizer, run_dir), flush=True)
     return 0
+
+
+def _compile_baseline(model: Any, batch: Any, loss_fn: Any, optimizer_name: str, run_dir: Path) -> str:
+    from planner.compile_baseline import COMPILE_BUDGETS, measure_compile, write_points
+
+    print(f"measuring torch.compile at activation_memory_budget {', '.join(map(str, COMPILE_BUDGETS))} ...",
+          flush=True)
+    device = next(model.parameters()).device.type
+    make = optimizer_factory(optimizer_name, device)
+    optimizer = make(list(model.parameters())) if make is not None else None
+    try:
+        points = measure_compile(model, lambda compiled: loss_fn(compiled, batch), optimizer)
+    except MemprofError:
+        raise
+    except Exception as exc:  # torch.compile could not compile or run the step: one line, as bad input
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise StepError(f"torch.compile failed on the step: {type(exc).__name__}: {text}") from None
+    path = write_points(run_dir, points)
+    lines = [f"torch.compile (min-cut partitioner), written to {path}:"]
+    for p in points:
+        lines.append(f"  budget {p.activation_memory_budget:<4} step peak {format_bytes(p.step_peak_bytes):>11}  "
+                     f"held {format_bytes(p.held_bytes):>11}  {p.flops / 1e9:9.3f} GFLOP  {p.step_ms:9.1f} ms")
+    return "\n".join(lines)
 
 
 def _record(args: argparse.Namespace, model: Any, batch: Any, loss_fn: Any, device: str) -> tuple[Path, list[OpRecord]]:
