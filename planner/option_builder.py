@@ -66,7 +66,8 @@ def stage_options(ops: Sequence[OpRecord], stage: Stage) -> tuple[StageOption, .
     total = sum(ops[i].output_bytes for i in candidates)
     kept_sets: list[tuple[str, frozenset[int]]] = [("compute", frozenset(i for i in candidates if ops[i].flops > 0))]
     for cut in CUTS:
-        chosen, size = [], 0
+        chosen: list[int] = []
+        size = 0
         for i in ranked:
             if chosen and size + ops[i].output_bytes > cut * total:
                 break
