@@ -20,6 +20,11 @@ The rules are Table 1 and Definitions 3.3-3.4 of the ROTOR paper (Beaumont et al
   (``o_f`` for a forward, ``o_b`` for a backward). The peak is the largest such value.
 * A forward whose output is already held recomputes it (its memory counts the new copy) and keeps one;
   ``F_all(l)`` over a held ``a^l`` replaces it by ``a-bar^l``. Nothing may follow ``B(1)``.
+* ``F_all(l)`` with recomputation option ``k > 0`` (:mod:`planner.stage_option`) follows the same rules
+  holding a-bar_k^l instead of a-bar^l (a re-recording replaces the one held). ``B(l)`` after it first
+  recomputes what the option dropped (``recompute_ms`` more time), bringing the stage back to a-bar^l:
+  the memory during it is the larger of the recomputation (held + a-bar^l - a-bar_k^l + ``o_f``) and the
+  backward (held + a-bar^l - a-bar_k^l + its output + ``o_b``); afterwards it frees as from a-bar^l.
 
 Only what the paper's memory M counts is counted: the input, activations, their gradients, the
 overheads and the parameter gradients the backward creates; weights, the optimizer's state and the rest of
@@ -40,11 +45,11 @@ stream waits for a copy only where one must be retired.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 from planner.chain import Chain
 from planner.errors import InvalidScheduleError, ScheduleMismatchError
+from planner.memory_state import MemoryState, names
 from planner.prediction import FRAME_COLUMNS, Prediction, TimelinePoint
 from planner.schedule import Op, OpKind, Schedule
 from planner.streams import CopyStreams
@@ -59,36 +64,6 @@ class StepError(Exception):
     """Raised by :func:`step` with the reason an operation cannot run (without its position)."""
 
 
-@dataclass(frozen=True)
-class MemoryState:
-    """What is held in memory between two operations (immutable and hashable, for searches).
-
-    Attributes:
-        plain: indices ``l`` for which ``a^l`` is held on its own.
-        saved: indices ``l`` for which ``a-bar^l`` (what ``B(l)`` needs, including ``a^l``) is held.
-        delta: index ``l`` of the gradient ``delta^l`` currently held (exactly one is held at any time).
-        live_bytes: total size of the held values.
-    """
-
-    plain: frozenset[int]
-    saved: frozenset[int]
-    delta: int
-    live_bytes: int
-
-    def has_a(self, index: int) -> bool:
-        """Whether ``a^index`` is available, on its own or inside ``a-bar^index``."""
-        return index in self.plain or index in self.saved
-
-    def live_names(self) -> tuple[str, ...]:
-        """The held values, e.g. ``("a^0", "abar^3", "delta^4")``, by index."""
-        return _names(self.plain, self.saved, self.delta)
-
-
-def _names(plain: Iterable[int], saved: Iterable[int], delta: int) -> tuple[str, ...]:
-    named = [(i, f"a^{i}") for i in plain] + [(i, f"abar^{i}") for i in saved]
-    return tuple(name for _, name in sorted(named)) + (f"delta^{delta}",)
-
-
 class _Memory:
     """The memory during a replay, mutated in place (O(1) per operation); the one copy of Table 1's rules.
 
@@ -96,10 +71,12 @@ class _Memory:
     offloaded stage to where its a-bar is (:data:`LEAVING`, :data:`HOSTED`, :data:`ARRIVING`).
     """
 
-    __slots__ = ("chain", "plain", "saved", "delta", "live", "named", "host", "away")
+    __slots__ = ("chain", "plain", "saved", "delta", "live", "named", "host", "away", "options")
 
-    def __init__(self, chain: Chain, plain: set[int], saved: set[int], delta: int, live: int, named: bool = True) -> None:
+    def __init__(self, chain: Chain, plain: set[int], saved: set[int], delta: int, live: int, named: bool = True,
+                 options: dict[int, int] | None = None) -> None:
         self.chain, self.plain, self.saved, self.delta, self.live = chain, plain, saved, delta, live
+        self.options = options if options is not None else {}  # stage -> option k > 0 of its held a-bar
         self.named = named  # False: skip naming what each operation adds and frees (faster)
         self.host = 0
         self.away: dict[int, str] = {}
@@ -110,7 +87,8 @@ class _Memory:
         return cls(chain, {0}, set(), top, chain.a(0) + chain.delta(top), named)
 
     def freeze(self) -> MemoryState:
-        return MemoryState(frozenset(self.plain), frozenset(self.saved), self.delta, self.live)
+        return MemoryState(frozenset(self.plain), frozenset(self.saved), self.delta, self.live,
+                           frozenset(self.options.items()))
 
     def apply(self, op: Op) -> tuple[int, tuple[str, ...], tuple[str, ...]]:
         """Runs ``op``; returns the memory during it and the names of the values it added and freed.
@@ -135,7 +113,7 @@ class _Memory:
                                 f"B({op.stage})")
         if op.kind is OpKind.B:
             return self._backward(op.stage)
-        return self._forward(op.kind, op.stage)
+        return self._forward(op.kind, op.stage, op.option)
 
     def offload(self, stage: int) -> None:
         """``OFFLOAD(stage)`` is issued: the host takes a-bar - a; the device keeps it until retired."""
@@ -146,6 +124,9 @@ class _Memory:
             raise StepError(f"needs a-bar^{stage} in device memory (only what F_all({stage}) recorded is offloaded)")
         if stage in self.away:
             raise StepError(f"a-bar^{stage} is already offloaded")
+        if stage in self.options:
+            raise StepError(f"a-bar^{stage} was recorded with option {self.options[stage]}; only a full recording "
+                            f"(option 0) can be offloaded")
         size = self.chain.offload_bytes(stage)
         cap = self.chain.transfer_costs.host_cap_bytes
         if cap is not None and self.host + size > cap:
@@ -177,18 +158,26 @@ class _Memory:
     def _has_a(self, index: int) -> bool:
         return index in self.plain or index in self.saved
 
-    def _forward(self, kind: OpKind, stage: int) -> tuple[int, tuple[str, ...], tuple[str, ...]]:
+    def _forward(self, kind: OpKind, stage: int, option: int = 0) -> tuple[int, tuple[str, ...], tuple[str, ...]]:
         if not self._has_a(stage - 1):
             raise StepError(f"needs a^{stage - 1} (not in memory)")
         spec = self.chain.stage(stage)
+        if option > len(spec.options):
+            raise StepError(f"stage {stage} has {len(spec.options)} recomputation options besides keeping "
+                            f"everything; option {option} does not exist")
         added: tuple[str, ...] = ()
         freed: tuple[str, ...] = ()
         if kind is OpKind.F_ALL:
-            during = self.live + spec.saved_bytes + spec.forward_overhead_bytes
+            kept = spec.saved_with(option)
+            during = self.live + kept + spec.forward_overhead_bytes
             if stage not in self.saved:
                 self.saved.add(stage)
-                self.live += spec.saved_bytes
+                self.live += kept
                 added = (f"abar^{stage}",) if self.named else ()
+            else:  # a new recording replaces the one held
+                self.live += kept - spec.saved_with(self.options.pop(stage, 0))
+            if option:
+                self.options[stage] = option
             if stage in self.plain:  # a^l is part of a-bar^l now
                 self.plain.remove(stage)
                 self.live -= spec.output_bytes
@@ -214,9 +203,13 @@ class _Memory:
         if not self._has_a(stage - 1):  # a guard: a-bar^l pins a^{l-1}, so this cannot happen
             raise StepError(f"needs a^{stage - 1} (not in memory)")
         spec = self.chain.stage(stage)
+        option = self.options.pop(stage, 0)
+        regrown = spec.saved_bytes - spec.saved_with(option)  # what the recomputation brings back
         grad_out = self.chain.delta(stage - 1) + spec.weight_grad_bytes  # the parameter gradients stay
-        during = self.live + grad_out + spec.backward_overhead_bytes
-        self.live += grad_out - spec.saved_bytes - spec.grad_bytes
+        during = self.live + regrown + grad_out + spec.backward_overhead_bytes
+        if option:
+            during = max(during, self.live + regrown + spec.forward_overhead_bytes)
+        self.live += grad_out - spec.saved_with(option) - spec.grad_bytes
         self.saved.remove(stage)
         self.delta = stage - 1
         kept_input = stage - 1 not in self.plain
@@ -243,7 +236,8 @@ def step(chain: Chain, state: MemoryState, op: Op) -> tuple[MemoryState, int]:
     Raises:
         StepError: the operation's inputs are not in memory (the message says which).
     """
-    memory = _Memory(chain, set(state.plain), set(state.saved), state.delta, state.live_bytes)
+    memory = _Memory(chain, set(state.plain), set(state.saved), state.delta, state.live_bytes,
+                     options=dict(state.options))
     during, _, _ = memory.apply(op)
     return memory.freeze(), during
 
@@ -260,7 +254,7 @@ def simulate(chain: Chain, schedule: Schedule | Iterable[Op]) -> Prediction:
         ScheduleMismatchError: a :class:`Schedule` made for another chain.
     """
     memory = _Memory.start(chain)
-    start_live = _names(memory.plain, memory.saved, memory.delta)
+    start_live = names(memory.plain, memory.saved, memory.delta)
     points = []
     peak = memory.live
     host_peak = 0
@@ -334,9 +328,13 @@ def _replay(
                 start, end, added, freed = streams.issue(op)
                 during = memory.live
             else:
-                during, added, freed = memory.apply(op)
                 spec = stages[op.stage - 1]
-                start, end = streams.compute(spec.backward_ms if op.kind is OpKind.B else spec.forward_ms)
+                if op.kind is OpKind.B:  # after a selective recording, B recomputes first
+                    duration = spec.backward_ms + spec.recompute_ms_with(memory.options.get(op.stage, 0))
+                else:
+                    duration = spec.forward_ms
+                during, added, freed = memory.apply(op)
+                start, end = streams.compute(duration)
         except StepError as exc:
             raise InvalidScheduleError(f"op {index} {op}: {exc}") from None
         count = index + 1

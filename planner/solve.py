@@ -11,10 +11,23 @@ from planner.discretize import DEFAULT_SLOTS, check_slots
 from planner.errors import InfeasibleBudgetError, UnknownAlgorithmError
 from planner.schedule import Schedule
 from planner.simulator import predict_with_host
-from planner.solvers import binomial, exact, offload, periodic, revolve, rotor, rotor_optimal, sqrt, store_all
+from planner.solvers import (
+    binomial,
+    exact,
+    offload,
+    periodic,
+    revolve,
+    rotor,
+    rotor_optimal,
+    selective,
+    sqrt,
+    store_all,
+)
 from planner.step import step_infeasible
 
-ALGORITHMS = ("store_all", "periodic", "sqrt", "revolve", "rotor", "rotor_optimal", "binomial", "offload")
+ALGORITHMS = (
+    "store_all", "periodic", "sqrt", "revolve", "rotor", "rotor_optimal", "binomial", "offload", "selective",
+)
 """The algorithms for users; ``solve`` also takes ``"exact"`` (exhaustive search, small chains only)."""
 
 SOLVABLE = (*ALGORITHMS, "exact")
@@ -29,6 +42,7 @@ _SOLVERS: dict[str, ModuleType] = {
     "binomial": binomial,
     "exact": exact,
     "offload": offload,
+    "selective": selective,
 }
 
 
@@ -68,7 +82,9 @@ def solve(chain: Chain, budget_bytes: int, algorithm: str = "rotor", slots: int 
         algorithm: one of ``SOLVABLE``. ``"rotor"`` on a chain whose DP tables would exceed
             ``planner.solvers.rotor.MAX_TABLE_BYTES`` (1 GiB: from about L = 517 at 500 slots) falls back to
             ``"binomial"`` with a :class:`planner.errors.FallbackWarning`; the schedule's ``algorithm`` is then
-            ``"binomial"`` and its params record ``fallback_from``.
+            ``"binomial"`` and its params record ``fallback_from``. ``"selective"`` is rotor where each recorded
+            forward also picks one of its stage's recomputation options (``Stage.options``); the same
+            fallback applies.
         slots: memory slots of the dynamic programs, spanning the budget (capped at store-all's peak): the
             paper's M/S. ``pareto_front`` instead reads every budget from one table on store-all's grid.
 

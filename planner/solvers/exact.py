@@ -3,7 +3,9 @@
 A shortest-path search (Dijkstra, on time) over memory states: a state is what is held (see
 :class:`~planner.simulator.MemoryState`), a move is any of ``F_all(l)``, ``F_ck(l)``, ``F_none(l)`` for
 every stage and the one ``B`` whose gradient is held, applied with the simulator's own :func:`step`, and
-kept only if the memory during it fits the budget. Sizes are exact bytes (no slots). Every valid
+kept only if the memory during it fits the budget; ``F_all(l)`` is tried with each of the stage's
+recomputation options (:mod:`planner.stage_option`), and ``B(l)`` after an option costs its recomputation
+too. Sizes are exact bytes (no slots). Every valid
 sequence is a path, so the first state holding ``delta^0`` that leaves the queue ends an optimal one.
 
 With ``persistent=True`` only memory-persistent sequences (ROTOR paper, Definition 4.1) are searched:
@@ -52,6 +54,8 @@ def _moves(chain: Chain, key: _Key, persistent: bool):
     floor = max(opened) if persistent and opened else 0
     ops = [Op(kind, stage) for stage in range(1, chain.length + 2)
            for kind in (OpKind.F_ALL, OpKind.F_CK, OpKind.F_NONE)]
+    ops += [Op(OpKind.F_ALL, stage, k) for stage in range(1, chain.length + 2)
+            for k in range(1, len(chain.stage(stage).options) + 1)]
     ops.append(Op(OpKind.B, max(state.delta, 1)))
     for op in ops:
         if persistent and (op.stage < floor or (op.kind is OpKind.F_NONE and op.stage == floor)):
@@ -94,8 +98,7 @@ def search(chain: Chain, budget_bytes: int, *, persistent: bool = False) -> Exac
         for op, after, during in _moves(chain, key, persistent):
             if during > budget_bytes:
                 continue
-            stage = chain.stage(op.stage)
-            cost = time_ms + (stage.backward_ms if op.kind is OpKind.B else stage.forward_ms)
+            cost = time_ms + duration_ms(chain, key[0], op)
             if cost < best.get(after, float("inf")):
                 best[after] = cost
                 parent[after] = (key, op, during)
@@ -103,6 +106,14 @@ def search(chain: Chain, budget_bytes: int, *, persistent: bool = False) -> Exac
         if len(best) > MAX_STATES:
             raise SearchTooLargeError(f"exhaustive search visited more than {MAX_STATES} states; use a smaller chain")
     return None
+
+
+def duration_ms(chain: Chain, state: MemoryState, op: Op) -> float:
+    """The time of ``op`` from ``state``: ``B(l)`` also recomputes what its stage's recording option dropped."""
+    stage = chain.stage(op.stage)
+    if op.kind is OpKind.B:
+        return stage.backward_ms + stage.recompute_ms_with(state.option_of(op.stage))
+    return stage.forward_ms
 
 
 def _result(chain: Chain, key: _Key, parent: dict, makespan_ms: float) -> ExactResult:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.discretize import DiscreteChain
+from planner.solvers.option_grid import OptionGrid
 
 _F32 = np.float32
 _INF = _F32(np.inf)
@@ -60,6 +61,14 @@ class Arrays:
         backward = self.abar[s] + self.delta[s] + self.delta[s - 1] + self.ob[s]
         return np.maximum(forward, backward)
 
+    def need_option(self, options: OptionGrid, k: int, s: np.ndarray, t: np.ndarray) -> np.ndarray:
+        """:meth:`need_all` with ``F_all(s)`` recording option ``k``: the forward holds a-bar_k; ``B(s)``
+        first recomputes the stage's forward (a-bar^s plus ``o_f``), then needs the full a-bar^s."""
+        forward = self.delta[t] + options.abar[k, s] + self.of[s]
+        backward = self.abar[s] + self.delta[s] + self.delta[s - 1] + self.ob[s]
+        need = np.maximum(forward, backward)
+        return need if k == 0 else np.maximum(need, self.abar[s] + self.delta[s] + self.of[s])
+
 
 class _Shifter:
     """Row-wise shifts ``out[i, m] = rows[i, m - by[i]]`` (inf below ``max(by[i], floor[i])``) of the first rows.
@@ -83,14 +92,19 @@ class _Shifter:
         return out
 
 
-def fill(grid: DiscreteChain, mode: str) -> np.ndarray:
-    """The cost table ``cost[t-s, s-1, m] = C(s, t, m)`` (float32) of ``mode`` ``"rotor"`` or ``"revolve"``."""
+def fill(grid: DiscreteChain, mode: str, options: OptionGrid | None = None) -> np.ndarray:
+    """The cost table ``cost[t-s, s-1, m] = C(s, t, m)`` (float32) of ``mode`` ``"rotor"`` or ``"revolve"``.
+
+    With ``options`` (rotor mode), ``F_all(s)`` first takes the best of the stage's recomputation options
+    (the selective DP): ``u_f + C(s+1, t, m - abar_k^s) + u_b + r_k``.
+    """
     top, width = grid.top, grid.slots + 1
     arr = Arrays.of_grid(grid)
     memory = np.arange(width)[None, :]
     starts = np.arange(1, top + 1)
     by_input = _Shifter(arr.a[starts - 1], width)  # row s: by a^{s-1}
     by_saved = _Shifter(arr.abar[starts], width)  # row s: by a-bar^s
+    by_option = [_Shifter(options.abar[k, starts], width) for k in range(options.size)] if options else []
     # Length-major, so that one split of one diagonal is a contiguous slab in both tables. Only entries
     # with t <= L+1 are ever written or read; np.empty spares touching the other half.
     cost = np.empty((top, top, width), dtype=_F32)  # cost[t-s, s-1, m] = C(s, t, m)
@@ -108,7 +122,9 @@ def fill(grid: DiscreteChain, mode: str) -> np.ndarray:
         # Split at s' = s + 1 first: with F_all(s) it bounds the optimum from above, which prunes the
         # other splits. Below `low` the bound may be too low, but no schedule exists there anyway.
         best = by_end[d - 1, d:top] + cost[0, :count]
-        if mode == "rotor":
+        if mode == "rotor" and options is not None:
+            np.minimum(best, _record_options(arr, options, by_option, cost[d - 1, 1 : count + 1], s, t), out=best)
+        elif mode == "rotor":
             record_first = by_saved(cost[d - 1, 1 : count + 1], floor=arr.need_all(s, t))
             record_first += (arr.both[s] + arr.prefix[s - 1])[:, None]  # into the split branch's offset
             np.minimum(best, record_first, out=best)
@@ -124,6 +140,18 @@ def fill(grid: DiscreteChain, mode: str) -> np.ndarray:
         cost[d, :count] = best
         by_end[d, d:top] = by_input(best) + arr.prefix[s - 1][:, None]
     return cost
+
+
+def _record_options(
+    arr: Arrays, options: OptionGrid, shifters: list[_Shifter], rows: np.ndarray, s: np.ndarray, t: np.ndarray
+) -> np.ndarray:
+    """``F_all(s)`` first with its best option, offset by ``U(s-1)`` as the split branch (option 0 as rotor's)."""
+    best = np.full(rows.shape, _INF, dtype=_F32)
+    for k, shift in enumerate(shifters):
+        value = shift(rows, floor=arr.need_option(options, k, s, t))
+        value += (arr.both[s] + options.recompute_ms[k, s] + arr.prefix[s - 1])[:, None]
+        np.minimum(best, value, out=best)
+    return best
 
 
 _MARGIN = 1e-6  # relative: float32 rounding must not let a pruned candidate undercut the bound
@@ -246,14 +274,15 @@ class _Bounds:
         return (self.both64[t] - self.both64[s - 1]).astype(_F32)
 
 
-def least_memory(grid: DiscreteChain, mode: str) -> np.ndarray:
+def least_memory(grid: DiscreteChain, mode: str, options: OptionGrid | None = None) -> np.ndarray:
     """``need[s, t]``: the fewest slots ``m`` for which ``C(s, t, m)`` is finite (inf: none up to ``grid.slots``).
 
     The DP's feasibility alone, without the memory axis. Every condition of the recurrence is ``m >= x``,
     so the memories where ``C(s, t, .)`` is finite are exactly ``need[s, t] .. slots``, with
 
     * ``s == t``: the memory of ``F_all(s)`` beside ``delta^t`` and of ``B(s)`` (``need_all``);
-    * ``F_all(s)`` first (rotor mode): ``max(need_all(s, t), abar^s + need[s+1, t])``;
+    * ``F_all(s)`` first (rotor mode): ``max(need_all(s, t), abar^s + need[s+1, t])``, or with ``options``
+      the least of ``max(need_option(k), abar_k^s + need[s+1, t])`` over the options ``k``;
     * ``F_ck(s) F_none(s+1) .. F_none(s'-1)`` first: ``max(delta^t + max(a^s + o_f^s, hop^{s+1..s'-1}),
       a^{s'-1} + need[s', t], need[s, s'-1])``.
 
@@ -276,7 +305,11 @@ def least_memory(grid: DiscreteChain, mode: str) -> np.ndarray:
         right = arr.a[splits - 1] + need[splits, t[:, None]]
         left = need[s[:, None], splits - 1]
         best = np.maximum(np.maximum(forward, right), left).min(axis=1)
-        if mode == "rotor":
+        if mode == "rotor" and options is not None:
+            for k in range(options.size):
+                record = np.maximum(arr.need_option(options, k, s, t), options.abar[k, s] + need[s + 1, t])
+                np.minimum(best, record, out=best)
+        elif mode == "rotor":
             np.minimum(best, np.maximum(arr.need_all(s, t), arr.abar[s] + need[s + 1, t]), out=best)
         need[s, t] = best
     need[need > grid.slots] = np.inf

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from planner.chain import Chain, Stage
 from planner.discretize import DiscreteChain, discretize
 from planner.solvers.store_all import store_all_peak_bytes
+from planner.stage_option import StageOption
 from planner.transfer import TransferCosts
 
 TOY_CHAIN = Path(__file__).with_name("toy_chain.json")
@@ -82,3 +83,35 @@ def offload_chains(draw: st.DrawFn, max_length: int = 4) -> Chain:
     chain = draw(small_chains(max_length=max_length))
     stages = tuple(replace(s, saved_bytes=s.saved_bytes + draw(st.integers(0, 4))) for s in chain.stages)
     return replace(chain, stages=stages, transfer=draw(transfer_costs()))
+
+
+@st.composite
+def option_chains(draw: st.DrawFn, max_length: int = 5, max_size: int = 6, max_options: int = 3) -> Chain:
+    """:func:`small_chains` whose stages offer 0..max_options recomputation options.
+
+    Each option keeps between a and a-bar and recomputes at most the stage's forward time (recomputing part
+    of a forward cannot take longer than the forward).
+    """
+    chain = draw(small_chains(max_length=max_length, max_size=max_size))
+    stages = []
+    for stage in chain.stages:
+        options = tuple(
+            StageOption(name=f"o{k + 1}", saved_bytes=draw(st.integers(stage.output_bytes, stage.saved_bytes)),
+                        recompute_ms=float(draw(st.integers(0, int(stage.forward_ms)))))
+            for k in range(draw(st.integers(0, max_options)))
+        )
+        stages.append(replace(stage, options=options))
+    return replace(chain, stages=tuple(stages))
+
+
+def random_option_chain(seed: int, length: int, options: int, unit_bytes: int = MIB) -> Chain:
+    """:func:`random_chain` with ``options`` recomputation options per stage (kept bytes and times at random)."""
+    chain = random_chain(seed, length, unit_bytes)
+    rng = random.Random(seed + 1)
+    stages = []
+    for stage in chain.stages:
+        kept = sorted(rng.randint(stage.output_bytes, stage.saved_bytes) for _ in range(options))
+        made = tuple(StageOption(name=f"o{k + 1}", saved_bytes=size, recompute_ms=stage.forward_ms * (1 - k / options)
+                                 * rng.uniform(0.5, 1.0)) for k, size in enumerate(kept))
+        stages.append(replace(stage, options=made))
+    return replace(chain, stages=tuple(stages))

@@ -21,12 +21,13 @@ from tests.planner.chain_strategies import MIB, random_chain, toy_chain
 
 
 def test_algorithm_names() -> None:
-    assert ALGORITHMS == ("store_all", "periodic", "sqrt", "revolve", "rotor", "rotor_optimal", "binomial", "offload")
+    assert ALGORITHMS == ("store_all", "periodic", "sqrt", "revolve", "rotor", "rotor_optimal", "binomial", "offload",
+                          "selective")
 
 
 def test_unknown_algorithm_lists_the_valid_ones() -> None:
     with pytest.raises(UnknownAlgorithmError, match="unknown algorithm 'chen'; expected one of store_all, periodic, "
-                                                    "sqrt, revolve, rotor, rotor_optimal, binomial, offload, exact"):
+                                                    "sqrt, revolve, rotor, rotor_optimal, binomial, offload, selective, exact"):
         solve(toy_chain(), 90 * MIB, "chen")
 
 

@@ -1,0 +1,139 @@
+"""A stage's recomputation options, generated from the op records of a planning pass (selective recomputation).
+
+No list per model type: the options come from what the ops of the stage's forward cost and keep.
+
+* The candidates are the ops whose output some op of the stage needs for backward (``OpRecord.needs``) and
+  that allocate (``output_bytes > 0``); the op producing the stage's output (the last one that allocates)
+  is not one: its output, a^l, is always kept.
+* They are ranked by what recomputing them costs per byte kept: ``forward_ms / output_bytes``, FLOPs per
+  byte to break ties (and alone when no op has a time).
+* The options: ``"compute"`` keeps the output of every candidate with FLOPs (matmuls, convolutions,
+  attention: the 'speed' strategy of selective activation checkpointing); the ranking's prefixes up to
+  :data:`CUTS` of the candidates' bytes, named by the ops they keep; ``"none"`` keeps only a^l and
+  recomputes the whole forward.
+* Option ``o`` keeps a-bar_o = a^l + the kept candidates' bytes, within [a^l, a-bar^l], and ``B(l)``
+  recomputes every op it did not keep: the stage's ``forward_ms`` times their share of the op times (of
+  the FLOPs when no op has a time, of the op count when neither is known), so ``"none"`` recomputes
+  exactly ``forward_ms`` even when the op times and the module's time disagree.
+* Options that keep no less memory for no less time than another (keeping everything included) are
+  dropped; the rest are listed from the most memory to the least.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+
+from memprof.analysis.op_records import OpRecord
+from planner.chain import Chain, Stage
+from planner.errors import ChainError
+from planner.stage_option import StageOption
+
+CUTS = (0.25, 0.5, 0.75)
+"""Fractions of the candidates' bytes at which the ranking is cut into options."""
+
+
+def ops_of_stage(records: Sequence[OpRecord], stage: Stage) -> tuple[OpRecord, ...]:
+    """The records run by ``stage``'s modules or their submodules, in forward order."""
+    prefixes = tuple(f"{m}." for m in stage.modules)
+    return tuple(r for r in sorted(records, key=lambda r: r.index)
+                 if r.module in stage.modules or r.module.startswith(prefixes))
+
+
+def stage_options(ops: Sequence[OpRecord], stage: Stage) -> tuple[StageOption, ...]:
+    """The recomputation options of ``stage`` from the records of its forward.
+
+    Args:
+        ops: the stage's op records, in forward order (global indexes: ``needs`` are matched by
+            ``OpRecord.index``, and needs of ops outside ``ops`` are ignored: the stage's input is kept
+            anyway). ``StageOption.saves`` are positions in ``ops`` (0-based).
+        stage: the stage's costs (a^l, a-bar^l, ``forward_ms``).
+
+    Returns:
+        The options besides keeping everything, from the most memory kept to the least; empty when the
+        stage has no op.
+    """
+    ops = tuple(ops)
+    if not ops:
+        return ()
+    position = {record.index: i for i, record in enumerate(ops)}
+    needed = {position[j] for record in ops for j in record.needs if j in position}
+    allocating = [i for i, record in enumerate(ops) if record.output_bytes > 0]
+    output_op = allocating[-1] if allocating else None
+    candidates = [i for i in sorted(needed) if ops[i].output_bytes > 0 and i != output_op]
+    ranked = sorted(candidates, key=lambda i: (-ops[i].forward_ms / ops[i].output_bytes,
+                                               -ops[i].flops / ops[i].output_bytes, i))
+    total = sum(ops[i].output_bytes for i in candidates)
+    kept_sets: list[tuple[str, frozenset[int]]] = [("compute", frozenset(i for i in candidates if ops[i].flops > 0))]
+    for cut in CUTS:
+        chosen: list[int] = []
+        size = 0
+        for i in ranked:
+            if chosen and size + ops[i].output_bytes > cut * total:
+                break
+            chosen.append(i)
+            size += ops[i].output_bytes
+        kept_sets.append((_name(ops, chosen), frozenset(chosen)))
+    kept_sets.append(("none", frozenset()))
+    made = [_option(ops, stage, name, kept) for name, kept in kept_sets if name]
+    return _undominated(made, stage)
+
+
+def _name(ops: Sequence[OpRecord], kept: Sequence[int]) -> str:
+    """``"keep addmm*2,bmm"``: the short op names kept, in forward order ("" when nothing is kept)."""
+    counts: dict[str, int] = {}
+    for i in sorted(kept):
+        short = ops[i].op.split(".")[1] if ops[i].op.count(".") >= 2 else ops[i].op
+        counts[short] = counts.get(short, 0) + 1
+    return "keep " + ",".join(n if c == 1 else f"{n}*{c}" for n, c in counts.items()) if counts else ""
+
+
+def _weights(ops: Sequence[OpRecord]) -> list[float]:
+    """What each op's recomputation weighs: its time, else its FLOPs, else 1."""
+    if any(r.forward_ms > 0 for r in ops):
+        return [r.forward_ms for r in ops]
+    if any(r.flops > 0 for r in ops):
+        return [float(r.flops) for r in ops]
+    return [1.0] * len(ops)
+
+
+def _option(ops: Sequence[OpRecord], stage: Stage, name: str, kept: frozenset[int]) -> StageOption:
+    weights = _weights(ops)
+    dropped = [i for i in range(len(ops)) if i not in kept]
+    share = sum(weights[i] for i in dropped) / sum(weights)
+    saved = stage.output_bytes + sum(ops[i].output_bytes for i in kept)
+    saves = tuple(sorted(kept))
+    return StageOption(name=name, saved_bytes=min(max(saved, stage.output_bytes), stage.saved_bytes),
+                       recompute_ms=stage.forward_ms * share, recompute_flops=sum(ops[i].flops for i in dropped),
+                       saves=saves, save_ops=tuple(ops[i].op for i in saves))
+
+
+def _undominated(options: Sequence[StageOption], stage: Stage) -> tuple[StageOption, ...]:
+    """The options no other one (keeping everything included) beats or equals in both memory and time."""
+    kept: list[StageOption] = []
+    points = [(stage.saved_bytes, 0.0)]
+    for option in sorted(options, key=lambda o: (o.recompute_ms, o.saved_bytes)):
+        if any(saved <= option.saved_bytes and ms <= option.recompute_ms for saved, ms in points):
+            continue
+        kept.append(option)
+        points.append((option.saved_bytes, option.recompute_ms))
+    return tuple(sorted(kept, key=lambda o: (-o.saved_bytes, o.recompute_ms)))
+
+
+def with_options(chain: Chain, ops_by_stage: Mapping[int, Sequence[OpRecord]]) -> Chain:
+    """``chain`` with the options :func:`stage_options` makes for each stage of ``ops_by_stage``.
+
+    Args:
+        chain: the chain.
+        ops_by_stage: stage number (1..L+1) to the records of its forward (:func:`ops_of_stage` finds them
+            by module); stages not named keep the options they have.
+
+    Raises:
+        ChainError: a stage number outside the chain.
+    """
+    stages = list(chain.stages)
+    for number, ops in ops_by_stage.items():
+        if not 1 <= number <= len(stages):
+            raise ChainError(f"op records for stage {number}, but the chain has stages 1..{len(stages)}")
+        stages[number - 1] = replace(stages[number - 1], options=stage_options(ops, stages[number - 1]))
+    return replace(chain, stages=tuple(stages))

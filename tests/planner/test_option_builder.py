@@ -1,0 +1,87 @@
+"""Recomputation options generated from op records: a hand-built transformer block, every byte and ms by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from memprof.analysis.op_records import OpRecord
+from planner.chain import Chain, Stage
+from planner.errors import ChainError
+from planner.option_builder import ops_of_stage, stage_options, with_options
+
+# (op, output_bytes, needs, forward_ms, flops), indexes 10.. as in a whole model's records
+BLOCK = [
+    ("aten.native_layer_norm.default", 100, (10,), 0.2, 0),  # ln1
+    ("aten.addmm.default", 300, (10,), 1.0, 3000),  # qkv
+    ("aten.bmm.default", 400, (11,), 0.8, 2000),  # scores
+    ("aten._softmax.default", 400, (13,), 0.4, 0),
+    ("aten.bmm.default", 100, (13, 11), 0.8, 2000),  # attention
+    ("aten.addmm.default", 100, (14,), 0.5, 1000),  # proj
+    ("aten.add.Tensor", 100, (), 0.05, 0),  # residual
+    ("aten.native_layer_norm.default", 100, (16,), 0.2, 0),  # ln2
+    ("aten.addmm.default", 400, (17,), 1.6, 4000),  # fc1
+    ("aten.gelu.default", 400, (18,), 0.3, 0),
+    ("aten.addmm.default", 100, (19,), 1.6, 4000),  # fc2
+    ("aten.add.Tensor", 100, (), 0.15, 0),  # residual: the block's output
+]
+RECORDS = tuple(OpRecord(index=10 + i, module="layers.0.attn" if i < 7 else "layers.0.mlp", op=op, output_bytes=size,
+                         needs=needs, forward_ms=ms, flops=flops) for i, (op, size, needs, ms, flops) in enumerate(BLOCK))
+# candidates (needed, allocating, not the output): ops 0 1 3 4 6 7 8 9: 1900 bytes; a^l = 100
+STAGE = Stage(forward_ms=7.6, backward_ms=15.0, output_bytes=100, saved_bytes=2000, grad_bytes=100,
+              modules=("layers.0",))
+
+
+def test_transformer_block_options() -> None:
+    options = stage_options(RECORDS, STAGE)
+    found = [(o.name, o.saved_bytes, o.saves) for o in options]
+    # ranking by ms per byte: 4 (.008), 8 (.004), 1 (.0033), 0 and 7 (.002, by index), 3 (.001), 9, 6
+    assert found == [
+        ("keep native_layer_norm*2,addmm*2,_softmax,bmm", 1500, (0, 1, 3, 4, 7, 8)),  # 3/4 of 1900: 1400 bytes
+        ("keep native_layer_norm,addmm*2,bmm", 1000, (0, 1, 4, 8)),  # 1/2: 900 bytes
+        ("compute", 900, (1, 4, 8)),  # the ops with FLOPs: qkv, attention, fc1 (proj and fc2 are not needed)
+        ("keep bmm", 200, (4,)),  # 1/4: 100 bytes
+        ("none", 100, ()),
+    ]
+    times = [o.recompute_ms for o in options]
+    assert times == pytest.approx([7.6 - 4.2, 7.6 - 3.6, 7.6 - 3.4, 7.6 - 0.8, 7.6])
+    assert options[2].save_ops == ("aten.addmm.default", "aten.bmm.default", "aten.addmm.default")
+    assert options[2].recompute_flops == 2000 + 1000 + 4000
+    assert options[-1].recompute_flops == 16000
+
+
+def test_recompute_time_is_scaled_to_the_stages_forward() -> None:
+    """The op times sum to 7.6 ms; a module time of 15.2 ms doubles every recomputation."""
+    options = stage_options(RECORDS, Stage(15.2, 30.0, 100, 2000, 100))
+    assert [o.recompute_ms for o in options] == pytest.approx([6.8, 8.0, 8.4, 13.6, 15.2])
+
+
+def test_without_times_flops_weigh_the_recomputation() -> None:
+    untimed = tuple(OpRecord(index=r.index, module=r.module, op=r.op, output_bytes=r.output_bytes, needs=r.needs,
+                             flops=r.flops) for r in RECORDS)
+    by_name = {o.name: o for o in stage_options(untimed, STAGE)}
+    assert by_name["compute"].recompute_ms == pytest.approx(7.6 * 7000 / 16000)  # scores, proj and fc2 recomputed
+    assert by_name["none"].recompute_ms == pytest.approx(7.6)
+
+
+def test_kept_bytes_are_clamped_and_dominated_options_dropped() -> None:
+    """With a-bar = 600 every option keeping 600 bytes or more costs time for nothing: dropped."""
+    options = stage_options(RECORDS, Stage(7.6, 15.0, 100, 600, 100))
+    assert [(o.name, o.saved_bytes) for o in options] == [("keep bmm", 200), ("none", 100)]
+
+
+def test_a_stage_without_records_or_candidates() -> None:
+    assert stage_options((), STAGE) == ()
+    lone = (OpRecord(index=0, module="m", op="aten.relu.default", output_bytes=100, needs=(0,), forward_ms=1.0),)
+    assert [(o.name, o.saved_bytes, o.recompute_ms) for o in stage_options(lone, Stage(1.0, 2.0, 100, 100, 100))] == []
+
+
+def test_with_options_finds_the_records_of_each_stage() -> None:
+    loss = Stage(0.1, 0.1, 4, 4, 4)
+    chain = Chain("block", 100, (STAGE, loss))
+    records = (*RECORDS, OpRecord(index=40, module="head", op="aten.mm.default", output_bytes=4))
+    assert ops_of_stage(records, STAGE) == RECORDS
+    made = with_options(chain, {1: ops_of_stage(records, STAGE)})
+    assert made.stages[0].options == stage_options(RECORDS, STAGE) and made.stages[1].options == ()
+    assert Chain.from_json(made.to_json()) == made
+    with pytest.raises(ChainError, match="stages 1..2"):
+        with_options(chain, {3: RECORDS})
