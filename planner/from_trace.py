@@ -27,6 +27,7 @@ from planner.graph_finder import (
     graph_candidates,
     named_candidate,
 )
+from planner.option_builder import ops_of_stage, with_options
 from planner.transfer import TransferCosts
 
 _COST_COLUMNS = ["forward_ms", "backward_ms", "output_bytes", "saved_bytes", "input_bytes",
@@ -220,11 +221,20 @@ def chain_from_trace(trace: Trace, container: str | None = None, checkpoints: Se
     chains = [_build(trace, tree, candidate, costs, timeline, container is None and checkpoints is None,
                      fuse=checkpoints is None) for candidate in found]
     if len(chains) == 1:
-        return chains[0]
+        return _with_op_options(trace, chains[0])
     ranked = [(saving, chain.length, -index) for index, (chain, saving) in enumerate(zip(chains, _savings(chains)))]
     best = max(range(len(chains)), key=lambda i: ranked[i])
     chosen = chains[best]
     reason = (f"saves up to {ranked[best][0]} bytes of the step, the most of {len(chains)} chains found "
               f"(next best: {sorted(r[0] for r in ranked)[-2]} bytes)")
-    return Chain(chosen.name, chosen.input_bytes, chosen.stages, {**chosen.source, "why": reason}, chosen.step,
-                 chosen.transfer, chosen.carried)
+    return _with_op_options(trace, Chain(chosen.name, chosen.input_bytes, chosen.stages,
+                                         {**chosen.source, "why": reason}, chosen.step, chosen.transfer, chosen.carried))
+
+
+def _with_op_options(trace: Trace, chain: Chain) -> Chain:
+    """``chain`` with each stage's recomputation options, when the run recorded a planning pass (its ops)."""
+    records = trace.op_records()
+    if not records:
+        return chain
+    by_stage = {index: ops_of_stage(records, stage) for index, stage in enumerate(chain.stages[:-1], start=1)}
+    return with_options(chain, {index: ops for index, ops in by_stage.items() if ops})

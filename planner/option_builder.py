@@ -2,9 +2,10 @@
 
 No list per model type: the options come from what the ops of the stage's forward cost and keep.
 
-* The candidates are the ops whose output some op of the stage needs for backward (``OpRecord.needs``) and
-  that allocate (``output_bytes > 0``); the op producing the stage's output (the last one that allocates)
-  is not one: its output, a^l, is always kept.
+* The candidates are the ops that allocate (``output_bytes > 0``) and whose output some op of the stage
+  needs for backward (``OpRecord.needs``) or that have FLOPs (keeping a matmul's output spares its
+  recomputation even when no backward reads it); the op producing the stage's output (the last one that
+  allocates) is not one: its output, a^l, is always kept; nor is an output an in-place op writes next.
 * They are ranked by what recomputing them costs per byte kept: ``forward_ms / output_bytes``, FLOPs per
   byte to break ties (and alone when no op has a time).
 * The options: ``"compute"`` keeps the output of every candidate with FLOPs (matmuls, convolutions,
@@ -60,7 +61,9 @@ def stage_options(ops: Sequence[OpRecord], stage: Stage) -> tuple[StageOption, .
     needed = {position[j] for record in ops for j in record.needs if j in position}
     allocating = [i for i, record in enumerate(ops) if record.output_bytes > 0]
     output_op = allocating[-1] if allocating else None
-    candidates = [i for i in sorted(needed) if ops[i].output_bytes > 0 and i != output_op]
+    # A kept op is not recomputed, so keeping a matmul whose output no backward reads still saves its time.
+    wanted = needed | {i for i, record in enumerate(ops) if record.flops > 0}
+    candidates = [i for i in sorted(wanted) if ops[i].output_bytes > 0 and i != output_op and _cacheable(ops, i)]
     ranked = sorted(candidates, key=lambda i: (-ops[i].forward_ms / ops[i].output_bytes,
                                                -ops[i].flops / ops[i].output_bytes, i))
     total = sum(ops[i].output_bytes for i in candidates)
@@ -79,11 +82,28 @@ def stage_options(ops: Sequence[OpRecord], stage: Stage) -> tuple[StageOption, .
     return _undominated(made, stage)
 
 
+def _short(record: OpRecord) -> str:
+    return record.op.split(".")[1] if record.op.count(".") >= 2 else record.op
+
+
+def _cacheable(ops: Sequence[OpRecord], i: int) -> bool:
+    """Whether op ``i``'s output may be kept and handed back in the recomputation.
+
+    A kept output is the forward's tensor itself; if an in-place op then writes into it (dropout's
+    ``empty_like`` filled by ``bernoulli_``, a convolution followed by ``relu_``), the recomputation would
+    apply that write a second time. Records do not say which tensor an in-place op writes, so an output
+    followed at once by an in-place op, or made uninitialised to be filled (``empty*``), is never kept.
+    """
+    if _short(ops[i]).startswith("empty") or _short(ops[i]).startswith("new_empty"):
+        return False
+    return i + 1 >= len(ops) or not _short(ops[i + 1]).endswith("_")
+
+
 def _name(ops: Sequence[OpRecord], kept: Sequence[int]) -> str:
     """``"keep addmm*2,bmm"``: the short op names kept, in forward order ("" when nothing is kept)."""
     counts: dict[str, int] = {}
     for i in sorted(kept):
-        short = ops[i].op.split(".")[1] if ops[i].op.count(".") >= 2 else ops[i].op
+        short = _short(ops[i])
         counts[short] = counts.get(short, 0) + 1
     return "keep " + ",".join(n if c == 1 else f"{n}*{c}" for n, c in counts.items()) if counts else ""
 
