@@ -26,9 +26,11 @@ from planner.executor import install as executor_install
 from planner.executor import offload as executor_offload
 from planner.executor import program as executor_program
 from planner.executor import runtime as executor_runtime
+from planner.executor import selective as executor_selective
 from planner.executor import stage as executor_stage
 from planner.executor import transfers as executor_transfers
 from planner.executor import validate_ops
+from planner.executor.apply import policies, runtime_ops
 from planner.schedule import Schedule
 
 
@@ -41,8 +43,9 @@ def export_python(schedule: Schedule) -> str:
     validate_ops(schedule.ops, schedule.chain.length, schedule)
     names = [list(stage.modules) for stage in schedule.chain.stages[:-1]]
     groups = names if all(names) else None
-    ops = [[op.kind.value, op.stage] for op in schedule.ops]
-    return "\n".join([_header(schedule), _runtime_body(), _data(schedule, groups, ops), _APPLY])
+    ops = [list(op) for op in runtime_ops(schedule)]
+    kept = {f"{stage}:{option}": [list(pair) for pair in pairs] for (stage, option), pairs in policies(schedule).items()}
+    return "\n".join([_header(schedule), _runtime_body(), _data(schedule, groups, ops, kept), _APPLY])
 
 
 def export_json(schedule: Schedule) -> str:
@@ -86,7 +89,8 @@ def _header(schedule: Schedule) -> str:
 def _runtime_body() -> str:
     """The runtime modules' code, in dependency order, without docstrings and imports of each other."""
     parts = ["from __future__ import annotations"]
-    for module in (executor_stage, executor_offload, executor_transfers, executor_program, executor_runtime,
+    for module in (executor_stage, executor_offload, executor_transfers, executor_selective, executor_program,
+                   executor_runtime,
                    executor_install):
         source = inspect.getsource(module)
         lines = source.splitlines()
@@ -108,7 +112,7 @@ def _literal(name: str, value: Any) -> str:
     return f"{name} = " + textwrap.indent(text, " " * (len(name) + 3)).lstrip()
 
 
-def _data(schedule: Schedule, groups: list[list[str]] | None, ops: list) -> str:
+def _data(schedule: Schedule, groups: list[list[str]] | None, ops: list, kept: dict[str, list]) -> str:
     info = {
         "algorithm": schedule.algorithm,
         "budget_bytes": schedule.budget_bytes,
@@ -125,6 +129,8 @@ def _data(schedule: Schedule, groups: list[list[str]] | None, ops: list) -> str:
         _literal("STAGES", groups),
         "# Operations (kind, stage) run by the executor above.",
         _literal("OPS", ops),
+        "# For each 'stage:option' of an F_all[option]: the ops it keeps, [aten overload, occurrence].",
+        _literal("POLICIES", kept),
     ]
     return "\n".join(parts) + "\n"
 
@@ -149,7 +155,8 @@ def apply_schedule(model, container="", min_offload_bytes=MIN_OFFLOAD_BYTES):
             raise ValueError(f"this schedule was made for a model with modules {STAGES}: {exc}") from None
     if len(groups) != SCHEDULE["stages"]:
         raise ValueError(f"this schedule has {SCHEDULE['stages']} stages; the model offers {len(groups)}")
-    executor = ScheduleExecutor(groups, [tuple(op) for op in OPS], min_offload_bytes)
+    policies = {tuple(int(v) for v in key.split(":")): value for key, value in POLICIES.items()}
+    executor = ScheduleExecutor(groups, [tuple(op) for op in OPS], min_offload_bytes, policies)
     executor.install()
     object.__setattr__(model, "_memprof_schedule", (executor, SCHEDULE))
     return model

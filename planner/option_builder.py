@@ -125,7 +125,8 @@ def _option(ops: Sequence[OpRecord], stage: Stage, name: str, kept: frozenset[in
     saves = tuple(sorted(kept))
     return StageOption(name=name, saved_bytes=min(max(saved, stage.output_bytes), stage.saved_bytes),
                        recompute_ms=stage.forward_ms * share, recompute_flops=sum(ops[i].flops for i in dropped),
-                       saves=saves, save_ops=tuple(ops[i].op for i in saves))
+                       saves=saves, save_ops=tuple(ops[i].op for i in saves),
+                       save_occurrences=tuple(sum(1 for r in ops[:i] if r.op == ops[i].op) for i in saves))
 
 
 def _undominated(options: Sequence[StageOption], stage: Stage) -> tuple[StageOption, ...]:

@@ -26,8 +26,9 @@ class StageOption:
         recompute_ms: forward time ``B(l)`` spends recomputing what the option dropped.
         recompute_flops: the FLOPs of that recomputation (0 when unknown).
         saves: indexes, in the stage's forward op order (0-based), of the ops whose outputs are kept.
-        save_ops: the aten overload names of those ops (``"aten.addmm.default"``), so an executor can check
-            that the ops it sees are the ones that were planned.
+        save_ops: the aten overload names of those ops (``"aten.addmm.default"``).
+        save_occurrences: for each kept op, how many ops of the same name the stage's forward ran before it:
+            the executor's selective policy finds the ops by name and occurrence.
     """
 
     name: str
@@ -36,6 +37,7 @@ class StageOption:
     recompute_flops: int = 0
     saves: tuple[int, ...] = ()
     save_ops: tuple[str, ...] = ()
+    save_occurrences: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         where = f"option {self.name or '?'}"
@@ -51,6 +53,10 @@ class StageOption:
             raise ChainError(f"{where}: saves must be distinct op indexes >= 0 in increasing order, found {saves}")
         if names and len(names) != len(saves):
             raise ChainError(f"{where}: save_ops names {len(names)} ops but saves lists {len(saves)}; expected one name per index")
+        occurrences = tuple(int(n) for n in self.save_occurrences)
+        if occurrences and (len(occurrences) != len(saves) or min(occurrences) < 0):
+            raise ChainError(f"{where}: save_occurrences must give one count >= 0 per kept op, found {occurrences}")
+        object.__setattr__(self, "save_occurrences", occurrences)
         object.__setattr__(self, "saves", saves)
         object.__setattr__(self, "save_ops", names)
         object.__setattr__(self, "recompute_ms", float(ms))
@@ -58,7 +64,8 @@ class StageOption:
     def to_dict(self) -> dict[str, Any]:
         """The JSON-compatible form :func:`option_from_dict` reads."""
         return {"name": self.name, "saved_bytes": self.saved_bytes, "recompute_ms": self.recompute_ms,
-                "recompute_flops": self.recompute_flops, "saves": list(self.saves), "save_ops": list(self.save_ops)}
+                "recompute_flops": self.recompute_flops, "saves": list(self.saves), "save_ops": list(self.save_ops),
+                "save_occurrences": list(self.save_occurrences)}
 
 
 def option_from_dict(raw: Any, where: str) -> StageOption:
@@ -71,7 +78,8 @@ def option_from_dict(raw: Any, where: str) -> StageOption:
     try:
         return StageOption(name=str(raw["name"]), saved_bytes=raw["saved_bytes"], recompute_ms=raw["recompute_ms"],
                            recompute_flops=raw.get("recompute_flops", 0), saves=tuple(raw.get("saves", ())),
-                           save_ops=tuple(raw.get("save_ops", ())))
+                           save_ops=tuple(raw.get("save_ops", ())),
+                           save_occurrences=tuple(raw.get("save_occurrences", ())))
     except (TypeError, ValueError) as exc:
         raise ChainError(f"{where}: option {raw.get('name')!r} is malformed ({exc})") from None
     except ChainError as exc:

@@ -28,6 +28,7 @@ from planner.errors import InvalidScheduleError, ScheduleMismatchError
 from planner.executor.install import ScheduleExecutor
 from planner.executor.offload import MIN_OFFLOAD_BYTES
 from planner.executor.program import Program
+from planner.executor.selective import policy_of, with_option
 from planner.schedule import Op, Schedule
 from planner.simulator import simulate
 
@@ -58,7 +59,7 @@ def apply_schedule(model: nn.Module, schedule: Schedule, container: str | None =
     validate_ops(schedule.ops, schedule.chain.length, schedule)
     groups = stage_modules(model, schedule, container)
     remove_schedule(model)
-    executor = ScheduleExecutor(groups, [(op.kind.value, op.stage) for op in schedule.ops], min_offload_bytes)
+    executor = ScheduleExecutor(groups, runtime_ops(schedule), min_offload_bytes, policies(schedule))
     try:
         executor.install()
     except ValueError as exc:
@@ -66,6 +67,26 @@ def apply_schedule(model: nn.Module, schedule: Schedule, container: str | None =
         raise ScheduleMismatchError(str(exc)) from None
     object.__setattr__(model, _ATTRIBUTE, (executor, schedule))
     return model
+
+
+def runtime_ops(schedule: Schedule) -> list[tuple[str, int]]:
+    """The schedule's operations as the runtime takes them (``"F_all[k]"`` for a recomputation option)."""
+    return [(with_option(op.kind.value, op.option), op.stage) for op in schedule.ops]
+
+
+def policies(schedule: Schedule) -> dict[tuple[int, int], tuple[tuple[str, int], ...]]:
+    """For each ``(stage, option)`` the schedule uses, the ops the option keeps (name, occurrence)."""
+    out = {}
+    for op in schedule.ops:
+        if op.option:
+            option = schedule.chain.stage(op.stage).options[op.option - 1]
+            if option.saves and len(option.save_occurrences) != len(option.saves):
+                raise InvalidScheduleError(
+                    f"{op}: option {option.name!r} names its kept ops without their occurrences (save_occurrences); "
+                    "re-plan from a trace recorded with ops=True"
+                )
+            out[(op.stage, op.option)] = policy_of(option.save_ops, option.save_occurrences)
+    return out
 
 
 def remove_schedule(model: nn.Module) -> nn.Module:

@@ -10,7 +10,7 @@ activation among its arguments, keeps the others for recomputations, and runs it
 from __future__ import annotations
 
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -27,16 +27,22 @@ class ScheduleExecutor:
 
     Args:
         stages: for each stage 1..L, its modules in order (the first one is called by the model).
-        ops: the schedule's ``(kind, stage)`` operations.
+        ops: the schedule's ``(kind, stage)`` operations (``"F_all[k]"``: F_all with recomputation option k).
         min_offload_bytes: saved storages below this size stay on the device when their stage is offloaded.
+        policies: for each ``(stage, option)`` the schedule uses, the ops the option keeps,
+            ``(aten overload name, occurrence)`` pairs.
 
     Raises:
         ValueError: the operations cannot be run in the model's forward (see :class:`Program`).
     """
 
     def __init__(self, stages: Sequence[Sequence[nn.Module]], ops: Sequence[tuple[str, int]],
-                 min_offload_bytes: int = MIN_OFFLOAD_BYTES) -> None:
+                 min_offload_bytes: int = MIN_OFFLOAD_BYTES,
+                 policies: Mapping[tuple[int, int], Sequence[Sequence[Any]]] | None = None) -> None:
         self.program = Program(ops, len(stages))
+        # (stage, option) -> the ops F_all(stage)[option] keeps, by name and occurrence (see selective.py)
+        self.policies = {(int(s), int(o)): tuple((str(n), int(c)) for n, c in kept)
+                         for (s, o), kept in (policies or {}).items()}
         self.pool = HostPool()  # host buffers of offloaded activations, reused across steps
         self.copiers: dict[torch.device, Copier] = {}
         self.min_offload_bytes = int(min_offload_bytes)

@@ -1,13 +1,15 @@
 """A schedule's operations as the executor runs them: each stage's forward operation, the transfers after
 it, and the operations autograd's backward of each stage runs.
 
-Part of the pure-torch runtime (imports only the standard library; ``planner.export`` embeds it in the files
+Part of the pure-torch runtime (imports only the standard library and its sibling ``selective``; ``planner.export`` embeds it in the files
 it writes).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+from planner.executor.selective import split_option
 
 F_ALL, F_CK, F_NONE, B = "F_all", "F_ck", "F_none", "B"
 OFFLOAD, PREFETCH = "OFFLOAD", "PREFETCH"
@@ -30,6 +32,8 @@ class Program:
     """
 
     def __init__(self, ops: Sequence[tuple[str, int]], length: int) -> None:
+        # A forward may carry a recomputation option ("F_all[2]", see selective.py): checked by its base kind,
+        # kept whole for the runtime.
         ops = [(str(kind), int(stage)) for kind, stage in ops]
         top = length + 1
         loss_ops = [(i, kind) for i, (kind, stage) in enumerate(ops) if stage == top]
@@ -40,7 +44,7 @@ class Program:
             )
         start, end = loss_ops[0][0], loss_ops[1][0]
         forward = [(k, s) for k, s in ops[:start] if k not in TRANSFER_KINDS]
-        if [stage for _, stage in forward] != list(range(1, top)) or any(k not in FORWARD_KINDS for k, _ in forward):
+        if [stage for _, stage in forward] != list(range(1, top)) or any(_base(k) not in FORWARD_KINDS for k, _ in forward):
             raise ValueError(
                 f"before the loss, the schedule must run stages 1..{length} once each, in order, as the model's "
                 f"forward calls them; found {[f'{k}({s})' for k, s in forward]}"
@@ -58,10 +62,14 @@ class Program:
         self.segments = _segments(middle + ops[end + 1 :], length)
         counts: dict[int, int] = {}
         for kind, stage in ops:
-            if kind in FORWARD_KINDS:
+            if _base(kind) in FORWARD_KINDS:
                 counts[stage] = counts.get(stage, 0) + 1
         self.replayed = frozenset(stage for stage, count in counts.items() if count > 1)
         self.offloaded = frozenset(stage for kind, stage in ops if kind == OFFLOAD)
+
+
+def _base(kind: str) -> str:
+    return split_option(kind)[0]
 
 
 def _after_forward(forward: list[tuple[str, int]]) -> dict[int, tuple[tuple[str, int], ...]]:
@@ -90,7 +98,7 @@ def _segments(backward: list[tuple[str, int]], length: int) -> dict[int, tuple[t
         if stage != expected:
             raise ValueError(f"the backward operations must be B({length}) .. B(1) in turn; found B({stage}) "
                              f"where B({expected}) was due")
-        above = [s for k, s in current if k in FORWARD_KINDS and s > stage]
+        above = [s for k, s in current if _base(k) in FORWARD_KINDS and s > stage]
         if above:
             raise ValueError(f"the schedule recomputes stage {above[0]} after B({above[0]}) was due")
         segments[stage] = tuple(current)

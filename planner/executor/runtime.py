@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from planner.executor.program import F_ALL, F_NONE, OFFLOAD, TRANSFER_KINDS, B
+from planner.executor.selective import Policy, run_selective, split_option
 from planner.executor.stage import (
     RngState,
     StageCall,
@@ -136,6 +137,8 @@ class _Run:
         return x.reshape(self.shapes[stage]) if stage in self.shapes else x
 
     def _forward(self, kind: str, stage: int) -> Any:
+        kind, option = split_option(kind)
+        policy = self.executor.policies[(stage, option)] if option else None
         x = self._input(stage)
         keep = kind != F_NONE or stage - 1 in self.recs
         if kind == F_ALL:
@@ -146,7 +149,7 @@ class _Run:
             with torch.enable_grad(), hooks:
                 # Through a view, the gradients of the stage's input are summed in autograd's buffer and handed
                 # over once, as in plain autograd; on the leaf itself, its first part would be copied and kept.
-                y, raw = self._call(stage, leaf.view_as(leaf) if leaf.requires_grad else leaf, keep)
+                y, raw = self._call(stage, leaf.view_as(leaf) if leaf.requires_grad else leaf, keep, policy)
             if self.transfers is not None and stage in self.program.offloaded:
                 self.transfers.recorded(stage, [y, *tensors_in(raw)])
             self.recs[stage] = (leaf, y)
@@ -167,8 +170,17 @@ class _Run:
         others = [t for value in (*call.args, *call.kwargs.values()) for t in tensors_in(value)]
         return self.transfers.recording(stage, x, self.executor.stages[stage - 1].modules, others)
 
-    def _call(self, stage: int, x: torch.Tensor, keep: bool) -> tuple[torch.Tensor, Any]:
+    def _call(self, stage: int, x: torch.Tensor, keep: bool, policy: Policy | None = None) -> tuple[torch.Tensor, Any]:
         runner = self.executor.stages[stage - 1]
+        if policy is not None:  # F_all with an option: PyTorch's selective checkpoint keeps part, recomputes the rest
+            plain = runner
+
+            def frozen(thunk: Any) -> Any:
+                with plain.frozen_state():
+                    return thunk()
+
+            def runner(inp: torch.Tensor, call: Any, leaves: Any) -> Any:
+                return run_selective(lambda v: plain(v, call, leaves), inp, policy, frozen)
         call = self.calls[stage]
         version = x._version
         leaves = None

@@ -1,0 +1,104 @@
+"""Selective schedules run on models written by others: options from a planning pass, executed with PyTorch's
+selective checkpointing; gradients bitwise equal to plain autograd and the whole step's measured peak within
+5% + 1 MiB of the prediction."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import torch
+
+from memprof import MemoryProfiler, load_trace
+from planner import chain_from_trace, min_feasible_budget, solve, store_all_budget
+from planner.executor import apply_schedule, remove_schedule
+from planner.export import export_python
+from planner.measure import measure_schedule
+from planner.schedule import Op, OpKind, Schedule
+from planner.simulator import predict
+from tests.planner.real_models import gpt2
+
+MIB = 1 << 20
+BATCH = 4
+
+
+def _profiled(build, tmp_path: Path):  # noqa: ANN001, ANN202 -- a RealModel builder
+    real = build()
+    optimizer = torch.optim.SGD(real.model.parameters(), lr=1e-3)
+    with MemoryProfiler(real.model, optimizer, out_dir=tmp_path / "profile", print_period=0, background=False,
+                        ops=True) as prof:
+        for _ in range(3):
+            optimizer.zero_grad(set_to_none=True)
+            real.loss(real.model, real.make_batch(BATCH)).backward()
+            optimizer.step()
+            prof.record_stats()
+    return real, optimizer, chain_from_trace(load_trace(prof.run_dir))
+
+
+def _grads(real, batch) -> list[torch.Tensor]:  # noqa: ANN001
+    real.model.zero_grad(set_to_none=True)
+    torch.manual_seed(7)
+    real.loss(real.model, batch).backward()
+    return [p.grad.clone() for p in real.model.parameters() if p.grad is not None]
+
+
+def _selective_schedules(chain):  # noqa: ANN001, ANN202
+    low, high = min_feasible_budget(chain, "selective"), store_all_budget(chain)
+    found = {}
+    for fraction in (0.0, 0.3, 0.6):
+        schedule = solve(chain, int(low + fraction * (high - low)), "selective")
+        found.setdefault(schedule.ops, schedule)
+    return [s for s in found.values() if any(op.option for op in s.ops)]
+
+
+def test_each_option_of_each_block_gives_plain_gradients_and_its_predicted_peak(tmp_path: Path) -> None:
+    real, optimizer, chain = _profiled(gpt2, tmp_path)
+    base = solve(chain, store_all_budget(chain), "store_all")
+    batch = real.make_batch(BATCH)
+    plain = _grads(real, batch)
+    blocks = [index for index in range(1, chain.length + 1) if chain.stage(index).options]
+    assert blocks, "the blocks have recomputation options"
+    for index in blocks:
+        for option in range(1, len(chain.stage(index).options) + 1):
+            ops = tuple(Op(op.kind, op.stage, option if op.kind is OpKind.F_ALL and op.stage == index else 0)
+                        for op in base.ops)
+            schedule = with_prediction(Schedule("selective", None, ops, chain))
+            apply_schedule(real.model, schedule)
+            try:
+                assert all(torch.equal(a, b) for a, b in zip(plain, _grads(real, batch), strict=True)), str(ops)
+            finally:
+                remove_schedule(real.model)
+    schedule = with_prediction(Schedule("selective", None, tuple(
+        Op(op.kind, op.stage, len(chain.stage(op.stage).options) if op.kind is OpKind.F_ALL and op.stage == blocks[0]
+           else 0) for op in base.ops), chain))
+    try:
+        _, comparison = measure_schedule(real.model, real.make_batch, schedule, tmp_path / "measured", steps=3,
+                                         batch_size=BATCH, loss=real.loss, optimizer=optimizer)
+    finally:
+        remove_schedule(real.model)
+    predicted = comparison.predicted_step_peak_bytes
+    assert abs(comparison.measured_step_peak_bytes - predicted) <= 0.05 * predicted + MIB
+
+
+def with_prediction(schedule: Schedule) -> Schedule:
+    peak, makespan = predict(schedule.chain, schedule.ops)
+    return schedule.with_prediction(peak, makespan)
+
+
+def test_the_exported_file_carries_the_policies(tmp_path: Path) -> None:
+    real, _, chain = _profiled(gpt2, tmp_path)
+    schedule = _selective_schedules(chain)[0]
+    path = tmp_path / "schedule.py"
+    path.write_text(export_python(schedule))
+    assert "POLICIES = {" in path.read_text() and "F_all[" in path.read_text()
+    spec = importlib.util.spec_from_file_location("exported_selective", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    batch = real.make_batch(BATCH)
+    plain = _grads(real, batch)
+    module.apply_schedule(real.model)
+    try:
+        assert all(torch.equal(a, b) for a, b in zip(plain, _grads(real, batch), strict=True))
+    finally:
+        real.model.__dict__.pop("_memprof_schedule")[0].remove()
