@@ -33,7 +33,6 @@ def test_lower_budgets_hold_less_and_recompute_more() -> None:
     full, low = points
     assert full.flops == eager  # nothing recomputed at the partitioner's default budget
     assert low.held_bytes < full.held_bytes and low.flops > full.flops
-    assert low.step_peak_bytes < full.step_peak_bytes
     params = sum(p.numel() * 4 for p in model.parameters())
     assert full.step_peak_bytes > 2 * params  # weights and their gradients are in the step's peak
     assert all(p.step_ms > 0 for p in points)
