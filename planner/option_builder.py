@@ -5,7 +5,8 @@ No list per model type: the options come from what the ops of the stage's forwar
 * The candidates are the ops that allocate (``output_bytes > 0``) and whose output some op of the stage
   needs for backward (``OpRecord.needs``) or that have FLOPs (keeping a matmul's output spares its
   recomputation even when no backward reads it); the op producing the stage's output (the last one that
-  allocates) is not one: its output, a^l, is always kept; nor is an output an in-place op writes next.
+  allocates) is not one: its output, a^l, is always kept; nor is an output an op of the stage later writes
+  in place, nor a random op's (see :func:`_cacheable`).
 * They are ranked by what recomputing them costs per byte kept: ``forward_ms / output_bytes``, FLOPs per
   byte to break ties (and alone when no op has a time).
 * The options: ``"compute"`` keeps the output of every candidate with FLOPs (matmuls, convolutions,
@@ -86,16 +87,29 @@ def _short(record: OpRecord) -> str:
     return record.op.split(".")[1] if record.op.count(".") >= 2 else record.op
 
 
+RANDOM_OPS = ("bernoulli", "native_dropout", "dropout", "fused_dropout", "rand", "randn", "randint", "randperm",
+              "normal", "uniform", "exponential", "geometric", "cauchy", "log_normal", "multinomial", "poisson",
+              "rrelu")
+"""Short names (``aten.<name>.<overload>``, trailing ``_`` and leading ``_`` ignored) of ops that draw random
+numbers. They are always recomputed: the recomputation replays the stage's random numbers from its saved
+RNG state in the forward's order, so skipping one draw would shift every later one."""
+
+
 def _cacheable(ops: Sequence[OpRecord], i: int) -> bool:
     """Whether op ``i``'s output may be kept and handed back in the recomputation.
 
-    A kept output is the forward's tensor itself; if an in-place op then writes into it (dropout's
-    ``empty_like`` filled by ``bernoulli_``, a convolution followed by ``relu_``), the recomputation would
-    apply that write a second time. Records do not say which tensor an in-place op writes, so an output
-    followed at once by an in-place op, or made uninitialised to be filled (``empty*``), is never kept.
+    A kept output is the forward's tensor itself; if an op of the stage then writes into it (dropout's
+    ``empty_like`` filled by ``bernoulli_``, a convolution's output by ``relu_``), the recomputation would
+    apply that write a second time, so it is never kept. Records that do not say what an in-place op writes
+    (traces from before ``OpRecord.writes``) fall back to refusing an output followed at once by an in-place
+    op or made uninitialised to be filled (``empty*``). Random ops are never kept (:data:`RANDOM_OPS`).
     """
-    if _short(ops[i]).startswith("empty") or _short(ops[i]).startswith("new_empty"):
+    short = _short(ops[i])
+    if short.strip("_") in RANDOM_OPS or short.startswith(("empty", "new_empty")):
         return False
+    index = ops[i].index
+    if all(r.writes is not None for r in ops):
+        return not any(index in (r.writes or ()) for r in ops[i + 1:])
     return i + 1 >= len(ops) or not _short(ops[i + 1]).endswith("_")
 
 

@@ -26,6 +26,9 @@ class OpRecord:
             recorded forward (inputs, parameters) are not listed.
         forward_ms: wall time of the op in the recorded forward.
         flops: its FLOPs by ``torch.utils.flop_counter``'s formulas (0 for ops it does not count).
+        writes: indexes of the ops whose outputs this op wrote in place (``relu_`` on a convolution's output,
+            ``bernoulli_`` filling an ``empty_like``); ``None`` when not recorded (traces written before the
+            column existed).
     """
 
     index: int
@@ -35,6 +38,7 @@ class OpRecord:
     needs: tuple[int, ...] = ()
     forward_ms: float = 0.0
     flops: int = 0
+    writes: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         for key in ("index", "output_bytes", "flops"):
@@ -47,3 +51,9 @@ class OpRecord:
         if any(not 0 <= i <= self.index for i in needs):
             raise ValueError(f"op record {self.index} ({self.op}): needs must name this op or earlier ones, found {needs}")
         object.__setattr__(self, "needs", needs)
+        if self.writes is not None:
+            writes = tuple(int(i) for i in self.writes)
+            if any(not 0 <= i <= self.index for i in writes):
+                raise ValueError(f"op record {self.index} ({self.op}): writes must name this op or earlier ones, "
+                                 f"found {writes}")
+            object.__setattr__(self, "writes", writes)

@@ -69,6 +69,17 @@ def _flops(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -
         return 0
 
 
+def _written(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
+    """The tensors ``func`` writes in place: its schema's arguments marked ``Tensor(a!)``."""
+    written: list[torch.Tensor] = []
+    for position, argument in enumerate(func._schema.arguments):
+        if argument.alias_info is None or not argument.alias_info.is_write:
+            continue
+        value = args[position] if position < len(args) else kwargs.get(argument.name)
+        written.extend(t for t in tree_leaves(value) if isinstance(t, torch.Tensor))
+    return written
+
+
 @dataclass
 class _Op:
     module: str
@@ -76,6 +87,7 @@ class _Op:
     output_bytes: int
     forward_ms: float
     flops: int
+    writes: tuple[int, ...] = ()
     needs: set[int] = field(default_factory=set)
 
 
@@ -201,6 +213,8 @@ class OpRecorder:
         inputs = {found[0] for t in tree_leaves((args, kwargs))
                   if isinstance(t, torch.Tensor) and (found := _storage(t)) is not None}
         cuda = any(isinstance(t, torch.Tensor) and t.is_cuda for t in tree_leaves((args, kwargs)))
+        writes = tuple(sorted({creator for t in _written(func, args, kwargs) if (found := _storage(t)) is not None
+                               and (creator := self._creator.get(found[0])) is not None}))
         if cuda:
             torch.cuda.synchronize()
         begin = time.perf_counter()
@@ -222,7 +236,7 @@ class OpRecorder:
         self._node_starts.append(self._next_node)
         self._next_node = _next_node_number()
         module = self._stack[-1] if self._stack else ""
-        self._ops.append(_Op(module, str(func), output_bytes, elapsed_ms, _flops(func, args, kwargs, out)))
+        self._ops.append(_Op(module, str(func), output_bytes, elapsed_ms, _flops(func, args, kwargs, out), writes))
         return out
 
     # ------------------------------------------------------------------ results
@@ -235,7 +249,8 @@ class OpRecorder:
                 saver = max(newest, creator)
             self._ops[saver].needs.add(creator)
         return [OpRecord(index=i, module=op.module, op=op.op, output_bytes=op.output_bytes,
-                         needs=tuple(sorted(op.needs)), forward_ms=op.forward_ms, flops=op.flops)
+                         needs=tuple(sorted(op.needs)), forward_ms=op.forward_ms, flops=op.flops,
+                         writes=op.writes)
                 for i, op in enumerate(self._ops)]
 
     def _owner(self, node: int) -> int | None:

@@ -21,6 +21,7 @@ from memprof.trace.recovery import recover, recovered_frame
 from memprof.trace.schema import (
     FORMAT_NAME,
     ITERATIONS,
+    LATER_COLUMNS,
     META_FILE,
     META_KEYS,
     OPS,
@@ -92,8 +93,12 @@ def table_parts(run_dir: Path, table: str) -> list[Path]:
 
 def _required(table: str, version: int) -> list[pa.Field]:
     """The columns a part of ``table`` must have in a trace of schema ``version``."""
-    absent = V1_DEFAULTS.get(table, {}) if version == 1 else {}
-    return [f for f in READ_SCHEMAS[table] if f.name not in absent]
+    return [f for f in READ_SCHEMAS[table] if f.name not in _defaults(table, version)]
+
+
+def _defaults(table: str, version: int) -> dict[str, object]:
+    """The columns a part of ``table`` may lack, with the value they read as."""
+    return {**(V1_DEFAULTS.get(table, {}) if version == 1 else {}), **LATER_COLUMNS.get(table, {})}
 
 
 def _list_parts(run_dir: Path, table: str, version: int) -> tuple[tuple[Path, ...], tuple[IterationRange, ...]]:
@@ -239,7 +244,7 @@ class Trace:
             parts = tuple(p for p, r in zip(parts, ranges) if _may_hold(r, wanted))
         if not parts:
             return _empty_frame(table, columns)
-        defaults = V1_DEFAULTS.get(table, {}) if self.version == 1 else {}
+        defaults = _defaults(table, self.version)
         names = list(columns) if columns else None
         filters: list[tuple[str, str, Any]] = [("iteration", "in", wanted)] if wanted is not None else []
         if self._snapshot_last.get(table) is not None:
@@ -247,7 +252,8 @@ class Trace:
         frames = []
         for part in parts:
             try:
-                read_names = [c for c in names if c not in defaults] if names else None
+                present = set(pq.read_schema(part).names) if defaults else set()
+                read_names = [c for c in names if c not in defaults or c in present] if names else None
                 data = pq.read_table(part, columns=read_names, filters=filters or None,
                                      page_checksum_verification=True)
             except (OSError, pa.ArrowException, KeyError, UnicodeDecodeError) as exc:
@@ -257,7 +263,8 @@ class Trace:
             frame = data.to_pandas()
             for name, value in defaults.items():
                 if (names is None or name in names) and name not in frame.columns:
-                    frame[name] = pd.Series([value] * len(frame), dtype=READ_SCHEMAS[table].field(name).type.to_pandas_dtype())
+                    dtype = READ_SCHEMAS[table].field(name).type.to_pandas_dtype()
+                    frame[name] = pd.Series([value] * len(frame), dtype=dtype, index=frame.index)
             frames.append(frame[names] if names else frame)
         if len(frames) == 1:
             return frames[0]

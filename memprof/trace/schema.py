@@ -73,6 +73,9 @@ ITERATIONS_SCHEMA = pa.schema(
 )
 #: Columns a version 1 trace lacks, with the value they take when it is read.
 V1_DEFAULTS: dict[str, dict[str, object]] = {"iterations": {"detail": True}}
+#: Columns added to an optional table after its first parts were written (no schema version change: older
+#: parts lack them and read with these values).
+LATER_COLUMNS: dict[str, dict[str, object]] = {"ops": {"writes": None}}
 
 LAYERS_SCHEMA = pa.schema(
     [
@@ -127,6 +130,7 @@ OPS_SCHEMA = pa.schema(
         pa.field("needs", pa.list_(pa.int64())),
         pa.field("forward_ms", pa.float64()),
         pa.field("flops", pa.int64()),
+        pa.field("writes", pa.list_(pa.int64())),  # null in parts written before the column existed
     ]
 )
 

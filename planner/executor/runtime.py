@@ -171,12 +171,11 @@ class _Run:
         return self.transfers.recording(stage, x, self.executor.stages[stage - 1].modules, others)
 
     def _call(self, stage: int, x: torch.Tensor, keep: bool, policy: Policy | None = None) -> tuple[torch.Tensor, Any]:
-        runner = self.executor.stages[stage - 1]
+        plain = runner = self.executor.stages[stage - 1]
         if policy is not None:  # F_all with an option: PyTorch's selective checkpoint keeps part, recomputes the rest
-            plain = runner
 
             def frozen(thunk: Any) -> Any:
-                with plain.frozen_state():
+                with plain.frozen_state(unseen=True):
                     return thunk()
 
             def runner(inp: torch.Tensor, call: Any, leaves: Any) -> Any:
@@ -193,7 +192,7 @@ class _Run:
             if before is not None and not same_rng(before, capture_rng(x)):
                 self.rng[stage] = before  # kept only for stages that draw random numbers (dropout)
         else:
-            with replay_rng(self.rng.get(stage), x), runner.frozen_state(), autocast_context(self.autocast):
+            with replay_rng(self.rng.get(stage), x), plain.frozen_state(), autocast_context(self.autocast):
                 y, raw = runner(x, call, leaves)
             raw = None
         if keep and x._version != version:

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import _disable_current_modes
 
 RngState = tuple[torch.Tensor, list[torch.Tensor]]
 
@@ -60,17 +61,23 @@ class StageRunner:
         return y, raw
 
     @contextlib.contextmanager
-    def frozen_state(self) -> Iterator[None]:
+    def frozen_state(self, unseen: bool = False) -> Iterator[None]:
         """Lets a recomputation update scratch copies of the stateful buffers (BatchNorm statistics).
 
         The originals are neither moved nor written (autograd may have saved them), so they change once per
         iteration, in the stage's first run.
+
+        Args:
+            unseen: make the copies below every active dispatch mode. A selective checkpoint's recomputation
+                counts the ops it sees to find the outputs it kept; copies it saw would shift the count.
         """
         originals = [
             (module, name, buf) for module in self.stateful for name, buf in module.named_buffers(recurse=False)
         ]
-        for module, name, buf in originals:
-            setattr(module, name, buf.clone())
+        with _disable_current_modes() if unseen else contextlib.nullcontext():
+            copies = [buf.clone() for _, _, buf in originals]
+        for (module, name, _), copy in zip(originals, copies):
+            setattr(module, name, copy)
         try:
             yield
         finally:

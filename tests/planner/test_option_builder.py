@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from memprof.analysis.op_records import OpRecord
@@ -103,3 +105,20 @@ def test_outputs_written_in_place_afterwards_are_never_kept() -> None:
     kept = {i for option in options for i in option.saves}
     assert kept and not kept & {0, 2}
     assert ("compute", (6,)) in [(o.name, o.saves) for o in options]
+
+
+def test_recorded_writes_decide_what_is_kept_and_random_ops_never_are() -> None:
+    """A convolution followed by batch norm's counter ``add_`` (it writes ``num_batches_tracked``, not the
+    convolution's output) is kept; one that ``relu_`` writes is not; a random op (CUDA's ``native_dropout``,
+    one op allocating output and mask) is never kept, so the recomputation replays every draw."""
+    rows = [("aten.convolution.default", 400, (), 1.0, 5000, ()), ("aten.add_.Tensor", 0, (), 0.01, 0, ()),
+            ("aten.native_batch_norm.default", 400, (0, 2), 0.2, 0, ()), ("aten.relu_.default", 0, (2,), 0.1, 0, (2,)),
+            ("aten.native_dropout.default", 800, (4,), 0.3, 0, ()), ("aten.addmm.default", 400, (4,), 1.0, 4000, ()),
+            ("aten.add.Tensor", 100, (), 0.1, 0, ())]
+    records = tuple(OpRecord(index=i, module="b", op=op, output_bytes=size, needs=needs, forward_ms=ms, flops=flops,
+                             writes=writes) for i, (op, size, needs, ms, flops, writes) in enumerate(rows))
+    options = stage_options(records, Stage(2.71, 5.0, 100, 2100, 100, modules=("b",)))
+    kept = {i for option in options for i in option.saves}
+    assert 0 in kept and not kept & {2, 4}
+    unknown = tuple(replace(r, writes=None) for r in records)  # an older trace: the adjacent in-place rule
+    assert 0 not in {i for option in stage_options(unknown, STAGE) for i in option.saves}

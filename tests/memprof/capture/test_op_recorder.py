@@ -123,6 +123,8 @@ def test_dropout_needs_its_mask() -> None:
     assert dropout and dropout[-1].output_bytes == 2 * 8 * F32
     mask_makers = {i for i in dropout[-1].needs}
     assert len(mask_makers) == 1 and records[mask_makers.pop()].module == "1"  # the mask, made by dropout
+    filled = [r for r in dropout if r.op.startswith("aten.bernoulli_")]
+    assert filled and records[filled[0].writes[0]].op.startswith("aten.empty")  # the mask's storage, filled
     assert needed_bytes(records) == sum(truth.saved.values()) - outside_bytes(model, (x,), truth.saved)
 
 
@@ -150,6 +152,9 @@ def test_conv_batchnorm_and_inplace_relu() -> None:
     assert norm.output_bytes == (2 * 4 * 6 * 6 + 4 + 4) * F32
     assert relu.output_bytes == 0  # in place: batch norm's output storage, which relu_ saves
     assert relu.needs == (norm.index,)
+    assert relu.writes == (norm.index,) and conv1.writes == () and norm.writes == ()
+    counter = [r for r in named(records, "aten.add_.Tensor") if r.module == "1"]
+    assert counter and all(r.writes == () for r in counter)  # num_batches_tracked, made outside the forward
     assert conv2.needs == (norm.index,)
     assert conv1.flops == 2 * (2 * 4 * 6 * 6) * (3 * 3 * 3)
     assert needed_bytes(records) == sum(truth.saved.values()) - outside_bytes(model, (x,), truth.saved)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pyarrow as pa
@@ -75,3 +76,13 @@ def test_a_bad_row_or_column_is_reported(tmp_path: Path) -> None:
     pq.write_table(wrong, run / "ops.parquet" / "part-000001.parquet")
     with pytest.raises(CorruptTraceError, match="output_bytes"):
         load_trace(run)
+
+
+def test_parts_written_before_the_writes_column_read_as_unknown(tmp_path: Path) -> None:
+    run = _run(tmp_path)
+    (run / "ops.parquet").mkdir()
+    old = ops_table(0, RECORDS).drop_columns(["writes"])
+    pq.write_table(old, run / "ops.parquet" / "part-000001.parquet")
+    records = load_trace(run).op_records()
+    assert [r.writes for r in records] == [None] * len(RECORDS)
+    assert [replace(r, writes=None) for r in RECORDS] == records

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import pytest
 import torch
 
 from memprof import MemoryProfiler, load_trace
@@ -16,6 +17,7 @@ from planner.export import export_python
 from planner.measure import measure_schedule
 from planner.schedule import Op, OpKind, Schedule
 from planner.simulator import predict
+from tests.planner import real_models
 from tests.planner.real_models import gpt2
 
 MIB = 1 << 20
@@ -73,6 +75,35 @@ def test_each_option_of_each_block_gives_plain_gradients_and_its_predicted_peak(
            else 0) for op in base.ops), chain))
     try:
         _, comparison = measure_schedule(real.model, real.make_batch, schedule, tmp_path / "measured", steps=3,
+                                         batch_size=BATCH, loss=real.loss, optimizer=optimizer)
+    finally:
+        remove_schedule(real.model)
+    predicted = comparison.predicted_step_peak_bytes
+    assert abs(comparison.measured_step_peak_bytes - predicted) <= 0.05 * predicted + MIB
+
+
+@pytest.mark.parametrize("name", ["gpt2", "bert", "llama", "resnet", "mobilenet"])
+def test_dp_schedules_with_options_on_several_blocks_give_plain_gradients(name: str, tmp_path: Path) -> None:
+    """What ``solve(..., "selective")`` picks: options on consecutive blocks, stages recomputed from F_ck
+    checkpoints, dropout (GPT-2, BERT) and batch-norm statistics (ResNet, MobileNet) replayed."""
+    real, optimizer, chain = _profiled(getattr(real_models, name), tmp_path)
+    batch = real.make_batch(BATCH)
+    plain = _grads(real, batch)
+    low, high = min_feasible_budget(chain, "selective"), store_all_budget(chain)
+    schedules = {}
+    for fraction in (0.0, 0.1, 0.3):
+        schedule = solve(chain, int(low + fraction * (high - low)), "selective")
+        schedules.setdefault(schedule.ops, schedule)
+    several = [s for s in schedules.values() if len({op.stage for op in s.ops if op.option}) >= 2]
+    assert several, "the DP gives options to several blocks at a low budget"
+    for schedule in schedules.values():
+        apply_schedule(real.model, schedule)
+        try:
+            assert all(torch.equal(a, b) for a, b in zip(plain, _grads(real, batch), strict=True)), str(schedule.ops)
+        finally:
+            remove_schedule(real.model)
+    try:  # the lowest budget's schedule: the whole step's measured peak as predicted
+        _, comparison = measure_schedule(real.model, real.make_batch, several[0], tmp_path / "measured", steps=3,
                                          batch_size=BATCH, loss=real.loss, optimizer=optimizer)
     finally:
         remove_schedule(real.model)
