@@ -9,6 +9,7 @@ import json
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
 
 from memprof.units import format_bytes
 from planner import (
@@ -25,7 +26,7 @@ from planner.pareto import POINT_COLUMNS
 from planner.solve import min_feasible_budget, store_all_budget
 from planner.solvers import rotor_fill
 from planner.step import StepCosts
-from tests.planner.chain_strategies import MIB, random_chain, random_option_chain, toy_chain
+from tests.planner.chain_strategies import MIB, option_chains, random_chain, random_option_chain, toy_chain
 
 
 def test_toy_front() -> None:
@@ -281,6 +282,19 @@ def test_selective_front_reads_the_solved_schedules_and_never_loses_to_rotor() -
         if budget >= rotor_front.min_feasible_bytes:
             assert schedule.predicted_makespan_ms <= rotor_front.schedule_at(int(budget)).predicted_makespan_ms + 1e-3
     assert with_options > 0  # the tight budgets pick options
+
+
+@settings(max_examples=40, deadline=None)
+@given(option_chains(max_length=4, max_size=6))
+def test_selective_front_is_solve_when_both_have_1_byte_slots(chain: Chain) -> None:
+    # sizes of at most 6 bytes with DEFAULT_SLOTS slots: both grids are exact, so both give the optimum
+    front = pareto_front(chain, "selective")
+    assert front.table.grid.slot_bytes == 1
+    assert front.min_feasible_bytes == min_feasible_budget(chain, "selective")
+    for budget in range(front.min_feasible_bytes, front.max_budget_bytes + 2):
+        from_front, solved = front.schedule_at(budget), solve(chain, budget, "selective")
+        assert from_front.predicted_peak_bytes <= budget
+        assert from_front.predicted_makespan_ms == pytest.approx(solved.predicted_makespan_ms, abs=1e-4)
 
 
 def test_algorithm_points_add_selective_only_when_a_stage_has_options() -> None:
