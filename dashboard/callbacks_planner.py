@@ -263,8 +263,11 @@ def export_summary(store: TraceStore, choice: dict | None, names: list[str] | No
                 f"{format_bytes(schedule.predicted_peak_bytes)})")
     else:
         budget, peak = format_bytes(schedule.budget_bytes), format_bytes(schedule.predicted_peak_bytes)
+    options = sum(1 for op in schedule.ops if op.option)
+    chosen = f" {options} recorded forwards keep less than everything (recomputation options)." if options else ""
     return (f"{schedule.algorithm} schedule of run {run}, chain {schedule.chain.name}, at budget {budget}: "
-            f"{len(schedule.ops)} operations, predicted peak {peak}, makespan {schedule.predicted_makespan_ms:.3f} ms.")
+            f"{len(schedule.ops)} operations, predicted peak {peak}, makespan {schedule.predicted_makespan_ms:.3f} ms."
+            + chosen)
 
 
 def export_json(store: TraceStore, choice: dict | None, names: list[str] | None) -> dict:

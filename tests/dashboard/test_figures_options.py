@@ -189,6 +189,11 @@ def test_planner_view_shows_the_options_and_the_compile_points(store, monkeypatc
     assert any(n.startswith("F_all [") for n in names)
     pareto = go.Figure(pareto_fig)
     assert {COMPILE_NAME, "selective", "rotor", "this schedule"} <= {t.name for t in pareto.data}
+    choice = {"run": "mlp", "container": None, "budget_bytes": model.min_budget_bytes}
+    used = sum(1 for op in schedule.ops if op.option)
+    summary = cp.export_summary(store, choice, ["mlp"])
+    assert summary.startswith("selective schedule of run mlp") and summary.endswith(
+        f" {used} recorded forwards keep less than everything (recomputation options).")
 
 
 def test_planner_model_reads_the_compile_points_beside_the_run(store) -> None:  # noqa: ANN001
