@@ -36,6 +36,7 @@ SECTIONS = {
     "estimate": ("9. Estimates on fake tensors: predicted vs measured step peak, and their cost",
                  ["benchmarks.bench_estimate"], ["--repeats", "1", "--skip-large"]),
     "dashboard": ("Dashboard responsiveness", ["benchmarks.bench_dashboard"], []),
+    "options_view": ("The Planner view with recomputation options", ["benchmarks.bench_options_view"], []),
     "long_dashboard": ("The dashboard on a 100,000-iteration run", ["benchmarks.bench_long_dashboard"],
                        ["--repeats", "3", "--part-iterations", "1000"]),
     "ranks": ("Many ranks: one streaming pass vs DuckDB vs loading every rank", ["benchmarks.bench_ranks"],

@@ -21,7 +21,8 @@ import planner.export
 from dashboard import ids
 from dashboard.data import VIEW_ERRORS, TraceStore
 from dashboard.figures import empty_figure
-from dashboard.figures_planner import memory_figure, schedule_figure, schedule_text, with_current
+from dashboard.figures_options import option_summary, schedule_figure_with_options
+from dashboard.figures_planner import memory_figure, schedule_text, with_current
 from dashboard.planning import (
     SLIDER_STEPS,
     MeasuredRun,
@@ -33,6 +34,7 @@ from dashboard.planning import (
     planner_model,
     prediction_frame,
     same_schedule,
+    with_option_columns,
 )
 from memprof.units import format_bytes
 
@@ -74,6 +76,18 @@ def describe_chain(model: PlannerModel) -> str:
             f"below {format_bytes(step.floor_bytes)}.")
 
 
+def _options_note(model: PlannerModel) -> str:
+    """What the stages' recomputation options change, and whether torch.compile's points are shown."""
+    blocks = sum(1 for stage in model.chain.stages if stage.options)
+    note = ""
+    if blocks:
+        note = (f" {blocks} stages have recomputation options (from the run's planning pass): the slider reads "
+                f"selective's optimum, where each recorded forward keeps everything or one option.")
+    if model.compile_points:
+        note += f" The Pareto figure shows torch.compile's {len(model.compile_points)} measured points."
+    return note
+
+
 def _floor_note(model: PlannerModel) -> str:
     """Why the minimum is where it is, when what lies outside the chain sets it."""
     step = model.step
@@ -97,12 +111,13 @@ def planner_bounds(store: TraceStore, names: list[str] | None, choice: str | Non
     low, high = model.min_budget_bytes, model.max_budget_bytes
     if high <= low:
         marks = {str(low): f"{format_bytes(low)} (store-all)"}
-        return (low, low, 1, marks, low, True,
-                describe_chain(model) + " Store-all is already the minimum." + _floor_note(model))
+        return (low, low, 1, marks, low, True, describe_chain(model) + " Store-all is already the minimum."
+                + _floor_note(model) + _options_note(model))
     step = (high - low) / SLIDER_STEPS
     marks = {str(low): format_bytes(low), str(high): format_bytes(high)}
     span = f" Budgets from {format_bytes(low)} (the minimum feasible) to {format_bytes(high)} (store-all)."
-    return low, high, step, marks, default_budget(model), False, describe_chain(model) + span + _floor_note(model)
+    message = describe_chain(model) + span + _floor_note(model) + _options_note(model)
+    return low, high, step, marks, default_budget(model), False, message
 
 
 def _run_id(store: TraceStore, name: str) -> str:
@@ -152,7 +167,7 @@ def planner_view(store: TraceStore, names: list[str] | None, choice: str | None,
     budget_bytes = model.clamp(budget)
     schedule = model.front.schedule_at(budget_bytes)
     prediction = planner.simulate(model.chain, schedule)
-    frame = prediction_frame(prediction)
+    frame = with_option_columns(prediction_frame(prediction), prediction, model.chain)
     chain_peak, makespan = int(prediction.peak_bytes), float(prediction.makespan_ms)
     step = model.step
     if step is None:
@@ -185,8 +200,10 @@ def planner_view(store: TraceStore, names: list[str] | None, choice: str | None,
                            floor_bytes=step.floor_bytes if step is not None else None)
     pareto = with_current(model.pareto, current=(peak, makespan), budget_bytes=budget_bytes)
     picked = {"run": names[0], "container": container_of(choice), "budget_bytes": budget_bytes}
-    return (budget_text, peak_text, makespan_text, schedule_text(schedule.ops),
-            schedule_figure(frame, model.chain.module_names), memory, pareto, picked)
+    options = option_summary(frame)
+    ops_text = schedule_text(schedule.ops) + (f"\n\nrecomputation options:\n{options}" if options else "")
+    return (budget_text, peak_text, makespan_text, ops_text,
+            schedule_figure_with_options(frame, model.chain.module_names), memory, pareto, picked)
 
 
 def measured_view(store: TraceStore, names: list[str] | None) -> list[Any]:
@@ -246,8 +263,11 @@ def export_summary(store: TraceStore, choice: dict | None, names: list[str] | No
                 f"{format_bytes(schedule.predicted_peak_bytes)})")
     else:
         budget, peak = format_bytes(schedule.budget_bytes), format_bytes(schedule.predicted_peak_bytes)
+    options = sum(1 for op in schedule.ops if op.option)
+    chosen = f" {options} recorded forwards keep less than everything (recomputation options)." if options else ""
     return (f"{schedule.algorithm} schedule of run {run}, chain {schedule.chain.name}, at budget {budget}: "
-            f"{len(schedule.ops)} operations, predicted peak {peak}, makespan {schedule.predicted_makespan_ms:.3f} ms.")
+            f"{len(schedule.ops)} operations, predicted peak {peak}, makespan {schedule.predicted_makespan_ms:.3f} ms."
+            + chosen)
 
 
 def export_json(store: TraceStore, choice: dict | None, names: list[str] | None) -> dict:

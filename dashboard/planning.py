@@ -8,11 +8,17 @@ A chain found in a run carries the step around it (``chain.step``, :class:`plann
 then every budget, peak and measurement here is the whole training step's memory, what the device has:
 the predicted timeline is the simulator's chain timeline plus what the step holds beside the chain
 (``base_bytes``), and the measured one is the allocator's, with nothing taken away.
+
+A chain whose stages carry recomputation options (a run with a planning pass, ``memprof profile-ops``) is
+planned with ``selective`` (rotor where each recorded forward picks an option), whose front the slider then
+reads; torch.compile's measured points (``compile_points.json`` beside the run) join the Pareto figure.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -20,7 +26,7 @@ import pandas as pd
 
 import planner
 from dashboard.data import TraceStore
-from dashboard.figures_planner import pareto_base
+from dashboard.figures_options import pareto_with_options
 from memprof.categories import MODEL_STATE
 from memprof.phases import CHAIN_PHASES, STEP_PHASES
 from planner.comparison import Comparison, compare
@@ -45,7 +51,10 @@ class PlannerModel:
         model_state_bytes: weights, buffers, weight gradients and optimizer state at the run's peak (what a
             chain-only budget leaves out).
         pareto: the part of the Pareto figure that does not move with the slider
-            (:func:`dashboard.figures_planner.pareto_base`); shared, never modified.
+            (:func:`dashboard.figures_options.pareto_with_options`); shared, never modified.
+        compile_points: torch.compile's measured points stored beside the run
+            (``planner.compile_baseline.CompilePoint``; empty when the run has none).
+        compile_error: why the stored points could not be read ("" when they could, or there are none).
     """
 
     chain: Any
@@ -53,6 +62,13 @@ class PlannerModel:
     points: pd.DataFrame
     model_state_bytes: int
     pareto: dict[str, Any]
+    compile_points: tuple[Any, ...] = ()
+    compile_error: str = ""
+
+    @property
+    def algorithm(self) -> str:
+        """The DP whose front the slider reads: ``"selective"`` when a stage has options, ``"rotor"`` otherwise."""
+        return str(self.front.algorithm)
 
     @property
     def step(self) -> Any:
@@ -113,15 +129,56 @@ def planner_model(store: TraceStore, name: str, container: str | None) -> Planne
         memprof.errors.TraceError: the run cannot be read.
     """
     container = container or None
-    return store.memo(name, ("planner", container), lambda _: _build_model(store, name, container))
+    # the points file is written after the run (profile-ops --compile-baseline): its stamp is part of the key
+    key = ("planner", container, _points_stamp(store.path(name)))
+    return store.memo(name, key, lambda run_dir: _build_model(store, name, container, run_dir))
 
 
-def _build_model(store: TraceStore, name: str, container: str | None) -> PlannerModel:
-    chain = planner.chain_from_trace(store.trace(name), container=container)
-    front = planner.pareto_front(chain)
+def front_algorithm(chain: Any) -> str:
+    """``"selective"`` when some stage has recomputation options, else ``"rotor"``: the slider's DP."""
+    from planner.pareto import has_options
+
+    return "selective" if has_options(chain) else "rotor"
+
+
+def _points_stamp(run_dir: Path) -> int:
+    from planner.compile_baseline import POINTS_FILE
+
+    try:
+        return os.stat(run_dir / POINTS_FILE).st_mtime_ns
+    except OSError:
+        return 0
+
+
+def read_compile_points(run_dir: Path) -> tuple[tuple[Any, ...], str]:
+    """torch.compile's points stored beside a run, and why they could not be read ("" when they could).
+
+    A malformed file does not take the Planner view down: its points are left out and the figure says why.
+    """
+    from planner.compile_baseline import read_points
+
+    try:
+        return tuple(read_points(run_dir)), ""
+    except (planner.ChainError, OSError) as exc:
+        return (), str(exc)
+
+
+def model_of_chain(chain: Any, state_bytes: int = 0, compile_points: tuple[Any, ...] = (),
+                   compile_error: str = "") -> PlannerModel:
+    """The planner model of ``chain``: one DP front (selective's when it has options), every algorithm's
+    points and the fixed part of the Pareto figure, with torch.compile's points beside them."""
+    front = planner.pareto_front(chain, front_algorithm(chain))
     points = planner.algorithm_points(chain)
-    pareto = pareto_base(points, front.budgets_bytes, front.makespans_ms, whole_step=chain.step is not None)
-    return PlannerModel(chain, front, points, model_state_bytes(store.iterations(name)), pareto)
+    pareto = pareto_with_options(points, front.budgets_bytes, front.makespans_ms, front.algorithm,
+                                 whole_step=chain.step is not None, compile_points=compile_points,
+                                 compile_error=compile_error)
+    return PlannerModel(chain, front, points, state_bytes, pareto, compile_points, compile_error)
+
+
+def _build_model(store: TraceStore, name: str, container: str | None, run_dir: Path) -> PlannerModel:
+    chain = planner.chain_from_trace(store.trace(name), container=container)
+    compile_points, error = read_compile_points(run_dir)
+    return model_of_chain(chain, model_state_bytes(store.iterations(name)), compile_points, error)
 
 
 def prediction_frame(prediction: Any) -> pd.DataFrame:
@@ -139,6 +196,38 @@ def prediction_frame(prediction: Any) -> pd.DataFrame:
         "peak_bytes": [p.peak_bytes for p in points], "stream": [p.stream for p in points],
         "host_bytes": [p.host_bytes for p in points],
     })
+
+
+#: Columns :func:`with_option_columns` adds: the ``F_all``'s option (0: keeps everything), its name, what it
+#: keeps, what ``B`` recomputes, and what keeping everything keeps (a-bar^l).
+OPTION_COLUMNS = ("option", "option_name", "option_saved_bytes", "option_recompute_ms", "stage_saved_bytes")
+
+
+def with_option_columns(frame: pd.DataFrame, prediction: Any, chain: Any) -> pd.DataFrame:
+    """``frame`` (:func:`prediction_frame` of ``prediction``) with ``OPTION_COLUMNS`` when some ``F_all`` uses
+    a recomputation option.
+
+    Rows without an option get 0, ``""`` and zeros. A schedule without any option gives ``frame`` as is (no
+    copy: it is drawn as before).
+    """
+    options = [p.op.option for p in prediction.timeline]
+    if not any(options):
+        return frame
+    names, saved, recompute, full = [], [], [], []
+    for stage, option in zip(frame["stage"].to_numpy(dtype=int), options):
+        if option > 0:
+            chosen = chain.stage(int(stage)).options[int(option) - 1]
+            names.append(chosen.name)
+            saved.append(int(chosen.saved_bytes))
+            recompute.append(float(chosen.recompute_ms))
+            full.append(int(chain.stage(int(stage)).saved_bytes))
+        else:
+            names.append("")
+            saved.append(0)
+            recompute.append(0.0)
+            full.append(0)
+    return frame.assign(option=options, option_name=names, option_saved_bytes=saved, option_recompute_ms=recompute,
+                        stage_saved_bytes=full)
 
 
 def measured_runs(store: TraceStore, run_id: str) -> list[str]:

@@ -23,12 +23,12 @@ from planner.discretize import DEFAULT_SLOTS
 from planner.errors import InfeasibleBudgetError, TableTooLargeError, UnknownAlgorithmError
 from planner.schedule import Schedule
 from planner.simulator import predict, predict_with_host
-from planner.solvers import binomial, offload, periodic, rotor, rotor_optimal, sqrt, store_all
+from planner.solvers import binomial, offload, periodic, rotor, rotor_optimal, selective, sqrt, store_all
 from planner.solvers.binomial_split import binomial_ops
 from planner.solvers.common import infeasible
 from planner.step import StepCosts, step_infeasible
 
-FRONT_ALGORITHMS = ("rotor", "revolve", "rotor_optimal")
+FRONT_ALGORITHMS = ("rotor", "revolve", "rotor_optimal", "selective")
 POINT_COLUMNS = ("algorithm", "budget_bytes", "peak_bytes", "makespan_ms", "params")
 _RELATIVE_STEP = 1e-6  # float32 tables: smaller makespan differences are rounding, not a new optimum
 
@@ -42,7 +42,8 @@ class ParetoFront:
 
     Attributes:
         chain: the chain.
-        algorithm: ``"rotor"``, ``"revolve"`` or ``"rotor_optimal"``.
+        algorithm: ``"rotor"``, ``"revolve"``, ``"rotor_optimal"`` or ``"selective"`` (rotor with each
+            stage's recomputation options, :mod:`planner.solvers.selective`).
         slots: the memory slots spanning store-all's peak.
         budgets_bytes: int64, increasing: the smallest budget at which each distinct optimum is reached.
         makespans_ms: float64, decreasing: the optimum's makespan as the DP table holds it (float32
@@ -59,7 +60,7 @@ class ParetoFront:
     makespans_ms: np.ndarray
     min_feasible_bytes: int
     max_budget_bytes: int
-    table: rotor.RotorTable | rotor_optimal.OptimalTable
+    table: rotor.RotorTable | rotor_optimal.OptimalTable | selective.SelectiveTable
 
     @property
     def step(self) -> StepCosts | None:
@@ -99,6 +100,8 @@ class ParetoFront:
         inner = self.chain_budget_bytes(budget)
         if isinstance(self.table, rotor.RotorTable):
             ops = rotor.rebuild(self.table, inner)
+        elif isinstance(self.table, selective.SelectiveTable):
+            ops = selective.rebuild(self.table, inner)
         else:
             ops = rotor_optimal.rebuild(self.table, inner)
         peak, makespan = predict(self.chain, ops)
@@ -131,7 +134,10 @@ def pareto_front(chain: Chain, algorithm: str = "rotor", slots: int = DEFAULT_SL
             f"found {algorithm!r}"
         )
     if algorithm == "rotor_optimal":
-        table: rotor.RotorTable | rotor_optimal.OptimalTable = rotor_optimal.compute_table(chain, slots)
+        table: rotor.RotorTable | rotor_optimal.OptimalTable | selective.SelectiveTable = (
+            rotor_optimal.compute_table(chain, slots))
+    elif algorithm == "selective":
+        table = selective.compute_table(chain, slots)
     else:
         table = rotor.compute_table(chain, slots, mode=algorithm)
     peak = store_all.store_all_peak_bytes(chain)
@@ -191,7 +197,8 @@ def algorithm_points(chain: Chain, slots: int = DEFAULT_SLOTS, sweep: int = 12) 
     ``sweep`` budgets evenly spaced from their minimum feasible budget to store-all's peak; offload as many,
     read from one table on store-all's grid, for chains of at most ``OFFLOAD_POINTS_MAX_STAGES`` stages
     whose link is usable (its ``params`` carry ``host_peak_bytes``); and binomial up to ``sweep`` snapshot
-    counts evenly spaced from the fewest to L (budget: its memory bound). ``peak_bytes``
+    counts evenly spaced from the fewest to L (budget: its memory bound); selective, when some stage has
+    recomputation options (``Stage.options``), ``sweep`` budgets as rotor's. ``peak_bytes``
     and ``makespan_ms`` are simulated; ``budget_bytes`` is the budget solved for (the peak itself for the
     algorithms that take no budget); ``params`` is a JSON string. For a chain with step costs, budgets and
     peaks are the whole step's (:meth:`planner.step.StepCosts.step_peak_bytes` of the simulated chain peak).
@@ -215,7 +222,7 @@ def algorithm_points(chain: Chain, slots: int = DEFAULT_SLOTS, sweep: int = 12) 
         add("periodic", whole(peak), periodic.periodic_ops(chain, segments), {"segments": segments})
     sqrt_ops = sqrt.sqrt_ops(chain)
     add("sqrt", whole(predict(chain, sqrt_ops)[0]), sqrt_ops, {"segment_length": sqrt.segment_length(chain)})
-    for algorithm in ("revolve", "rotor"):
+    for algorithm in ("revolve", "rotor", *(("selective",) if has_options(chain) else ())):
         try:
             front = pareto_front(chain, algorithm, slots)
         except InfeasibleBudgetError:  # revolve can find no schedule at any budget (a^l too large to keep)
@@ -229,6 +236,11 @@ def algorithm_points(chain: Chain, slots: int = DEFAULT_SLOTS, sweep: int = 12) 
     for budget, ops in _offload_points(chain, slots, sweep):
         add("offload", whole(budget), ops, {"slots": slots, "host_peak_bytes": predict_with_host(chain, ops)[2]})
     return pd.DataFrame(rows, columns=list(POINT_COLUMNS))
+
+
+def has_options(chain: Chain) -> bool:
+    """Whether some stage of ``chain`` has recomputation options (``selective`` can then beat ``rotor``)."""
+    return any(stage.options for stage in chain.stages)
 
 
 OFFLOAD_POINTS_MAX_STAGES = 64

@@ -9,6 +9,7 @@ import json
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
 
 from memprof.units import format_bytes
 from planner import (
@@ -25,7 +26,7 @@ from planner.pareto import POINT_COLUMNS
 from planner.solve import min_feasible_budget, store_all_budget
 from planner.solvers import rotor_fill
 from planner.step import StepCosts
-from tests.planner.chain_strategies import MIB, random_chain, toy_chain
+from tests.planner.chain_strategies import MIB, option_chains, random_chain, random_option_chain, toy_chain
 
 
 def test_toy_front() -> None:
@@ -112,7 +113,7 @@ def test_other_dp_fronts(algorithm: str) -> None:
 
 
 def test_only_dp_algorithms_have_a_front() -> None:
-    with pytest.raises(UnknownAlgorithmError, match="expected one of rotor, revolve, rotor_optimal, found 'sqrt'"):
+    with pytest.raises(UnknownAlgorithmError, match="expected one of rotor, revolve, rotor_optimal, selective, found 'sqrt'"):
         pareto_front(toy_chain(), "sqrt")
 
 
@@ -264,3 +265,49 @@ def test_algorithm_points_include_offload_when_it_can_help() -> None:
     longer = Chain("long", 10, tuple(Stage(2.0, 4.0, 10, 40, 10) for _ in range(OFFLOAD_POINTS_MAX_STAGES + 1))
                    + (Stage(0.1, 0.1, 1, 1, 1),))
     assert "offload" not in set(algorithm_points(longer, sweep=2)["algorithm"])  # its table would take seconds
+
+
+def test_selective_front_reads_the_solved_schedules_and_never_loses_to_rotor() -> None:
+    chain = random_option_chain(seed=3, length=8, options=2)
+    front = pareto_front(chain, "selective")
+    rotor_front = pareto_front(chain, "rotor")
+    assert front.algorithm == "selective" and front.max_budget_bytes == rotor_front.max_budget_bytes
+    assert front.min_feasible_bytes <= rotor_front.min_feasible_bytes  # options keep less than F_all
+    assert front.min_feasible_bytes == pytest.approx(min_feasible_budget(chain, "selective"), rel=0.01)
+    with_options = 0
+    for budget in np.linspace(front.min_feasible_bytes, front.max_budget_bytes, 9).astype(np.int64):
+        schedule = front.schedule_at(int(budget))
+        assert schedule.algorithm == "selective" and schedule.predicted_peak_bytes <= budget
+        with_options += any(op.option for op in schedule.ops)
+        if budget >= rotor_front.min_feasible_bytes:
+            assert schedule.predicted_makespan_ms <= rotor_front.schedule_at(int(budget)).predicted_makespan_ms + 1e-3
+    assert with_options > 0  # the tight budgets pick options
+
+
+@settings(max_examples=40, deadline=None)
+@given(option_chains(max_length=4, max_size=6))
+def test_selective_front_is_solve_when_both_have_1_byte_slots(chain: Chain) -> None:
+    # sizes of at most 6 bytes with DEFAULT_SLOTS slots: both grids are exact, so both give the optimum
+    front = pareto_front(chain, "selective")
+    assert front.table.grid.slot_bytes == 1
+    assert front.min_feasible_bytes == min_feasible_budget(chain, "selective")
+    for budget in range(front.min_feasible_bytes, front.max_budget_bytes + 2):
+        from_front, solved = front.schedule_at(budget), solve(chain, budget, "selective")
+        assert from_front.predicted_peak_bytes <= budget
+        assert from_front.predicted_makespan_ms == pytest.approx(solved.predicted_makespan_ms, abs=1e-4)
+
+
+def test_algorithm_points_add_selective_only_when_a_stage_has_options() -> None:
+    assert "selective" not in set(algorithm_points(toy_chain(), sweep=4)["algorithm"])
+    chain = random_option_chain(seed=3, length=8, options=2)
+    points = algorithm_points(chain, sweep=5)
+    rows = points[points["algorithm"] == "selective"]
+    assert 1 <= len(rows) <= 5
+    front = pareto_front(chain, "selective")
+    assert rows["budget_bytes"].min() == front.min_feasible_bytes
+    for _, row in rows.iterrows():
+        schedule = front.schedule_at(int(row["budget_bytes"]))
+        assert row["peak_bytes"] == schedule.predicted_peak_bytes <= row["budget_bytes"]
+        assert row["makespan_ms"] == pytest.approx(schedule.predicted_makespan_ms)
+    # at its tightest budget selective goes below what rotor can reach
+    assert rows["peak_bytes"].min() <= points[points["algorithm"] == "rotor"]["peak_bytes"].min()
