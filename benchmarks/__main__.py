@@ -1,7 +1,8 @@
 """``python -m benchmarks``: runs every benchmark, one process each, and writes docs/benchmarks.md.
 
 Each section is the benchmark's own printed output (a Markdown table). Options: ``--only NAME ...``
-to run some sections, ``--quick`` for fewer repeats (a smoke run, not for publishing).
+to run some sections (the other sections of the report are kept as they are), ``--quick`` for fewer
+repeats (a smoke run, not for publishing).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import time
 from pathlib import Path
 
 import torch
+
+from memprof.atomic import write_atomically
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
 
@@ -49,6 +52,8 @@ SECTIONS = {
     "compaction": ("7c. Trace compaction over a long run", ["benchmarks.bench_compaction"], ["--iterations", "10000"]),
     "offload": ("8. Offload vs rotor on an 8-layer Llama (predicted, default 24 GB/s link)",
                 ["benchmarks.bench_offload"], ["--steps", "3", "--grid", "30", "--repeats", "2"]),
+    "selective": ("10. Selective recomputation vs torch.compile's min-cut and rotor on GPT-2 small",
+                  ["benchmarks.bench_selective"], ["--quick", "--repeats", "1", "--budgets", "3"]),
 }
 
 
@@ -63,6 +68,26 @@ def run_section(module: list[str], quick_args: list[str], quick: bool) -> tuple[
     return text, time.perf_counter() - started
 
 
+def _existing_sections(path: Path) -> dict[str, str]:
+    """The sections of a report already written, by title, in order (kept when others are rerun)."""
+    if not path.exists():
+        return {}
+    sections: dict[str, str] = {}
+    title = None
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.startswith("## "):
+            title = line[3:]
+            sections[title] = ""
+        elif title is not None:
+            sections[title] += line + "\n"
+    return sections
+
+
+def _body(sections: dict[str, str]) -> list[str]:
+    """The sections in the report's order (a section it did not hold yet goes last)."""
+    return [part for title, text in sections.items() for part in (f"## {title}", "", text.strip("\n"), "")]
+
+
 def main(argv: list[str] | None = None) -> int:
     """Runs the selected sections and writes the report."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
@@ -74,21 +99,24 @@ def main(argv: list[str] | None = None) -> int:
     parts = [
         "# Benchmarks",
         "",
-        f"- Date: {_dt.datetime.now(_dt.timezone.utc):%Y-%m-%d %H:%M} UTC",
+        f"- Last written: {_dt.datetime.now(_dt.timezone.utc):%Y-%m-%d %H:%M} UTC (each section says when it ran)",
         f"- Machine: {os.cpu_count()} CPU cores ({platform.processor() or platform.machine()}), "
         f"torch {torch.__version__}, Python {platform.python_version()}, CUDA: "
         f"{torch.cuda.get_device_name() if torch.cuda.is_available() else 'none'}",
         f"- Load average at start: {load[0]:.2f}, {load[1]:.2f}, {load[2]:.2f}",
-        f"- Command: `python -m benchmarks{' --quick' if args.quick else ''}"
-        f"{' --only ' + ' '.join(args.only) if args.only != list(SECTIONS) else ''}`",
+        "- Command: `python -m benchmarks [--only SECTION ...]` (sections not named are kept as they were)",
         "",
     ]
+    sections = _existing_sections(args.out)
     for name in args.only:
         title, module, quick_args = SECTIONS[name]
         print(f"running {name} ...", file=sys.stderr, flush=True)
         text, seconds = run_section(module, quick_args, args.quick)
-        parts += [f"## {title}", "", f"_({seconds:.0f} s; `python -m {module[0]}`)_", "", text, ""]
-    args.out.write_text("\n".join(parts) + "\n", encoding="utf-8")
+        text = "\n".join("#" + line if line.startswith("## ") else line for line in text.splitlines())  # nested
+        stamp = f"{_dt.datetime.now(_dt.timezone.utc):%Y-%m-%d %H:%M} UTC"
+        sections[title] = "\n".join([f"_({seconds:.0f} s, {stamp}; `python -m {' '.join(module)}"
+                                     f"{' ' + ' '.join(quick_args) if args.quick else ''}`)_", "", text, ""])
+        write_atomically(args.out, "\n".join([*parts, *_body(sections)]) + "\n")
     print(f"wrote {args.out}", file=sys.stderr)
     return 0
 

@@ -17,7 +17,8 @@ Methods: plain autograd (store all); eager ``torch.utils.checkpoint`` of every o
 (``aot_autograd`` with inductor's decompositions and the min-cut partitioner, eager kernels, i.e. the
 ``aot_eager_decomp_partition`` backend with FLOP counting) at ``activation_memory_budget`` 1.0, 0.5, 0.3,
 0.1; memprof ``rotor`` (blocks kept or recomputed whole) and ``selective`` (each kept block picks a
-recomputation option from the op records) at ``--budgets`` whole-step budgets from the lowest feasible to
+recomputation option from the op records; options weighed by the ops' recorded times, and by their FLOPs
+as the min-cut partitioner weighs them) at ``--budgets`` whole-step budgets from the lowest feasible to
 store-all's, planned from one profiled step with op records (``MemoryProfiler(..., ops=True)``).
 
 Run ``python -m benchmarks.bench_selective [--layers 12 --width 768 --heads 12] [--repeats 3] [--budgets 8]``
@@ -75,7 +76,9 @@ def build(layers: int, width: int, heads: int, batch: int, seq: int, vocab: int)
 
     logging.set_verbosity_error()
     torch.manual_seed(0)
-    config = GPT2Config(n_layer=layers, n_embd=width, n_head=heads, vocab_size=vocab, n_positions=max(seq, 64))
+    # no key/value cache: a recomputed block would extend it a second time (the executor refuses one)
+    config = GPT2Config(n_layer=layers, n_embd=width, n_head=heads, vocab_size=vocab, n_positions=max(seq, 64),
+                        use_cache=False)
     model = GPT2LMHeadModel(config).train()
     return Workload(model, torch.randint(0, vocab, (batch, seq)))
 
@@ -164,10 +167,14 @@ def planned_points(work: Workload, repeats: int, budgets: int, out: Path) -> lis
             work.forward().backward()
             work.model.zero_grad(set_to_none=True)
             prof.record_stats()
-    chain = chain_from_trace(load_trace(prof.run_dir))
-    print(f"  chain: {chain.length} stages, {sum(len(s.options) for s in chain.stages)} options", flush=True)
+    trace = load_trace(prof.run_dir)
+    chains = {cost: chain_from_trace(trace, recompute_cost=cost) for cost in ("time", "flops")}
+    print(f"  chain: {chains['time'].length} stages, {sum(len(s.options) for s in chains['time'].stages)} options "
+          f"by time, {sum(len(s.options) for s in chains['flops'].stages)} by FLOPs", flush=True)
     points: list[Point] = []
-    for algorithm in ("rotor", "selective"):
+    for algorithm, cost in (("rotor", "time"), ("selective", "time"), ("selective", "flops")):
+        chain = chains[cost]
+        method = f"memprof {algorithm}" + (f" ({cost})" if algorithm == "selective" else "")
         low, high = min_feasible_budget(chain, algorithm), store_all_budget(chain)
         seen: set[tuple] = set()
         for i in range(budgets):
@@ -179,7 +186,7 @@ def planned_points(work: Workload, repeats: int, budgets: int, out: Path) -> lis
             apply_schedule(work.model, schedule)
             try:
                 predicted = schedule.predicted_step_peak_bytes or schedule.predicted_peak_bytes or 0
-                points.append(measure(f"memprof {algorithm}", f"budget {format_bytes(budget)}", work.forward,
+                points.append(measure(method, f"budget {format_bytes(budget)}", work.forward,
                                       repeats, note=f"predicted step peak {format_bytes(predicted)}"))
             finally:
                 remove_schedule(work.model)

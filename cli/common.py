@@ -66,7 +66,8 @@ def whole_number(low: int, high: int | None = None) -> Callable[[str], int]:
 port_number = whole_number(1, 65535)
 
 
-def load_chain(source: str | Path, container: str | None = None, checkpoints: list[str] | None = None) -> Chain:
+def load_chain(source: str | Path, container: str | None = None, checkpoints: list[str] | None = None,
+               recompute_cost: str = "time") -> Chain:
     """The chain of a run directory (found, the children of ``container``, or the named ``checkpoints``) or of
     a chain JSON file.
 
@@ -85,7 +86,8 @@ def load_chain(source: str | Path, container: str | None = None, checkpoints: li
 
         if checkpoints is not None and container is not None:
             raise OptionError("--checkpoints names the stages themselves; drop --container")
-        return chain_from_trace(load_trace(path), container=container, checkpoints=checkpoints)
+        return chain_from_trace(load_trace(path), container=container, checkpoints=checkpoints,
+                                recompute_cost=recompute_cost)
     if not path.exists():
         raise ChainError(f"no run directory or chain file at {path}")
     if checkpoints is not None:

@@ -45,6 +45,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     plan.add_argument("--checkpoints", default=None, metavar="A,B,...",
                       help="run directories only: the modules whose outputs are the checkpoints, i.e. the stages, "
                            "comma-separated in the order they run (default: found)")
+    plan.add_argument("--recompute-cost", default="time", choices=("time", "flops"),
+                      help="run directories with op records only: what weighs a block option's recomputation, the "
+                           "ops' recorded times or their FLOPs (as torch.compile's partitioner; default time)")
     plan.add_argument("--slots", default="500", help="memory slots of the dynamic programs (default 500)")
     plan.add_argument("--host-cap", default=None, metavar="SIZE",
                       help="offload only: the most host memory offloaded activations may take, e.g. 64GiB "
@@ -77,7 +80,7 @@ def run_plan(args: argparse.Namespace) -> int:
     host_cap = parse_bytes(args.host_cap) if args.host_cap is not None else None
     gbps = _bandwidth(args.bandwidth)
     checkpoints = [name.strip() for name in args.checkpoints.split(",")] if args.checkpoints else None
-    chain = _with_link(load_chain(args.source, args.container, checkpoints), host_cap, gbps)
+    chain = _with_link(load_chain(args.source, args.container, checkpoints, args.recompute_cost), host_cap, gbps)
     step = chain.step
     solved = chain.activations_only() if activations_only else chain
     schedule = solve(solved, budget_bytes, algorithm=args.algorithm, slots=slots)

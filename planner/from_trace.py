@@ -19,7 +19,7 @@ from planner import step_costs
 from planner.carried import Carried
 from planner.chain import Chain, Stage
 from planner.chain_finder import Candidate, ModuleTree, candidates, container_candidate
-from planner.errors import NotAChainError
+from planner.errors import ChainError, NotAChainError
 from planner.graph_finder import (
     articulation_points,
     carried_edges,
@@ -27,7 +27,7 @@ from planner.graph_finder import (
     graph_candidates,
     named_candidate,
 )
-from planner.option_builder import ops_of_stage, with_options
+from planner.option_builder import RECOMPUTE_COSTS, ops_of_stage, with_options
 from planner.transfer import TransferCosts
 
 _COST_COLUMNS = ["forward_ms", "backward_ms", "output_bytes", "saved_bytes", "input_bytes",
@@ -195,7 +195,8 @@ def _savings(chains: list[Chain]) -> list[int]:
     return [reference - minimum for minimum in minimums]
 
 
-def chain_from_trace(trace: Trace, container: str | None = None, checkpoints: Sequence[str] | None = None) -> Chain:
+def chain_from_trace(trace: Trace, container: str | None = None, checkpoints: Sequence[str] | None = None,
+                     recompute_cost: str = "time") -> Chain:
     """Builds the cost model of the model's chain from a profiled run.
 
     Blocks that read earlier blocks' outputs besides the previous one's (a U-Net's skips, an encoder's output
@@ -208,11 +209,16 @@ def chain_from_trace(trace: Trace, container: str | None = None, checkpoints: Se
             anywhere in the model whose step can save the most memory.
         checkpoints: the modules whose outputs are the stage boundaries, i.e. the stages themselves, in the
             order they run (the user's choice of checkpoints); excludes ``container``.
+        recompute_cost: what weighs the recomputation of a stage's options when the run recorded its ops:
+            ``"time"`` (their recorded times) or ``"flops"`` (their FLOPs, as torch.compile's partitioner).
 
     Raises:
+        ChainError: an unknown ``recompute_cost``.
         NotAChainError: no chain could be found, or the checkpoints do not cut the graph (the message says
             what was looked at, or which tensor crosses which checkpoint).
     """
+    if recompute_cost not in RECOMPUTE_COSTS:
+        raise ChainError(f"recompute_cost must be one of {RECOMPUTE_COSTS}, found {recompute_cost!r}")
     tree = ModuleTree(_structure(trace))
     if checkpoints is not None and container is not None:
         raise NotAChainError("give either a container or the checkpoints, not both")
@@ -221,20 +227,21 @@ def chain_from_trace(trace: Trace, container: str | None = None, checkpoints: Se
     chains = [_build(trace, tree, candidate, costs, timeline, container is None and checkpoints is None,
                      fuse=checkpoints is None) for candidate in found]
     if len(chains) == 1:
-        return _with_op_options(trace, chains[0])
+        return _with_op_options(trace, chains[0], recompute_cost)
     ranked = [(saving, chain.length, -index) for index, (chain, saving) in enumerate(zip(chains, _savings(chains)))]
     best = max(range(len(chains)), key=lambda i: ranked[i])
     chosen = chains[best]
     reason = (f"saves up to {ranked[best][0]} bytes of the step, the most of {len(chains)} chains found "
               f"(next best: {sorted(r[0] for r in ranked)[-2]} bytes)")
     return _with_op_options(trace, Chain(chosen.name, chosen.input_bytes, chosen.stages,
-                                         {**chosen.source, "why": reason}, chosen.step, chosen.transfer, chosen.carried))
+                                         {**chosen.source, "why": reason}, chosen.step, chosen.transfer, chosen.carried),
+                            recompute_cost)
 
 
-def _with_op_options(trace: Trace, chain: Chain) -> Chain:
+def _with_op_options(trace: Trace, chain: Chain, recompute_cost: str) -> Chain:
     """``chain`` with each stage's recomputation options, when the run recorded a planning pass (its ops)."""
     records = trace.op_records()
     if not records:
         return chain
     by_stage = {index: ops_of_stage(records, stage) for index, stage in enumerate(chain.stages[:-1], start=1)}
-    return with_options(chain, {index: ops for index, ops in by_stage.items() if ops})
+    return with_options(chain, {index: ops for index, ops in by_stage.items() if ops}, recompute_cost)

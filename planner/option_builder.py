@@ -16,7 +16,10 @@ No list per model type: the options come from what the ops of the stage's forwar
 * Option ``o`` keeps a-bar_o = a^l + the kept candidates' bytes, within [a^l, a-bar^l], and ``B(l)``
   recomputes every op it did not keep: the stage's ``forward_ms`` times their share of the op times (of
   the FLOPs when no op has a time, of the op count when neither is known), so ``"none"`` recomputes
-  exactly ``forward_ms`` even when the op times and the module's time disagree.
+  exactly ``forward_ms`` even when the op times and the module's time disagree. With
+  ``recompute_cost="flops"`` the share is of the FLOPs (as torch.compile's min-cut partitioner counts
+  by default: elementwise ops are free to recompute), for devices where the recorded op times, each
+  with a dispatch mode's overhead, misjudge what a recomputation costs.
 * Options that keep no less memory for no less time than another (keeping everything included) are
   dropped; the rest are listed from the most memory to the least.
 """
@@ -31,6 +34,9 @@ from planner.chain import Chain, Stage
 from planner.errors import ChainError
 from planner.stage_option import StageOption
 
+RECOMPUTE_COSTS = ("time", "flops")
+"""What an option's recomputation is weighed by: the ops' recorded times, or their FLOPs."""
+
 CUTS = (0.25, 0.5, 0.75)
 """Fractions of the candidates' bytes at which the ranking is cut into options."""
 
@@ -42,7 +48,7 @@ def ops_of_stage(records: Sequence[OpRecord], stage: Stage) -> tuple[OpRecord, .
                  if r.module in stage.modules or r.module.startswith(prefixes))
 
 
-def stage_options(ops: Sequence[OpRecord], stage: Stage) -> tuple[StageOption, ...]:
+def stage_options(ops: Sequence[OpRecord], stage: Stage, recompute_cost: str = "time") -> tuple[StageOption, ...]:
     """The recomputation options of ``stage`` from the records of its forward.
 
     Args:
@@ -50,11 +56,15 @@ def stage_options(ops: Sequence[OpRecord], stage: Stage) -> tuple[StageOption, .
             ``OpRecord.index``, and needs of ops outside ``ops`` are ignored: the stage's input is kept
             anyway). ``StageOption.saves`` are positions in ``ops`` (0-based).
         stage: the stage's costs (a^l, a-bar^l, ``forward_ms``).
+        recompute_cost: ``"time"`` (the ops' recorded times) or ``"flops"`` (their FLOPs): what decides
+            an option's share of ``forward_ms`` and the ranking.
 
     Returns:
         The options besides keeping everything, from the most memory kept to the least; empty when the
         stage has no op.
     """
+    if recompute_cost not in RECOMPUTE_COSTS:
+        raise ChainError(f"recompute_cost must be one of {RECOMPUTE_COSTS}, found {recompute_cost!r}")
     ops = tuple(ops)
     if not ops:
         return ()
@@ -65,7 +75,8 @@ def stage_options(ops: Sequence[OpRecord], stage: Stage) -> tuple[StageOption, .
     # A kept op is not recomputed, so keeping a matmul whose output no backward reads still saves its time.
     wanted = needed | {i for i, record in enumerate(ops) if record.flops > 0}
     candidates = [i for i in sorted(wanted) if ops[i].output_bytes > 0 and i != output_op and _cacheable(ops, i)]
-    ranked = sorted(candidates, key=lambda i: (-ops[i].forward_ms / ops[i].output_bytes,
+    weights = _weights(ops, recompute_cost)
+    ranked = sorted(candidates, key=lambda i: (-weights[i] / ops[i].output_bytes,
                                                -ops[i].flops / ops[i].output_bytes, i))
     total = sum(ops[i].output_bytes for i in candidates)
     kept_sets: list[tuple[str, frozenset[int]]] = [("compute", frozenset(i for i in candidates if ops[i].flops > 0))]
@@ -79,7 +90,7 @@ def stage_options(ops: Sequence[OpRecord], stage: Stage) -> tuple[StageOption, .
             size += ops[i].output_bytes
         kept_sets.append((_name(ops, chosen), frozenset(chosen)))
     kept_sets.append(("none", frozenset()))
-    made = [_option(ops, stage, name, kept) for name, kept in kept_sets if name]
+    made = [_option(ops, stage, name, kept, weights) for name, kept in kept_sets if name]
     return _undominated(made, stage)
 
 
@@ -122,17 +133,17 @@ def _name(ops: Sequence[OpRecord], kept: Sequence[int]) -> str:
     return "keep " + ",".join(n if c == 1 else f"{n}*{c}" for n, c in counts.items()) if counts else ""
 
 
-def _weights(ops: Sequence[OpRecord]) -> list[float]:
-    """What each op's recomputation weighs: its time, else its FLOPs, else 1."""
-    if any(r.forward_ms > 0 for r in ops):
+def _weights(ops: Sequence[OpRecord], recompute_cost: str) -> list[float]:
+    """What each op's recomputation weighs: its time (or FLOPs, by ``recompute_cost``), else its FLOPs, else 1."""
+    if recompute_cost == "time" and any(r.forward_ms > 0 for r in ops):
         return [r.forward_ms for r in ops]
     if any(r.flops > 0 for r in ops):
         return [float(r.flops) for r in ops]
     return [1.0] * len(ops)
 
 
-def _option(ops: Sequence[OpRecord], stage: Stage, name: str, kept: frozenset[int]) -> StageOption:
-    weights = _weights(ops)
+def _option(ops: Sequence[OpRecord], stage: Stage, name: str, kept: frozenset[int],
+            weights: Sequence[float]) -> StageOption:
     dropped = [i for i in range(len(ops)) if i not in kept]
     share = sum(weights[i] for i in dropped) / sum(weights)
     saved = stage.output_bytes + sum(ops[i].output_bytes for i in kept)
@@ -155,13 +166,14 @@ def _undominated(options: Sequence[StageOption], stage: Stage) -> tuple[StageOpt
     return tuple(sorted(kept, key=lambda o: (-o.saved_bytes, o.recompute_ms)))
 
 
-def with_options(chain: Chain, ops_by_stage: Mapping[int, Sequence[OpRecord]]) -> Chain:
+def with_options(chain: Chain, ops_by_stage: Mapping[int, Sequence[OpRecord]], recompute_cost: str = "time") -> Chain:
     """``chain`` with the options :func:`stage_options` makes for each stage of ``ops_by_stage``.
 
     Args:
         chain: the chain.
         ops_by_stage: stage number (1..L+1) to the records of its forward (:func:`ops_of_stage` finds them
             by module); stages not named keep the options they have.
+        recompute_cost: what weighs a recomputation (:func:`stage_options`).
 
     Raises:
         ChainError: a stage number outside the chain.
@@ -170,5 +182,5 @@ def with_options(chain: Chain, ops_by_stage: Mapping[int, Sequence[OpRecord]]) -
     for number, ops in ops_by_stage.items():
         if not 1 <= number <= len(stages):
             raise ChainError(f"op records for stage {number}, but the chain has stages 1..{len(stages)}")
-        stages[number - 1] = replace(stages[number - 1], options=stage_options(ops, stages[number - 1]))
+        stages[number - 1] = replace(stages[number - 1], options=stage_options(ops, stages[number - 1], recompute_cost))
     return replace(chain, stages=tuple(stages))

@@ -19,7 +19,13 @@ from torch import nn
 from planner.executor.offload import MIN_OFFLOAD_BYTES, Copier, HostPool
 from planner.executor.program import Program
 from planner.executor.runtime import _Run, _StageFunction
-from planner.executor.stage import StageCall, StageRunner, find_activation, replace_first_tensor
+from planner.executor.stage import (
+    StageCall,
+    StageRunner,
+    find_activation,
+    key_value_cache,
+    replace_first_tensor,
+)
 
 
 class ScheduleExecutor:
@@ -102,6 +108,13 @@ class _StageForward:
             raise RuntimeError(
                 f"the model called stage {self.stage} of its schedule where {expected} was due; the schedule needs "
                 "the chain's blocks called once each, in order, in every training forward"
+            )
+        if (self.stage in executor.program.replayed or any(s == self.stage for s, _ in executor.policies)) \
+                and (cache := key_value_cache(args, kwargs)) is not None:
+            raise RuntimeError(
+                f"stage {self.stage} is passed a key/value cache ({cache}), which every run of the block extends, "
+                "so its recomputation would attend to its own keys twice; train without a cache "
+                "(use_cache=False in the call or model.config.use_cache = False)"
             )
         call = run.calls[self.stage] = StageCall(args, kwargs, where)
         # carried tensors are inputs of the stage's function, so autograd hands their gradients to their makers

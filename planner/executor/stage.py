@@ -85,6 +85,17 @@ class StageRunner:
                 setattr(module, name, buf)
 
 
+def key_value_cache(args: tuple, kwargs: dict[str, Any]) -> str | None:
+    """The class name of a Hugging Face key/value cache among a call's arguments (``DynamicCache``), if any.
+
+    Found by its base class's name and module, so the runtime needs no ``transformers`` import.
+    """
+    for value in (*args, *kwargs.values()):
+        if any(k.__name__ == "Cache" and k.__module__.startswith("transformers") for k in type(value).__mro__):
+            return type(value).__name__
+    return None
+
+
 class StageCall:
     """How the model called a stage's first module: its arguments, the running activation's place left open.
 

@@ -122,3 +122,17 @@ def test_recorded_writes_decide_what_is_kept_and_random_ops_never_are() -> None:
     assert 0 in kept and not kept & {2, 4}
     unknown = tuple(replace(r, writes=None) for r in records)  # an older trace: the adjacent in-place rule
     assert 0 not in {i for option in stage_options(unknown, STAGE) for i in option.saves}
+
+
+def test_flops_weigh_the_recomputation_when_asked() -> None:
+    """By FLOPs, elementwise ops are free to recompute: keeping every matmul output costs no recomputation
+    in FLOPs' terms, so "compute" is an option whatever the ops' (overhead-laden) recorded times say."""
+    by_time = stage_options(RECORDS, STAGE)
+    by_flops = stage_options(RECORDS, STAGE, recompute_cost="flops")
+    compute = next(o for o in by_flops if o.name == "compute")
+    assert compute.recompute_ms == 0.0 and compute.saves == (1, 2, 4, 5, 8, 10)
+    none = next(o for o in by_flops if o.name == "none")
+    assert none.recompute_ms == pytest.approx(STAGE.forward_ms)
+    assert [o.recompute_ms for o in by_flops] != [o.recompute_ms for o in by_time]
+    with pytest.raises(ChainError, match="recompute_cost must be one of"):
+        stage_options(RECORDS, STAGE, recompute_cost="joules")

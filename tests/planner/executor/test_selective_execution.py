@@ -133,3 +133,17 @@ def test_the_exported_file_carries_the_policies(tmp_path: Path) -> None:
         assert all(torch.equal(a, b) for a, b in zip(plain, _grads(real, batch), strict=True))
     finally:
         real.model.__dict__.pop("_memprof_schedule")[0].remove()
+
+
+def test_a_key_value_cache_passed_to_recomputed_blocks_is_refused_with_the_fix(tmp_path: Path) -> None:
+    """Hugging Face models build a DynamicCache in training unless told not to; a recomputed block would append
+    its keys to it a second time. The executor says so instead of failing on a shape deep in attention."""
+    real, _, chain = _profiled(gpt2, tmp_path)
+    real.model.config.use_cache = True
+    schedule = solve(chain, min_feasible_budget(chain, "rotor"), "rotor")
+    apply_schedule(real.model, schedule)
+    try:
+        with pytest.raises(RuntimeError, match=r"key/value cache \(DynamicCache\).*use_cache=False"):
+            _grads(real, real.make_batch(BATCH))
+    finally:
+        remove_schedule(real.model)
