@@ -67,7 +67,37 @@ BIG_EVENTS = 1_000_000
 def traces(tmp_path_factory: pytest.TempPathFactory) -> Traces:
     traces = make_traces(tmp_path_factory.mktemp("browser") / "traces")
     write_big_events(traces.root / "big", BIG_EVENTS)
+    _write_gpt2_with_ops(traces.root / OPTIONS_RUN)
     return traces
+
+
+OPTIONS_RUN = "gpt2-ops"
+
+
+def _write_gpt2_with_ops(run_dir: Path) -> None:
+    """A small GPT-2 profiled with a planning pass (its blocks get recomputation options), and torch.compile
+    points stored beside it as ``memprof profile-ops --compile-baseline`` stores them."""
+    import torch
+
+    from memprof import MemoryProfiler, load_trace
+    from planner.compile_baseline import CompilePoint, write_points
+    from tests.planner.real_models import gpt2
+
+    real = gpt2()
+    optimizer = torch.optim.SGD(real.model.parameters(), lr=1e-3)
+    with tempfile.TemporaryDirectory() as tmp:
+        with MemoryProfiler(real.model, optimizer, out_dir=Path(tmp), print_period=0, background=False,
+                            ops=True) as prof:
+            for _ in range(3):
+                optimizer.zero_grad(set_to_none=True)
+                real.loss(real.model, real.make_batch(4)).backward()
+                optimizer.step()
+                prof.record_stats()
+        shutil.copytree(prof.run_dir, run_dir)
+    peak = int(load_trace(run_dir).iterations.peak_bytes.max())
+    write_points(run_dir, [CompilePoint(activation_memory_budget=budget, step_peak_bytes=int(peak * (0.6 + budget / 2)),
+                                        held_bytes=int(peak * budget / 2), flops=10**9, step_ms=20.0)
+                           for budget in (1.0, 0.5, 0.1)])
 
 
 @pytest.fixture(scope="module")
@@ -195,6 +225,26 @@ def test_budget_slider_changes_makespan_and_schedule(driver, server):
     assert "for the whole step" in text_of(driver, ids.PLANNER_BUDGET_TEXT)
     assert text_of(driver, ids.PLANNER_PEAK).startswith("predicted step peak ")
     screenshot(driver, "planner-after-slider")
+    assert severe(driver) == []
+
+
+def test_planner_shows_each_blocks_option_and_torch_compiles_points(driver, server):
+    load(driver, server.url + f"?run={OPTIONS_RUN}")
+    open_tab(driver, "Planner")
+    wait_for(driver, lambda: "predicted makespan" in text_of(driver, ids.PLANNER_MAKESPAN) and settled(driver),
+             "the first schedule")
+    assert "recomputation options" in text_of(driver, ids.PLANNER_MESSAGE)
+    handle = driver.find_element(By.CSS_SELECTOR, f"#{ids.PLANNER_BUDGET} [role='slider']")
+    handle.click()
+    for _ in range(60):  # down to the lowest budget, where the DP gives blocks options
+        handle.send_keys(Keys.ARROW_LEFT)
+    wait_for(driver, lambda: settled(driver) and "recomputation options:" in text_of(driver, ids.PLANNER_SCHEDULE_TEXT),
+             "a schedule whose blocks use recomputation options")
+    schedule = driver.find_element(By.ID, ids.PLANNER_SCHEDULE_GRAPH).text
+    assert "F_all [" in schedule  # the legend names each option used
+    pareto = driver.find_element(By.ID, ids.PLANNER_PARETO_GRAPH).text
+    assert "selective" in pareto and "torch.compile" in pareto and "budget 0.5" in pareto
+    screenshot(driver, "planner-options")
     assert severe(driver) == []
 
 
