@@ -94,7 +94,7 @@ def _write_gpt2_with_ops(run_dir: Path) -> None:
                 optimizer.step()
                 prof.record_stats()
         shutil.copytree(prof.run_dir, run_dir)
-    peak = int(load_trace(run_dir).iterations.peak_bytes.max())
+    peak = int(load_trace(run_dir).iterations.peak_allocated_bytes.max())
     write_points(run_dir, [CompilePoint(activation_memory_budget=budget, step_peak_bytes=int(peak * (0.6 + budget / 2)),
                                         held_bytes=int(peak * budget / 2), flops=10**9, step_ms=20.0)
                            for budget in (1.0, 0.5, 0.1)])
