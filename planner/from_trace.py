@@ -28,6 +28,7 @@ from planner.graph_finder import (
     named_candidate,
 )
 from planner.option_builder import ops_of_stage, with_options
+from planner.weights import weights_from_trace
 from planner.transfer import TransferCosts
 
 _COST_COLUMNS = ["forward_ms", "backward_ms", "output_bytes", "saved_bytes", "input_bytes",
@@ -126,7 +127,7 @@ def _build(trace: Trace, tree: ModuleTree, candidate: Candidate, costs: pd.DataF
     candidate = Candidate(candidate.parent, groups)
     carried = _carried(tree, candidate, costs)
     bounds = step_costs.boundaries(timeline, candidate.groups[0], candidate.groups[-1])
-    step, loss = None, Stage(0.0, 0.0, 0, 0, 0, name="loss")
+    step, loss, fresh = None, Stage(0.0, 0.0, 0, 0, 0, name="loss"), True
     if bounds is None:
         stages = _stages(candidate, costs, True, freed)
     else:
@@ -146,6 +147,7 @@ def _build(trace: Trace, tree: ModuleTree, candidate: Candidate, costs: pd.DataF
         step=step,
         transfer=transfer_from_meta(trace.meta),
         carried=carried,
+        weights=weights_from_trace(trace, candidate.groups, step, fresh),
     )
 
 
