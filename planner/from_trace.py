@@ -28,8 +28,8 @@ from planner.graph_finder import (
     named_candidate,
 )
 from planner.option_builder import ops_of_stage, with_options
-from planner.weights import weights_from_trace
 from planner.transfer import TransferCosts
+from planner.weights import weights_from_trace
 
 _COST_COLUMNS = ["forward_ms", "backward_ms", "output_bytes", "saved_bytes", "input_bytes",
                  "forward_overhead_bytes", "backward_overhead_bytes", "weight_grad_bytes"]
@@ -230,7 +230,8 @@ def chain_from_trace(trace: Trace, container: str | None = None, checkpoints: Se
     reason = (f"saves up to {ranked[best][0]} bytes of the step, the most of {len(chains)} chains found "
               f"(next best: {sorted(r[0] for r in ranked)[-2]} bytes)")
     return _with_op_options(trace, Chain(chosen.name, chosen.input_bytes, chosen.stages,
-                                         {**chosen.source, "why": reason}, chosen.step, chosen.transfer, chosen.carried))
+                                         {**chosen.source, "why": reason}, chosen.step, chosen.transfer, chosen.carried,
+                                         chosen.weights))
 
 
 def _with_op_options(trace: Trace, chain: Chain) -> Chain:

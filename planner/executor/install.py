@@ -19,8 +19,8 @@ from torch import nn
 from planner.executor.offload import MIN_OFFLOAD_BYTES, Copier, HostPool
 from planner.executor.program import Program
 from planner.executor.runtime import _Run, _StageFunction
-from planner.executor.weights import WeightStreamer
 from planner.executor.stage import StageCall, StageRunner, find_activation, replace_first_tensor
+from planner.executor.weights import WeightStreamer
 
 
 class ScheduleExecutor:

@@ -165,7 +165,7 @@ class WeightStreamer:
     def _send_grads(self, stage: int) -> None:
         """Starts copying ``stage``'s new gradients to the host."""
         copier = self._copier()
-        moving = []
+        moving: list[tuple[torch.nn.Parameter, Any, Any, bool]] = []
         done = None
         if copier.cuda:
             assert copier.d2h is not None
@@ -178,8 +178,7 @@ class WeightStreamer:
                 if aside is not None:
                     moving.append((param, None, aside, True))
                 continue
-            fresh = aside is None
-            if fresh:
+            if aside is None:
                 target = torch.empty(grad.shape, dtype=grad.dtype, pin_memory=copier.cuda)
             else:
                 target = self.pool.take(grad.numel() * grad.element_size(), copier.cuda).view(grad.dtype).view(grad.shape)
@@ -188,7 +187,7 @@ class WeightStreamer:
                     target.copy_(grad, non_blocking=True)
             else:
                 target.copy_(grad)
-            moving.append((param, grad, target if fresh else _AddTo(aside, target), fresh))
+            moving.append((param, grad, target, True) if aside is None else (param, grad, _AddTo(aside, target), False))
         if copier.cuda and moving:
             with torch.cuda.stream(copier.d2h):
                 done = torch.cuda.Event()

@@ -13,8 +13,8 @@ from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from planner.chain import Chain
-from planner.executor import CheckpointedSequential, apply_schedule
 from planner.errors import InvalidScheduleError
+from planner.executor import CheckpointedSequential, apply_schedule
 from planner.executor import weights as executor_weights
 from planner.schedule import Op, Schedule
 from planner.weights import WeightCosts
