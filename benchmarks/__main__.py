@@ -1,7 +1,9 @@
 """``python -m benchmarks``: runs every benchmark, one process each, and writes docs/benchmarks.md.
 
 Each section is the benchmark's own printed output (a Markdown table). Options: ``--only NAME ...``
-to run some sections, ``--quick`` for fewer repeats (a smoke run, not for publishing).
+to run some sections, ``--quick`` for fewer repeats (a smoke run, not for publishing). With ``--only``,
+the sections run replace their own text in the existing report (or are appended to it); every other
+section, hand-written ones included, is kept as it was.
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ SECTIONS = {
     "compaction": ("7c. Trace compaction over a long run", ["benchmarks.bench_compaction"], ["--iterations", "10000"]),
     "offload": ("8. Offload vs rotor on an 8-layer Llama (predicted, default 24 GB/s link)",
                 ["benchmarks.bench_offload"], ["--steps", "3", "--grid", "30", "--repeats", "2"]),
+    "weights": ("8b. Weight streaming vs offload vs rotor on an 8-layer Llama, whole step (predicted, 24 GB/s)",
+                ["benchmarks.bench_weights"], ["--steps", "3", "--grid", "20"]),
 }
 
 
@@ -60,6 +64,45 @@ def run_section(module: list[str], quick_args: list[str], quick: bool) -> tuple[
     if done.returncode != 0:
         text += f"\n\n(exit code {done.returncode}: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else ''})"
     return text, time.perf_counter() - started
+
+
+def _is_boundary(line: str) -> bool:
+    """Whether ``line`` starts a section: a known section's heading, or a numbered hand-written one (``## 1c.``).
+
+    Benchmarks print headings of their own (``## Wall clock``), which stay inside their section.
+    """
+    if not line.startswith("## "):
+        return False
+    title = line[3:].strip()
+    return title in {t for t, _, _ in SECTIONS.values()} or title[:1].isdigit()
+
+
+def merge_sections(report: str, sections: dict[str, str]) -> str:
+    """``report`` with each of ``sections`` (title -> its text) in place of the section of that title.
+
+    A section absent from the report is appended. Everything else -- the header, the other sections,
+    hand-written ones -- is kept verbatim.
+    """
+    lines = report.rstrip("\n").split("\n")
+    out: list[str] = []
+    done: set[str] = set()
+    index = 0
+    while index < len(lines):
+        line = lines[index]
+        title = line[3:].strip() if line.startswith("## ") else None
+        if title in sections:
+            out += sections[title].rstrip("\n").split("\n") + [""]
+            done.add(title)
+            index += 1
+            while index < len(lines) and not _is_boundary(lines[index]):
+                index += 1
+            continue
+        out.append(line)
+        index += 1
+    for title, text in sections.items():
+        if title not in done:
+            out += ["", *text.rstrip("\n").split("\n")]
+    return "\n".join(out).rstrip("\n") + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -82,12 +125,17 @@ def main(argv: list[str] | None = None) -> int:
         f"{' --only ' + ' '.join(args.only) if args.only != list(SECTIONS) else ''}`",
         "",
     ]
+    sections = {}
     for name in args.only:
         title, module, quick_args = SECTIONS[name]
         print(f"running {name} ...", file=sys.stderr, flush=True)
         text, seconds = run_section(module, quick_args, args.quick)
-        parts += [f"## {title}", "", f"_({seconds:.0f} s; `python -m {module[0]}`)_", "", text, ""]
-    args.out.write_text("\n".join(parts) + "\n", encoding="utf-8")
+        sections[title] = "\n".join([f"## {title}", "", f"_({seconds:.0f} s; `python -m {module[0]}`)_", "", text, ""])
+    if args.only != list(SECTIONS) and args.out.exists():
+        merged = merge_sections(args.out.read_text(encoding="utf-8"), sections)
+        args.out.write_text(merged, encoding="utf-8")
+    else:
+        args.out.write_text("\n".join(parts + list(sections.values())) + "\n", encoding="utf-8")
     print(f"wrote {args.out}", file=sys.stderr)
     return 0
 

@@ -1,0 +1,151 @@
+"""Weight streaming against rotor (recompute only) and activation offload on an 8-layer Llama, predicted.
+
+Run ``python -m benchmarks.bench_weights`` (``--help`` for options). The Llama of ``bench_offload``
+(``transformers`` LlamaForCausalLM, hidden 512, 8 layers, 8 heads, sequence 256, batch 4, eager attention,
+fp32) is profiled on this machine for a few steps, trained with AdamW (two fp32 moments per parameter, the
+usual optimizer for such a model). Its chain (``model.layers.0..7``) is solved with the whole step counted
+-- budgets and peaks are the step's: weights, gradients, optimizer state, batch, activations -- at the
+documented default link, 24 GB/s each way (:data:`planner.transfer.DEFAULT_TRANSFER`). Nothing here runs on
+a GPU: every number is the simulator's.
+
+As in ``bench_offload``, the chain is solved with its measured CPU times and with those times divided by 10,
+100 and 1000 (a faster device; the throughput column puts each against real devices). Streaming a layer's
+weights costs nothing while they cross the link faster than the layer before it computes, so what decides is
+the tokens per step (``--batch``): compute grows with them, the weights do not. For each speed, at
+six budgets from rotor's minimum to store-all's step peak: rotor's step peak and step time, and the lowest
+step peak that activation offload (``solve(..., "offload")``) and weight streaming with activation offload
+(``solve(..., "offload", stream_weights=True)``) reach at a step time no longer than rotor's there (found
+over ``--grid`` budgets each), as a reduction of rotor's peak.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from benchmarks.bench_offload import BATCH, HEADS, HIDDEN, INTERMEDIATE, LAYERS, SEQ, VOCAB, layer_flops, scaled
+from memprof import MemoryProfiler, load_trace
+from memprof.units import format_bytes
+from planner import chain_from_trace
+from planner.chain import Chain
+from planner.errors import InfeasibleBudgetError
+from planner.solve import min_feasible_budget, solve, store_all_budget
+
+Solved = tuple[int, float, int, int]  # step peak, makespan, host peak, stages streamed
+
+
+def profiled_chain(steps: int, batch: int = BATCH) -> Chain:
+    """The Llama's chain from a profiled run on this machine, with the whole step and weight costs."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=INTERMEDIATE,
+                         num_hidden_layers=LAYERS, num_attention_heads=HEADS, num_key_value_heads=HEADS,
+                         max_position_embeddings=SEQ, use_cache=False, attn_implementation="eager")
+    model = LlamaForCausalLM(config)
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    with tempfile.TemporaryDirectory() as folder:
+        with MemoryProfiler(model, optimizer, out_dir=Path(folder), print_period=0) as profiler:
+            for _ in range(steps):
+                ids = torch.randint(0, VOCAB, (batch, SEQ))
+                optimizer.zero_grad(set_to_none=True)
+                model(input_ids=ids, labels=ids).loss.backward()
+                optimizer.step()
+                profiler.record_stats()
+        return chain_from_trace(load_trace(profiler.run_dir), container="model.layers")
+
+
+def _solve(chain: Chain, budget: int, algorithm: str, stream: bool = False) -> Solved | None:
+    try:
+        schedule = solve(chain, budget, algorithm, stream_weights=stream)
+    except InfeasibleBudgetError:
+        return None
+    return (int(schedule.predicted_step_peak_bytes or 0), float(schedule.predicted_makespan_ms or 0.0),
+            int(schedule.predicted_host_peak_bytes or 0), len(schedule.streamed_weights))
+
+
+def sweep(chain: Chain, grid: int, stream: bool) -> list[Solved]:
+    """``offload`` (with weight streaming when ``stream``) at ``grid`` budgets from its minimum to store-all's."""
+    low, top = min_feasible_budget(chain, "offload", stream_weights=stream), store_all_budget(chain)
+    found = [_solve(chain, int(b), "offload", stream) for b in np.unique(np.linspace(low, top, grid).astype(np.int64))]
+    return [f for f in found if f is not None]
+
+
+def lowest_at(solved: list[Solved], makespan_ms: float) -> Solved | None:
+    """The lowest step peak among ``solved`` no slower than ``makespan_ms``."""
+    fitting = [s for s in solved if s[1] <= makespan_ms + 1e-9]
+    return min(fitting, key=lambda s: (s[0], s[1])) if fitting else None
+
+
+def compare(chain: Chain, grid: int) -> list[tuple[int, Solved, Solved | None, Solved | None]]:
+    """``(budget, rotor, offload at rotor's time, streaming at rotor's time)`` at six rotor budgets."""
+    offloads, streams = sweep(chain, grid, False), sweep(chain, grid, True)
+    rows = []
+    for budget in np.unique(np.linspace(min_feasible_budget(chain, "rotor"), store_all_budget(chain), 6).astype(np.int64)):
+        rotor = _solve(chain, int(budget), "rotor")
+        assert rotor is not None
+        rows.append((int(budget), rotor, lowest_at(offloads, rotor[1]), lowest_at(streams, rotor[1])))
+    return rows
+
+
+def _cell(found: Solved | None, rotor: Solved) -> tuple[str, str]:
+    if found is None:
+        return "none", "-"
+    return format_bytes(found[0]), f"{1 - found[0] / rotor[0]:.0%}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Profiles the Llama, solves it at four compute speeds, prints the tables."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_weights", description=__doc__)
+    parser.add_argument("--steps", type=int, default=4, help="profiled training steps")
+    parser.add_argument("--grid", type=int, default=40, help="budgets searched for equal step time")
+    parser.add_argument("--batch", type=int, default=BATCH, help=f"sequences per step (default {BATCH})")
+    args = parser.parse_args(argv)
+    chain = profiled_chain(args.steps, args.batch)
+    assert chain.weights is not None and chain.step is not None
+    layers = chain.stages[:-1]
+    link = chain.transfer_costs
+    weights = chain.weights
+    forward_ms = statistics.median(s.forward_ms for s in layers)
+    print(f"Batch {args.batch} x {SEQ} tokens. Chain: {chain.length} stages ({layers[0].name} .. {layers[-1].name}) + loss. Per layer: parameters "
+          f"{format_bytes(weights.param_bytes[0])} (cross the link in {link.h2d_ms(weights.param_bytes[0]):.2f} ms), "
+          f"optimizer state {format_bytes(weights.optimizer_state_bytes[0])}, a-bar "
+          f"{format_bytes(layers[0].saved_bytes)}; median forward {forward_ms:.2f} ms, backward "
+          f"{statistics.median(s.backward_ms for s in layers):.2f} ms on this CPU. Step: model state "
+          f"{format_bytes(chain.step.model_state_bytes)}, store-all step peak {format_bytes(store_all_budget(chain))}; "
+          f"link {link.describe()}.")
+    print()
+    print("| compute speed | implied throughput | rotor budget | rotor step peak | rotor step time | offload peak at "
+          "rotor's time | lower by | streaming peak at rotor's time | lower by | stages streamed | host peak |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    best: dict[float, tuple[float, float]] = {}
+    started = time.perf_counter()
+    for factor in (1.0, 10.0, 100.0, 1000.0):
+        fast = scaled(chain, factor)
+        throughput = layer_flops() * args.batch / BATCH / (forward_ms / factor * 1e-3) / 1e12
+        for budget, rotor, offload, stream in compare(fast, args.grid):
+            off_peak, off_lower = _cell(offload, rotor)
+            str_peak, str_lower = _cell(stream, rotor)
+            gains = tuple(0.0 if f is None else 1 - f[0] / rotor[0] for f in (offload, stream))
+            previous = best.get(factor, (0.0, 0.0))
+            best[factor] = (max(previous[0], gains[0]), max(previous[1], gains[1]))
+            print(f"| CPU / {factor:g} | {throughput:.2f} TFLOP/s | {format_bytes(budget)} | {format_bytes(rotor[0])} | "
+                  f"{rotor[1]:.2f} ms | {off_peak} | {off_lower} | {str_peak} | {str_lower} | "
+                  f"{stream[3] if stream else '-'} | {format_bytes(stream[2]) if stream else '-'} |")
+    print()
+    print("Largest reduction of the step peak at rotor's step time, per compute speed (offload; streaming): "
+          + ", ".join(f"CPU / {f:g}: {a:.0%}; {b:.0%}" for f, (a, b) in best.items()) + ".")
+    print()
+    print(f"Solving every table above took {time.perf_counter() - started:.0f} s.")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
