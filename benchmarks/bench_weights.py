@@ -29,7 +29,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.bench_offload import BATCH, HEADS, HIDDEN, INTERMEDIATE, LAYERS, SEQ, VOCAB, layer_flops, scaled
+from benchmarks.bench_offload import (
+    BATCH,
+    HEADS,
+    HIDDEN,
+    INTERMEDIATE,
+    LAYERS,
+    SEQ,
+    VOCAB,
+    layer_flops,
+    scaled,
+)
 from memprof import MemoryProfiler, load_trace
 from memprof.units import format_bytes
 from planner import chain_from_trace
