@@ -126,6 +126,30 @@ def test_gradients_are_bitwise_on_a_hugging_face_llama() -> None:
         assert all(torch.equal(p, before[name]) for name, p in model.named_parameters())
 
 
+def test_an_exported_streaming_schedule_runs_standalone_with_bitwise_gradients(tmp_path) -> None:
+    import ast
+    import importlib.util
+
+    from planner.export import export_python
+
+    model, x = blocks(), torch.randn(32, 16)
+    reference = run_step(model, x, lambda out: out.square().sum())
+    chain = weighted(wide_chain([[str(i)] for i in range(4)]))
+    path = tmp_path / "apply_streaming.py"
+    path.write_text(export_python(streamed(offload_all(4), chain, [1, 3])))
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.STREAMED == [1, 3]
+    imported = {node.module for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.ImportFrom)}
+    assert not {name for name in imported if name and name.split(".")[0] in ("planner", "memprof")}
+    scheduled = module.apply_schedule(copy.deepcopy(model), min_offload_bytes=0)
+    assert_same_step(reference, run_step(scheduled, x, lambda out: out.square().sum()))
+    streamer = scheduled._memprof_schedule[0].weights
+    assert sorted(streamer.params) == [1, 3] and streamer.pool.outstanding == 0
+
+
 def test_streamed_stages_outside_the_chain_or_without_weight_costs_are_refused() -> None:
     chain = weighted(wide_chain([[str(i)] for i in range(4)]))
     with pytest.raises(InvalidScheduleError, match=r"streamed stages \[5\] are outside 1..4"):
