@@ -95,13 +95,20 @@ def lowest_at(solved: list[Solved], makespan_ms: float) -> Solved | None:
 
 
 def compare(chain: Chain, grid: int) -> list[tuple[int, Solved, Solved | None, Solved | None]]:
-    """``(budget, rotor, offload at rotor's time, streaming at rotor's time)`` at six rotor budgets."""
+    """``(budget, rotor, offload at rotor's time, streaming at rotor's time)`` at six rotor budgets.
+
+    Each "at rotor's time" is the lowest step peak no slower than rotor there, over the ``grid`` budgets of
+    the sweep and the rotor budget itself.
+    """
     offloads, streams = sweep(chain, grid, False), sweep(chain, grid, True)
     rows = []
     for budget in np.unique(np.linspace(min_feasible_budget(chain, "rotor"), store_all_budget(chain), 6).astype(np.int64)):
         rotor = _solve(chain, int(budget), "rotor")
         assert rotor is not None
-        rows.append((int(budget), rotor, lowest_at(offloads, rotor[1]), lowest_at(streams, rotor[1])))
+        here = [found for found in (_solve(chain, int(budget), "offload"),) if found is not None]
+        here_streamed = [found for found in (_solve(chain, int(budget), "offload", True),) if found is not None]
+        rows.append((int(budget), rotor, lowest_at(offloads + here, rotor[1]),
+                     lowest_at(streams + here_streamed, rotor[1])))
     return rows
 
 
@@ -111,36 +118,28 @@ def _cell(found: Solved | None, rotor: Solved) -> tuple[str, str]:
     return format_bytes(found[0]), f"{1 - found[0] / rotor[0]:.0%}"
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Profiles the Llama, solves it at four compute speeds, prints the tables."""
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_weights", description=__doc__)
-    parser.add_argument("--steps", type=int, default=4, help="profiled training steps")
-    parser.add_argument("--grid", type=int, default=40, help="budgets searched for equal step time")
-    parser.add_argument("--batch", type=int, default=BATCH, help=f"sequences per step (default {BATCH})")
-    args = parser.parse_args(argv)
-    chain = profiled_chain(args.steps, args.batch)
+def report(chain: Chain, batch: int, grid: int) -> None:
+    """Prints the chain's costs and the table at four compute speeds."""
     assert chain.weights is not None and chain.step is not None
     layers = chain.stages[:-1]
-    link = chain.transfer_costs
-    weights = chain.weights
+    link, weights = chain.transfer_costs, chain.weights
     forward_ms = statistics.median(s.forward_ms for s in layers)
-    print(f"Batch {args.batch} x {SEQ} tokens. Chain: {chain.length} stages ({layers[0].name} .. {layers[-1].name}) + loss. Per layer: parameters "
-          f"{format_bytes(weights.param_bytes[0])} (cross the link in {link.h2d_ms(weights.param_bytes[0]):.2f} ms), "
-          f"optimizer state {format_bytes(weights.optimizer_state_bytes[0])}, a-bar "
-          f"{format_bytes(layers[0].saved_bytes)}; median forward {forward_ms:.2f} ms, backward "
-          f"{statistics.median(s.backward_ms for s in layers):.2f} ms on this CPU. Step: model state "
-          f"{format_bytes(chain.step.model_state_bytes)}, store-all step peak {format_bytes(store_all_budget(chain))}; "
-          f"link {link.describe()}.")
+    print(f"**Batch {batch} x {SEQ} tokens.** Chain: {chain.length} stages ({layers[0].name} .. {layers[-1].name}) "
+          f"+ loss. Per layer: parameters {format_bytes(weights.param_bytes[0])} (cross the link in "
+          f"{link.h2d_ms(weights.param_bytes[0]):.2f} ms), optimizer state "
+          f"{format_bytes(weights.optimizer_state_bytes[0])}, a-bar {format_bytes(layers[0].saved_bytes)}; median "
+          f"forward {forward_ms:.2f} ms, backward {statistics.median(s.backward_ms for s in layers):.2f} ms on this "
+          f"CPU. Step: model state {format_bytes(chain.step.model_state_bytes)}, store-all step peak "
+          f"{format_bytes(store_all_budget(chain))}; link {link.describe()}.")
     print()
     print("| compute speed | implied throughput | rotor budget | rotor step peak | rotor step time | offload peak at "
           "rotor's time | lower by | streaming peak at rotor's time | lower by | stages streamed | host peak |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     best: dict[float, tuple[float, float]] = {}
-    started = time.perf_counter()
     for factor in (1.0, 10.0, 100.0, 1000.0):
         fast = scaled(chain, factor)
-        throughput = layer_flops() * args.batch / BATCH / (forward_ms / factor * 1e-3) / 1e12
-        for budget, rotor, offload, stream in compare(fast, args.grid):
+        throughput = layer_flops() * batch / BATCH / (forward_ms / factor * 1e-3) / 1e12
+        for budget, rotor, offload, stream in compare(fast, grid):
             off_peak, off_lower = _cell(offload, rotor)
             str_peak, str_lower = _cell(stream, rotor)
             gains = tuple(0.0 if f is None else 1 - f[0] / rotor[0] for f in (offload, stream))
@@ -150,10 +149,25 @@ def main(argv: list[str] | None = None) -> int:
                   f"{rotor[1]:.2f} ms | {off_peak} | {off_lower} | {str_peak} | {str_lower} | "
                   f"{stream[3] if stream else '-'} | {format_bytes(stream[2]) if stream else '-'} |")
     print()
-    print("Largest reduction of the step peak at rotor's step time, per compute speed (offload; streaming): "
-          + ", ".join(f"CPU / {f:g}: {a:.0%}; {b:.0%}" for f, (a, b) in best.items()) + ".")
+    print(f"Batch {batch}: largest reduction of the step peak at rotor's step time, per compute speed (offload; "
+          "streaming): " + ", ".join(f"CPU / {f:g}: {a:.0%}; {b:.0%}" for f, (a, b) in best.items()) + ".")
     print()
-    print(f"Solving every table above took {time.perf_counter() - started:.0f} s.")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Profiles the Llama at each batch size, solves it at four compute speeds, prints the tables."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_weights", description=__doc__)
+    parser.add_argument("--steps", type=int, default=4, help="profiled training steps")
+    parser.add_argument("--grid", type=int, default=40, help="budgets searched for equal step time")
+    parser.add_argument("--batch", type=int, nargs="+", default=[BATCH, 4 * BATCH],
+                        help=f"sequences per step, one table each (default {BATCH} {4 * BATCH})")
+    args = parser.parse_args(argv)
+    for batch in args.batch:
+        chain = profiled_chain(args.steps, batch)
+        started = time.perf_counter()
+        report(chain, batch, args.grid)
+        print(f"Solving the batch-{batch} table took {time.perf_counter() - started:.0f} s.")
+        print()
     return 0
 
 
