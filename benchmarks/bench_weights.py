@@ -8,8 +8,9 @@ usual optimizer for such a model). Its chain (``model.layers.0..7``) is solved w
 documented default link, 24 GB/s each way (:data:`planner.transfer.DEFAULT_TRANSFER`). Nothing here runs on
 a GPU: every number is the simulator's.
 
-As in ``bench_offload``, the chain is solved with its measured CPU times and with those times divided by 10,
-100 and 1000 (a faster device; the throughput column puts each against real devices). Streaming a layer's
+The chain is solved with its measured CPU times, and with those times scaled to a layer throughput of 1, 10
+and 50 TFLOP/s (a faster device: an H100 runs fp32 at about 60 TFLOP/s without tensor cores; the speeds are
+fixed throughputs rather than fixed factors, so the table does not move with this machine's load). Streaming a layer's
 weights costs nothing while they cross the link faster than the layer before it computes, so what decides is
 the tokens per step (``--batch``): compute grows with them, the weights do not. For each speed, at
 six budgets from rotor's minimum to store-all's step peak: rotor's step peak and step time, and the lowest
@@ -46,6 +47,9 @@ from planner import chain_from_trace
 from planner.chain import Chain
 from planner.errors import InfeasibleBudgetError
 from planner.solve import min_feasible_budget, solve, store_all_budget
+
+TARGETS_TFLOPS = (1.0, 10.0, 50.0)
+"""Compute speeds the chain is also solved at, besides this CPU's: its times scaled to these layer throughputs."""
 
 Solved = tuple[int, float, int, int]  # step peak, makespan, host peak, stages streamed
 
@@ -136,21 +140,23 @@ def report(chain: Chain, batch: int, grid: int) -> None:
           "rotor's time | lower by | streaming peak at rotor's time | lower by | stages streamed | host peak |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     best: dict[float, tuple[float, float]] = {}
-    for factor in (1.0, 10.0, 100.0, 1000.0):
+    measured = layer_flops() * batch / BATCH / (forward_ms * 1e-3) / 1e12  # TFLOP/s of this CPU's forwards
+    for factor in (1.0, *(target / measured for target in TARGETS_TFLOPS)):
         fast = scaled(chain, factor)
-        throughput = layer_flops() * batch / BATCH / (forward_ms / factor * 1e-3) / 1e12
+        throughput = measured * factor
         for budget, rotor, offload, stream in compare(fast, grid):
             off_peak, off_lower = _cell(offload, rotor)
             str_peak, str_lower = _cell(stream, rotor)
             gains = tuple(0.0 if f is None else 1 - f[0] / rotor[0] for f in (offload, stream))
             previous = best.get(factor, (0.0, 0.0))
             best[factor] = (max(previous[0], gains[0]), max(previous[1], gains[1]))
-            print(f"| CPU / {factor:g} | {throughput:.2f} TFLOP/s | {format_bytes(budget)} | {format_bytes(rotor[0])} | "
+            print(f"| CPU / {1 / factor:.3g} | {throughput:.2f} TFLOP/s | {format_bytes(budget)} | {format_bytes(rotor[0])} | "
                   f"{rotor[1]:.2f} ms | {off_peak} | {off_lower} | {str_peak} | {str_lower} | "
                   f"{stream[3] if stream else '-'} | {format_bytes(stream[2]) if stream else '-'} |")
     print()
     print(f"Batch {batch}: largest reduction of the step peak at rotor's step time, per compute speed (offload; "
-          "streaming): " + ", ".join(f"CPU / {f:g}: {a:.0%}; {b:.0%}" for f, (a, b) in best.items()) + ".")
+          "streaming): " + ", ".join(f"{measured * f:.2f} TFLOP/s: {a:.0%}; {b:.0%}" for f, (a, b) in best.items())
+          + ".")
     print()
 
 

@@ -12,10 +12,11 @@ solved by the chosen activation algorithm (rotor, offload, ...) at the chain bud
 (with the host cap lowered by what S holds on the host), and the simulator replays it with S streamed:
 its peak is within ``M`` by construction, its makespan includes every wait for a weight copy.
 
-The fast search (:func:`plan`) tries L + 1 nested sets: the stages ordered by how well their copies hide
-behind the computations they overlap (:func:`stream_order`), and each prefix of that order; the fastest
-feasible one wins (ties: fewer streamed stages -- no copies where none are needed -- then the lower peak). ``weight_plan_reference.py`` tries every subset
-on small chains; the tests hold the fast search to it.
+The fast search (:func:`plan`) tries O(L) sets (:func:`nested_sets`): the stages ordered by how well their
+copies hide behind the computations they overlap (:func:`stream_order`) and each prefix of that order, then
+every k-th stage for k = 2..4 (each offset) and each prefix of those; the fastest feasible one wins (ties:
+fewer streamed stages -- no copies where none are needed -- then the lower peak).
+``weight_plan_reference.py`` tries every subset on small chains; the tests hold the fast search to it.
 """
 
 from __future__ import annotations
@@ -96,10 +97,22 @@ def stream_order(chain: Chain) -> list[int]:
     return sorted(range(1, chain.length + 1), key=lambda s: (lost_ms(s), -weights.resident_bytes(s), s))
 
 
+STRIDES = (2, 3, 4)
+"""The fast search also tries every ``k``-th stage (each offset) for these ``k``: a streamed stage's copy
+overlaps every computation since the previous streamed run, so spacing them hides copies longer than a stage."""
+
+
 def nested_sets(chain: Chain) -> list[tuple[int, ...]]:
-    """The sets the fast search tries: every prefix of :func:`stream_order`, the empty one first."""
+    """The sets the fast search tries: every prefix of :func:`stream_order` (the empty one first), then
+    the strided sets (:data:`STRIDES`) and every prefix of each in the same order."""
     order = stream_order(chain)
-    return [tuple(sorted(order[:k])) for k in range(len(order) + 1)]
+    sets = [tuple(sorted(order[:k])) for k in range(len(order) + 1)]
+    for stride in STRIDES:
+        for offset in range(1, min(stride, chain.length) + 1):
+            chosen = set(range(offset, chain.length + 1, stride))
+            ranked = [s for s in order if s in chosen]
+            sets += [tuple(sorted(ranked[:k])) for k in range(1, len(ranked) + 1)]
+    return list(dict.fromkeys(sets))
 
 
 def _streaming_chain(chain: Chain, streamed: Sequence[int]) -> Chain | None:

@@ -15,8 +15,8 @@ from planner.solvers import offload
 STREAMING = "offload+weights"
 """The name weight-streaming schedules have in the points (``solve(..., stream_weights=True)``)."""
 
-STREAM_POINTS_MAX_STAGES = 16
-"""Above this many stages the Pareto plot leaves weight streaming out: each point solves L + 1 activation plans."""
+STREAM_POINTS_MAX_STAGES = 12
+"""Above this many stages the Pareto plot leaves weight streaming out: each point solves O(L) activation plans."""
 
 
 def streaming_points(chain: Chain, slots: int = DEFAULT_SLOTS, sweep: int = 12) -> list[tuple]:

@@ -6,10 +6,13 @@ ROTOR vocabulary -- and follow from the order of its computations (``F_*`` and `
 
 * The loss (stage L+1) is run outside the executor: it is no computation here, so the weights of the
   stage computing before it stay on the device through it, and no copy starts or is retired at it.
-* **In.** A computation on a stage ``l`` in S needs W_l (its parameters) on the device. They are copied in
-  (host to device) as the computation *before* it starts, one computation ahead, so the copy overlaps it;
-  the first computation of the schedule fetches its own on demand. The compute stream waits for the copy's
-  end before the computation on ``l`` starts. Consecutive computations on the same stage share one copy.
+* **In.** A computation on a stage ``l`` in S needs W_l (its parameters) on the device. As each
+  computation starts, the parameters of the next *run* of computations on a streamed stage (the next
+  position where the stage changes to one in S) start copying in (host to device), unless they are on the
+  device already; so the copy overlaps every computation between the previous streamed run and that one,
+  not only the last. A run at the schedule's first computation fetches its own on demand. The compute
+  stream waits for the copy's end before the run starts. At most two parameter sets are on the device: the
+  running stage's and the next streamed one's.
 * **Out.** W_l is dropped after the last of a run of consecutive computations on ``l`` (nothing is copied
   back: the host keeps the master copy).
 * **Gradients.** ``B(l)`` of a streamed stage writes G_l (its parameter gradients) on the device; they are
@@ -36,6 +39,21 @@ from planner.schedule import Op, OpKind
 from planner.streams import CopyStreams
 
 
+def next_runs(sequence: Sequence[int], streamed: frozenset[int] | set[int]) -> list[int | None]:
+    """For each computation, the stage of the next run on a streamed stage after it (``None``: none).
+
+    A run starts where the stage changes; the run the computation belongs to does not count.
+    """
+    out: list[int | None] = [None] * len(sequence)
+    upcoming: int | None = None
+    for index in range(len(sequence) - 1, -1, -1):
+        out[index] = upcoming
+        stage = sequence[index]
+        if stage in streamed and (index == 0 or sequence[index - 1] != stage):
+            upcoming = stage
+    return out
+
+
 class WeightStreams:
     """The streamed weights during one replay: which are on the device, and the gradients on their way out.
 
@@ -53,6 +71,7 @@ class WeightStreams:
         self.chain, self.weights, self.streams = chain, chain.weights, streams
         self.streamed, self.sequence = streamed, list(compute_stages)
         self.index = 0
+        self.upcoming = next_runs(self.sequence, streamed)
         self.arriving: dict[int, float] = {}  # stage -> end of its parameters' copy in (they are on the device)
         self.leaving: list[tuple[int, float, int]] = []  # (bytes, copy end, index of the B that wrote them)
         self.host_bytes = self.weights.host_bytes(streamed)
@@ -72,9 +91,9 @@ class WeightStreams:
             if stage not in self.arriving:  # nothing ran before it to overlap: fetched on demand
                 self.arriving[stage] = streams.copy_h2d(self.weights.params(stage), streams.clock_ms)[1]
             streams.wait(self.arriving[stage])
-        following = self.sequence[self.index + 1] if self.index + 1 < len(self.sequence) else None
-        if following is not None and following in self.streamed and following not in self.arriving:
-            self.arriving[following] = streams.copy_h2d(self.weights.params(following), streams.clock_ms)[1]
+        upcoming = self.upcoming[self.index]
+        if upcoming is not None and upcoming not in self.arriving:
+            self.arriving[upcoming] = streams.copy_h2d(self.weights.params(upcoming), streams.clock_ms)[1]
         extra = self.held_bytes
         if op.kind is OpKind.B and stage in self.streamed:  # G_l is written on the device, not kept there
             extra += self.weights.grads(stage) - self.chain.stage(stage).weight_grad_bytes

@@ -6,10 +6,10 @@ The rules are :mod:`planner.weight_streams`'s, point for point:
 * When the schedule is installed, each streamed stage's parameters move to host memory (pinned on CUDA):
   ``param.data`` is the host master copy between steps, so the optimizer step of those parameters runs on
   the host. Parameters shared with another stage are not streamed (both stages would need them).
-* As each computation (``F_*`` or ``B``, the loss excluded) starts, the parameters of the next streamed
-  stage in the schedule's order start copying into fresh device memory on the host-to-device side stream;
-  before a computation on a streamed stage, the compute stream waits for its copy and ``param.data`` points
-  at it. After the last of a run of computations on the stage, ``param.data`` is the host copy again and
+* As each computation (``F_*`` or ``B``, the loss excluded) starts, the parameters of the next run of
+  computations on a streamed stage (:func:`next_runs`) start copying into fresh device memory on the
+  host-to-device side stream, unless they are there; before a computation on a streamed stage, the compute
+  stream waits for its copy and ``param.data`` points at it. After the last of a run of computations on the stage, ``param.data`` is the host copy again and
   the device copy is dropped.
 * Autograd keeps what a recorded forward saved, parameters and views of them included. Under
   ``saved_tensors_hooks`` a saved tensor over a streamed parameter's device copy is packed as which
@@ -33,6 +33,22 @@ from typing import Any
 import torch
 
 from planner.executor.offload import Copier, HostPool, storage_key
+
+
+def next_runs(sequence: Sequence[int], streamed: Any) -> list[int | None]:
+    """For each computation, the stage of the next run on a streamed stage after it (``None``: none).
+
+    A run starts where the stage changes; the run the computation belongs to does not count. The same
+    function as :func:`planner.weight_streams.next_runs` (this runtime imports nothing from the planner).
+    """
+    out: list[int | None] = [None] * len(sequence)
+    upcoming: int | None = None
+    for index in range(len(sequence) - 1, -1, -1):
+        out[index] = upcoming
+        stage = sequence[index]
+        if stage in streamed and (index == 0 or sequence[index - 1] != stage):
+            upcoming = stage
+    return out
 
 
 class _WeightRef:
@@ -59,6 +75,7 @@ class WeightStreamer:
                  copiers: dict[torch.device, Copier]) -> None:
         self.params = stages
         self.sequence = list(sequence)
+        self.upcoming = next_runs(self.sequence, set(stages))
         self.pool, self.copiers = pool, copiers
         self.device: torch.device | None = None
         self.host: dict[int, torch.Tensor] = {}  # id(param) -> host master copy
@@ -148,9 +165,9 @@ class WeightStreamer:
                 for param in self.params[stage]:
                     self.aside[id(param)] = param.grad
                     param.grad = None
-        following = self.sequence[self.index + 1] if self.index + 1 < len(self.sequence) else None
-        if following is not None and following in self.params and following not in self.present:
-            self._fetch(following)
+        upcoming = self.upcoming[self.index]
+        if upcoming is not None and upcoming not in self.present:
+            self._fetch(upcoming)
 
     def leave(self, stage: int, backward: bool) -> None:
         """After the computation entered last."""

@@ -12,6 +12,7 @@ from planner.schedule import Schedule
 from planner.simulator import predict_with_host, simulate
 from planner.step import StepCosts
 from planner.transfer import TransferCosts
+from planner.weight_streams import next_runs
 from planner.weights import WeightCosts, streamed_step
 from tests.planner import models as M
 
@@ -29,8 +30,9 @@ def test_a_store_all_replay_with_both_stages_streamed_matches_the_hand_computati
     got = simulate(chain, M.store_all(2), streamed=[1, 2])
     assert (plain.peak_bytes, plain.makespan_ms) == (510, 7.0)
     # F1 waits 1 ms for its own weights (nothing ran before it); W2 arrives during F1 (1..3 ms), so F2 waits
-    # to 3 ms; W1 comes back during B2, whose gradient (20 bytes, 2 ms) leaves 7..9 ms; B1's leaves 9..10 ms.
-    assert [p.peak_bytes for p in got.timeline] == [330, 420, 430, 530, 550, 440]
+    # to 3 ms; W1 (the next streamed run, B1) comes back from F2's start (3..4 ms) and stays through the loss;
+    # B2's gradient (20 bytes, 2 ms) leaves 7..9 ms, B1's 9..10 ms.
+    assert [p.peak_bytes for p in got.timeline] == [330, 430, 440, 540, 550, 440]
     assert [(p.start_ms, p.end_ms) for p in got.timeline] == [(1.0, 2.0), (3.0, 4.0), (4.0, 4.5), (4.5, 5.0),
                                                               (5.0, 7.0), (7.0, 9.0)]
     assert got.peak_bytes == 550 and got.makespan_ms == 10.0
@@ -49,6 +51,19 @@ def test_gradients_kept_without_streaming_are_freed_after_a_streamed_backward() 
     assert got.timeline[-1].memory_bytes == 100 + 40  # stage 3's went to the host (retired before B(1))
     assert got.timeline[-2].memory_bytes == plain.timeline[-2].memory_bytes  # in flight through B(2)
     assert got.makespan_ms == plain.makespan_ms  # an infinitely fast link hides every copy
+
+
+def test_the_next_streamed_run_is_copied_in_over_every_computation_before_it() -> None:
+    stages = tuple(Stage(1.0, 1.0, 10, 10, 10) for _ in range(4)) + (Stage(0.0, 0.0, 1, 1, 1),)
+    chain = Chain("four", 10, stages, transfer=TransferCosts(10.0, 10.0), weights=WeightCosts((15,) * 4, (0,) * 4,
+                                                                                               (0,) * 4))
+    # stages 2 and 4 streamed: W2 (1.5 ms) crosses during F1 and W4 during F2..F3 (copy from F2's start):
+    # one computation alone (1 ms) would not hide either; with the window of every computation since the
+    # previous streamed run, only W2's first copy costs 0.5 ms
+    got = simulate(chain, M.store_all(4), streamed=[2, 4])
+    assert got.makespan_ms == simulate(chain, M.store_all(4)).makespan_ms + 0.5
+    assert next_runs([1, 2, 3, 3, 2, 1], {2}) == [2, 2, 2, 2, None, None]
+    assert next_runs([1, 2, 2, 1], {1, 2}) == [2, 1, 1, None]
 
 
 def test_nothing_streamed_replays_as_before_and_errors_are_named() -> None:

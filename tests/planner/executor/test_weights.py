@@ -81,7 +81,7 @@ def test_device_copies_are_freed_after_their_stage(monkeypatch) -> None:
     model, x = blocks(width=32), torch.randn(64, 32)
     chain = weighted(wide_chain([[str(i)] for i in range(4)]))
     fetched: list[tuple[int, StorageWeakRef]] = []
-    alive_at_enter: list[tuple[int, list[int]]] = []
+    alive_at_enter: list[tuple[set[int], list[int]]] = []
     original_fetch, original_enter = executor_weights.WeightStreamer._fetch, executor_weights.WeightStreamer.enter
 
     def fetch(self: executor_weights.WeightStreamer, stage: int) -> None:
@@ -89,17 +89,19 @@ def test_device_copies_are_freed_after_their_stage(monkeypatch) -> None:
         fetched.extend((stage, StorageWeakRef(c.untyped_storage())) for c in self.present[stage][0])
 
     def enter(self: executor_weights.WeightStreamer, stage: int, backward: bool) -> None:
-        alive_at_enter.append((stage, sorted({s for s, ref in fetched if not ref.expired()})))
+        expected = {stage} | ({self.upcoming[self.index - 1]} if self.index else set())
+        alive_at_enter.append((expected, sorted({s for s, ref in fetched if not ref.expired()})))
         original_enter(self, stage, backward)
 
     monkeypatch.setattr(executor_weights.WeightStreamer, "_fetch", fetch)
     monkeypatch.setattr(executor_weights.WeightStreamer, "enter", enter)
     scheduled = CheckpointedSequential(copy.deepcopy(model), streamed(M.store_all(4), chain, [1, 2, 3, 4]))
     run_step(scheduled, x, lambda out: out.sum())
-    # before each computation only the stage that ran last (about to be dropped... already dropped) and the
-    # one arriving for it are on the device: F_all(3)'s recording does not pin stage 1's or 2's copies
-    for stage, alive in alive_at_enter:
-        assert set(alive) <= {stage}, (stage, alive)
+    # before each computation only its own stage's copies and those of the next streamed run (copied in as
+    # the computation before started) are alive: F_all(3)'s recording does not pin stage 1's or 2's copies
+    assert len(alive_at_enter) == 8
+    for expected, alive in alive_at_enter:
+        assert set(alive) <= expected, (expected, alive)
     assert fetched and all(ref.expired() for _, ref in fetched)
 
 
@@ -148,6 +150,16 @@ def test_an_exported_streaming_schedule_runs_standalone_with_bitwise_gradients(t
     assert_same_step(reference, run_step(scheduled, x, lambda out: out.square().sum()))
     streamer = scheduled._memprof_schedule[0].weights
     assert sorted(streamer.params) == [1, 3] and streamer.pool.outstanding == 0
+
+
+def test_the_executor_and_the_simulator_look_ahead_alike() -> None:
+    from planner.weight_streams import next_runs as simulated
+
+    rng = __import__("random").Random(0)
+    for _ in range(200):
+        sequence = [rng.randint(1, 4) for _ in range(rng.randint(0, 12))]
+        streamed_set = {s for s in range(1, 5) if rng.random() < 0.5}
+        assert executor_weights.next_runs(sequence, streamed_set) == simulated(sequence, frozenset(streamed_set))
 
 
 def test_streamed_stages_outside_the_chain_or_without_weight_costs_are_refused() -> None:
