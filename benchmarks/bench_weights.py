@@ -119,7 +119,8 @@ def compare(chain: Chain, grid: int) -> list[tuple[int, Solved, Solved | None, S
 def _cell(found: Solved | None, rotor: Solved) -> tuple[str, str]:
     if found is None:
         return "none", "-"
-    return format_bytes(found[0]), f"{1 - found[0] / rotor[0]:.0%}"
+    lower = 1 - found[0] / rotor[0]
+    return format_bytes(found[0]), f"{0.0 if abs(lower) < 0.005 else lower:.0%}"
 
 
 def report(chain: Chain, batch: int, grid: int) -> None:
@@ -150,7 +151,8 @@ def report(chain: Chain, batch: int, grid: int) -> None:
             gains = tuple(0.0 if f is None else 1 - f[0] / rotor[0] for f in (offload, stream))
             previous = best.get(factor, (0.0, 0.0))
             best[factor] = (max(previous[0], gains[0]), max(previous[1], gains[1]))
-            print(f"| CPU / {1 / factor:.3g} | {throughput:.2f} TFLOP/s | {format_bytes(budget)} | {format_bytes(rotor[0])} | "
+            speed = "this CPU" if factor == 1.0 else f"CPU x {factor:.3g}"
+            print(f"| {speed} | {throughput:.2f} TFLOP/s | {format_bytes(budget)} | {format_bytes(rotor[0])} | "
                   f"{rotor[1]:.2f} ms | {off_peak} | {off_lower} | {str_peak} | {str_lower} | "
                   f"{stream[3] if stream else '-'} | {format_bytes(stream[2]) if stream else '-'} |")
     print()
