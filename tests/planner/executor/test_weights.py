@@ -191,3 +191,42 @@ def test_on_cuda_streamed_weights_are_bitwise_pinned_and_lower_the_peak() -> Non
         torch.cuda.synchronize()
         peaks[name] = torch.cuda.max_memory_allocated()
     assert peaks["streamed"] < peaks["resident"]
+
+
+def test_a_planned_streaming_schedule_of_a_profiled_llama_trains_as_plain_autograd(tmp_path) -> None:
+    """From a trace to training: the planner streams weights at its lowest budget, and two AdamW steps through
+    the scheduled model leave the same parameters, bit for bit, as two plain ones."""
+    from memprof import MemoryProfiler, load_trace
+    from planner import chain_from_trace
+    from planner.solve import min_feasible_budget, solve
+
+    torch.manual_seed(0)
+    case = real_models.llama()
+    plain = copy.deepcopy(case.model)
+    optimizer = torch.optim.AdamW(case.model.parameters(), lr=1e-3)
+    batches = [case.make_batch(2) for _ in range(5)]
+    with MemoryProfiler(case.model, optimizer, out_dir=tmp_path, print_period=0, background=False) as profiler:
+        for batch in batches[:3]:
+            optimizer.zero_grad(set_to_none=True)
+            case.loss(case.model, batch).backward()
+            optimizer.step()
+            profiler.record_stats()
+    chain = chain_from_trace(load_trace(profiler.run_dir))
+    assert chain.weights is not None and chain.step is not None
+    schedule = solve(chain, min_feasible_budget(chain, "offload", stream_weights=True), "offload", stream_weights=True)
+    assert schedule.streamed_weights
+
+    plain.load_state_dict(case.model.state_dict())
+    scheduled = copy.deepcopy(plain)
+    apply_schedule(scheduled, schedule)
+    for model in (plain, scheduled):
+        model.train()
+    optimizers = [torch.optim.AdamW(m.parameters(), lr=1e-3) for m in (plain, scheduled)]  # after apply_schedule
+    for batch in batches[3:]:
+        for model, opt in zip((plain, scheduled), optimizers):
+            opt.zero_grad(set_to_none=True)
+            torch.manual_seed(7)
+            case.loss(model, batch).backward()
+            opt.step()
+    for (name, expected), found in zip(plain.named_parameters(), scheduled.parameters()):
+        assert torch.equal(expected, found), name
