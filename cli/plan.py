@@ -72,7 +72,6 @@ def run_plan(args: argparse.Namespace) -> int:
     from planner.simulator import simulate
     from planner.solve import solve, solver
     from planner.solvers.store_all import store_all_ops
-    from planner.weights import streamed_step
 
     activations_only = args.activation_budget is not None
     budget_bytes = parse_bytes(args.activation_budget if activations_only else args.budget)
@@ -93,8 +92,6 @@ def run_plan(args: argparse.Namespace) -> int:
     baseline = simulate(solved, store_all_ops(solved))
     out = write_output(args.out, export_json(schedule) + "\n")
     baseline_peak = carried_peak_bytes(solved, store_all_ops(solved)) if solved.carried else baseline.peak_bytes
-    if step is not None and streamed:
-        step = streamed_step(chain, streamed)
     print(summary(schedule, baseline_peak, baseline.makespan_ms, out, step=step))
     return 0
 
@@ -129,7 +126,10 @@ def summary(schedule: Schedule, store_all_peak_bytes: int, store_all_makespan_ms
         f"  budget           {budget}",
     ]
     if step is not None:
-        step_peak, step_store_all = step.step_peak_bytes(peak), step.step_peak_bytes(store_all_peak_bytes)
+        step_store_all = step.step_peak_bytes(store_all_peak_bytes)
+        # a schedule streaming weights moves state off the device: its own step peak says so
+        step_peak = schedule.predicted_step_peak_bytes if schedule.streamed_weights and \
+            schedule.predicted_step_peak_bytes is not None else step.step_peak_bytes(peak)
         lines += [
             f"  step peak        {format_bytes(step_peak)} predicted for the whole step (store-all "
             f"{format_bytes(step_store_all)}, {_change(step_peak, step_store_all)})",

@@ -208,8 +208,8 @@ def best_of(chain: Chain, budget_bytes: int, module: ModuleType, sets: Iterable[
         f"{format_bytes(least)} ({least} bytes)"
     raise InfeasibleBudgetError(
         f"budget {format_bytes(budget_bytes)} ({budget_bytes} bytes) is too small for {algorithm} with weight "
-        f"streaming: even streaming the weights of the stages that save most, the step does not fit; the smallest "
-        f"budget is {named}", budget_bytes=budget_bytes, min_feasible_bytes=least)
+        f"streaming: no set of streamed stages the search tries fits the step in it; the smallest budget is "
+        f"{named}", budget_bytes=budget_bytes, min_feasible_bytes=least)
 
 
 def plan(chain: Chain, budget_bytes: int, module: ModuleType, slots: int, algorithm: str) -> Streamed:

@@ -8,6 +8,7 @@ import pytest
 
 from cli.main import main
 from memprof import load_trace
+from memprof.units import format_bytes
 from planner import chain_from_trace
 from planner.schedule import Schedule
 from planner.simulator import simulate
@@ -31,7 +32,9 @@ def test_plan_streams_weights_at_a_budget_only_streaming_reaches(tmp_path: Path,
     assert step is not None
     assert schedule.predicted_step_peak_bytes == step.step_peak_bytes(schedule.predicted_peak_bytes) <= least
     assert schedule.predicted_host_peak_bytes == simulate(schedule.chain, schedule).host_peak_bytes > 0
-    assert f"streamed weights {len(streamed)} stages {streamed} live in host memory" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert f"streamed weights {len(streamed)} stages {streamed} live in host memory" in text
+    assert f"step peak        {format_bytes(schedule.predicted_step_peak_bytes)} predicted for the whole step" in text
 
 
 def test_plan_stream_weights_on_a_chain_without_weight_costs_is_one_line(
