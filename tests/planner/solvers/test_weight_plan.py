@@ -112,3 +112,21 @@ def test_a_chain_without_weight_costs_is_refused_with_how_to_fix() -> None:
     chain = seeded(0, 2).with_weights(None)
     with pytest.raises(ChainError, match="chain_from_trace"):
         solve(chain, 10**6, "rotor", stream_weights=True)
+
+
+def test_the_host_cap_bounds_streamed_state_and_offloaded_activations_together() -> None:
+    chain = seeded(3, 4)
+    assert chain.weights is not None
+    least = min_feasible_budget(chain, "offload", stream_weights=True)
+    free = solve(chain, least, "offload", stream_weights=True)
+    assert len(free.streamed_weights) >= 2
+    cap = chain.weights.host_bytes(free.streamed_weights[:1])  # room for one of them only
+    capped = chain.with_transfer(TransferCosts(chain.transfer_costs.d2h_bytes_per_ms,
+                                               chain.transfer_costs.h2d_bytes_per_ms, cap))
+    for budget in (min_feasible_budget(capped, "offload", stream_weights=True), store_all_budget(capped)):
+        schedule = solve(capped, budget, "offload", stream_weights=True)
+        assert schedule.predicted_host_peak_bytes <= cap
+        assert simulate(capped, schedule).host_peak_bytes == schedule.predicted_host_peak_bytes
+    assert min_feasible_budget(capped, "offload", stream_weights=True) > least
+    with pytest.raises(InfeasibleBudgetError, match="the smallest budget is"):
+        solve(capped, least, "offload", stream_weights=True)
