@@ -1,8 +1,9 @@
 """``python -m benchmarks``: runs every benchmark, one process each, and writes docs/benchmarks.md.
 
 Each section is the benchmark's own printed output (a Markdown table). Options: ``--only NAME ...``
-to run some sections (the other sections of the report are kept as they are), ``--quick`` for fewer
-repeats (a smoke run, not for publishing).
+to run some sections, ``--quick`` for fewer repeats (a smoke run, not for publishing). With ``--only``,
+the sections run replace their own text in the existing report (or are appended to it); every other
+section, hand-written ones included, is kept as it was.
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ SECTIONS = {
                 ["benchmarks.bench_offload"], ["--steps", "3", "--grid", "30", "--repeats", "2"]),
     "selective": ("10. Selective recomputation vs torch.compile's min-cut and rotor on GPT-2 small",
                   ["benchmarks.bench_selective"], ["--quick", "--repeats", "1", "--budgets", "3"]),
+    "weights": ("8b. Weight streaming vs offload vs rotor on an 8-layer Llama, whole step (predicted, 24 GB/s)",
+                ["benchmarks.bench_weights"], ["--steps", "3", "--grid", "20"]),
 }
 
 
@@ -68,24 +71,43 @@ def run_section(module: list[str], quick_args: list[str], quick: bool) -> tuple[
     return text, time.perf_counter() - started
 
 
-def _existing_sections(path: Path) -> dict[str, str]:
-    """The sections of a report already written, by title, in order (kept when others are rerun)."""
-    if not path.exists():
-        return {}
-    sections: dict[str, str] = {}
-    title = None
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if line.startswith("## "):
-            title = line[3:]
-            sections[title] = ""
-        elif title is not None:
-            sections[title] += line + "\n"
-    return sections
+def _is_boundary(line: str) -> bool:
+    """Whether ``line`` starts a section: a known section's heading, or a numbered hand-written one (``## 1c.``).
+
+    Benchmarks print headings of their own (``## Wall clock``), which stay inside their section.
+    """
+    if not line.startswith("## "):
+        return False
+    title = line[3:].strip()
+    return title in {t for t, _, _ in SECTIONS.values()} or title[:1].isdigit()
 
 
-def _body(sections: dict[str, str]) -> list[str]:
-    """The sections in the report's order (a section it did not hold yet goes last)."""
-    return [part for title, text in sections.items() for part in (f"## {title}", "", text.strip("\n"), "")]
+def merge_sections(report: str, sections: dict[str, str]) -> str:
+    """``report`` with each of ``sections`` (title -> its text) in place of the section of that title.
+
+    A section absent from the report is appended. Everything else -- the header, the other sections,
+    hand-written ones -- is kept verbatim.
+    """
+    lines = report.rstrip("\n").split("\n")
+    out: list[str] = []
+    done: set[str] = set()
+    index = 0
+    while index < len(lines):
+        line = lines[index]
+        title = line[3:].strip() if line.startswith("## ") else None
+        if title in sections:
+            out += sections[title].rstrip("\n").split("\n") + [""]
+            done.add(title)
+            index += 1
+            while index < len(lines) and not _is_boundary(lines[index]):
+                index += 1
+            continue
+        out.append(line)
+        index += 1
+    for title, text in sections.items():
+        if title not in done:
+            out += ["", *text.rstrip("\n").split("\n")]
+    return "\n".join(out).rstrip("\n") + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     parts = [
         "# Benchmarks",
         "",
-        f"- Last written: {_dt.datetime.now(_dt.timezone.utc):%Y-%m-%d %H:%M} UTC (each section says when it ran)",
+        f"- First written: {_dt.datetime.now(_dt.timezone.utc):%Y-%m-%d %H:%M} UTC (each section says when it ran)",
         f"- Machine: {os.cpu_count()} CPU cores ({platform.processor() or platform.machine()}), "
         f"torch {torch.__version__}, Python {platform.python_version()}, CUDA: "
         f"{torch.cuda.get_device_name() if torch.cuda.is_available() else 'none'}",
@@ -107,16 +129,17 @@ def main(argv: list[str] | None = None) -> int:
         "- Command: `python -m benchmarks [--only SECTION ...]` (sections not named are kept as they were)",
         "",
     ]
-    sections = _existing_sections(args.out)
+    # sections not run, hand-written ones and their notes are kept; each section says when it ran
+    report = args.out.read_text(encoding="utf-8") if args.out.exists() else "\n".join(parts) + "\n"
     for name in args.only:
         title, module, quick_args = SECTIONS[name]
         print(f"running {name} ...", file=sys.stderr, flush=True)
         text, seconds = run_section(module, quick_args, args.quick)
-        text = "\n".join("#" + line if line.startswith("## ") else line for line in text.splitlines())  # nested
         stamp = f"{_dt.datetime.now(_dt.timezone.utc):%Y-%m-%d %H:%M} UTC"
-        sections[title] = "\n".join([f"_({seconds:.0f} s, {stamp}; `python -m {' '.join(module)}"
-                                     f"{' ' + ' '.join(quick_args) if args.quick else ''}`)_", "", text, ""])
-        write_atomically(args.out, "\n".join([*parts, *_body(sections)]) + "\n")
+        command = f"python -m {' '.join(module)}{' ' + ' '.join(quick_args) if args.quick else ''}"
+        section = "\n".join([f"## {title}", "", f"_({seconds:.0f} s, {stamp}; `{command}`)_", "", text, ""])
+        report = merge_sections(report, {title: section})
+        write_atomically(args.out, report)  # after each section: a later one failing loses nothing
     print(f"wrote {args.out}", file=sys.stderr)
     return 0
 

@@ -55,6 +55,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     plan.add_argument("--bandwidth", default=None, metavar="GBPS",
                       help="offload only: device<->host bandwidth in GB/s, both ways (default: the one measured "
                            "with the run, else 24 GB/s, PCIe 4.0 x16)")
+    plan.add_argument("--stream-weights", action="store_true",
+                      help="also choose stages whose weights, gradients and optimizer state live in host memory and "
+                           "are streamed to the device around their computations (chains from a trace)")
     plan.add_argument("--out", required=True, help="where to write the schedule JSON")
     plan.set_defaults(func=run_plan)
 
@@ -83,9 +86,11 @@ def run_plan(args: argparse.Namespace) -> int:
     chain = _with_link(load_chain(args.source, args.container, checkpoints, args.recompute_cost), host_cap, gbps)
     step = chain.step
     solved = chain.activations_only() if activations_only else chain
-    schedule = solve(solved, budget_bytes, algorithm=args.algorithm, slots=slots)
+    schedule = solve(solved, budget_bytes, algorithm=args.algorithm, slots=slots,
+                     stream_weights=bool(getattr(args, "stream_weights", False)))
     prediction = simulate(solved, schedule)
-    peak = carried_peak_bytes(solved, schedule.ops) if solved.carried else prediction.peak_bytes
+    streamed = schedule.streamed_weights
+    peak = carried_peak_bytes(solved, schedule.ops, streamed) if solved.carried else prediction.peak_bytes
     schedule = schedule.with_prediction(peak, prediction.makespan_ms, prediction.host_peak_bytes)
     baseline = simulate(solved, store_all_ops(solved))
     out = write_output(args.out, export_json(schedule) + "\n")
@@ -124,7 +129,10 @@ def summary(schedule: Schedule, store_all_peak_bytes: int, store_all_makespan_ms
         f"  budget           {budget}",
     ]
     if step is not None:
-        step_peak, step_store_all = step.step_peak_bytes(peak), step.step_peak_bytes(store_all_peak_bytes)
+        step_store_all = step.step_peak_bytes(store_all_peak_bytes)
+        # a schedule streaming weights moves state off the device: its own step peak says so
+        step_peak = schedule.predicted_step_peak_bytes if schedule.streamed_weights and \
+            schedule.predicted_step_peak_bytes is not None else step.step_peak_bytes(peak)
         lines += [
             f"  step peak        {format_bytes(step_peak)} predicted for the whole step (store-all "
             f"{format_bytes(step_store_all)}, {_change(step_peak, step_store_all)})",
@@ -144,6 +152,10 @@ def summary(schedule: Schedule, store_all_peak_bytes: int, store_all_makespan_ms
         host = int(schedule.predicted_host_peak_bytes or 0)
         lines.append(f"  offloaded        {len(offloaded)} stages {offloaded} to host memory: host peak "
                      f"{format_bytes(host)} (link {schedule.chain.transfer_costs.describe()})")
+    if schedule.streamed_weights:
+        streamed = list(schedule.streamed_weights)
+        lines.append(f"  streamed weights {len(streamed)} stages {streamed} live in host memory (parameters, gradients, "
+                     f"optimizer state); host peak {format_bytes(int(schedule.predicted_host_peak_bytes or 0))}")
     lines.append(f"wrote {out}")
     return "\n".join(lines)
 

@@ -26,6 +26,7 @@ TRANSFER_KINDS = ("OFFLOAD", "PREFETCH")
 ALGORITHM_COLORS: dict[str, str] = {
     "store_all": "#333333", "periodic": "#f58518", "sqrt": "#b279a2", "revolve": "#72b7b2",
     "rotor": "#4c78a8", "rotor_optimal": "#54a24b", "binomial": "#ff9da6", "offload": "#9d755d",
+    "offload+weights": "#e45756",  # weight streaming (planner.weight_points)
 }
 _MARGIN = {"l": 70, "r": 20, "t": 50, "b": 40}
 #: Up to this many stages, each row of the schedule figure is labelled with its module name.
@@ -243,7 +244,9 @@ def _peak_labels(points: pd.DataFrame) -> list[str]:
     labels = []
     for peak, params in zip(points["peak_bytes"], points["params"] if "params" in points else [""] * len(points)):
         host = json.loads(params).get("host_peak_bytes", 0) if isinstance(params, str) and params else 0
-        labels.append(format_bytes(peak) + (f" (+ {format_bytes(host)} on the host)" if host else ""))
+        streamed = json.loads(params).get("streamed_weights", []) if isinstance(params, str) and params else []
+        weights = f", weights of {len(streamed)} stages streamed" if streamed else ""
+        labels.append(format_bytes(peak) + (f" (+ {format_bytes(host)} on the host{weights})" if host else ""))
     return labels
 
 

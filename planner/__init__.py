@@ -26,6 +26,7 @@ from planner.simulator import Prediction, TimelinePoint, simulate
 from planner.solve import ALGORITHMS, min_feasible_budget, solve, store_all_budget
 from planner.step import StepCosts
 from planner.transfer import DEFAULT_TRANSFER, TransferCosts
+from planner.weights import WeightCosts
 
 if TYPE_CHECKING:
     from planner.executor import CheckpointedSequential, apply_schedule, remove_schedule
@@ -84,6 +85,7 @@ __all__ = [
     "TimelinePoint",
     "TransferCosts",
     "UnknownAlgorithmError",
+    "WeightCosts",
     "algorithm_points",
     "apply_schedule",
     "chain_from_trace",

@@ -68,9 +68,9 @@ def _dropped(points: Sequence[Any], stage: int) -> int:
     return len(points)
 
 
-def peak_bytes(chain: Chain, ops: Sequence[Op]) -> int:
-    """The chain's simulated peak with the carried tensors counted."""
-    prediction = simulate(chain, ops)
+def peak_bytes(chain: Chain, ops: Sequence[Op], streamed: Sequence[int] = ()) -> int:
+    """The chain's simulated peak with the carried tensors counted (``streamed``: stages streaming weights)."""
+    prediction = simulate(chain, ops, streamed)
     extra = extra_bytes(chain, prediction)
     return max([prediction.peak_bytes, *(p.peak_bytes + e for p, e in zip(prediction.timeline, extra))])
 

@@ -21,6 +21,7 @@ from planner.jsonio import load_json
 from planner.stage_option import StageOption, option_from_dict
 from planner.step import StepCosts
 from planner.transfer import DEFAULT_TRANSFER, TransferCosts
+from planner.weights import WeightCosts
 
 _STAGE_INT_FIELDS = (
     "output_bytes",
@@ -126,6 +127,7 @@ class Chain:
     step: StepCosts | None = None
     transfer: TransferCosts | None = None
     carried: tuple[Carried, ...] = ()
+    weights: WeightCosts | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.input_bytes, bool) or not isinstance(self.input_bytes, int) or self.input_bytes < 0:
@@ -141,6 +143,10 @@ class Chain:
             raise ChainError(f"step must be a StepCosts or None, found {type(self.step).__name__}")
         if self.transfer is not None and not isinstance(self.transfer, TransferCosts):
             raise ChainError(f"transfer must be a TransferCosts or None, found {type(self.transfer).__name__}")
+        if self.weights is not None and (not isinstance(self.weights, WeightCosts)
+                                         or self.weights.length != len(stages) - 1):
+            raise ChainError(f"weights must be a WeightCosts with one entry per stage 1..{len(stages) - 1}, found "
+                             f"{self.weights!r}")
         object.__setattr__(self, "stages", stages)
         object.__setattr__(self, "carried", tuple(self.carried))
         if not all(isinstance(c, Carried) for c in self.carried):
@@ -187,6 +193,10 @@ class Chain:
         """The same chain with ``transfer`` as its device's bandwidths and host cap."""
         return replace(self, transfer=transfer)
 
+    def with_weights(self, weights: WeightCosts | None) -> Chain:
+        """The same chain with ``weights`` as its stages' parameter, gradient and optimizer-state sizes."""
+        return replace(self, weights=weights)
+
     def offload_bytes(self, index: int) -> int:
         """What ``OFFLOAD(index)`` moves to host memory: a-bar minus a (the output stays, the next input)."""
         return self.abar(index) - self.a(index)
@@ -215,6 +225,8 @@ class Chain:
             out["transfer"] = self.transfer.to_dict()
         if self.carried:
             out["carried"] = [item.to_dict() for item in self.carried]
+        if self.weights is not None:
+            out["weights"] = self.weights.to_dict()
         return out
 
     def to_json(self, path: str | Path | None = None) -> str:
@@ -259,6 +271,7 @@ class Chain:
             step=StepCosts.from_dict(data["step"]) if data.get("step") is not None else None,
             transfer=TransferCosts.from_dict(data["transfer"]) if data.get("transfer") is not None else None,
             carried=tuple(carried_from_dict(item) for item in data.get("carried") or ()),
+            weights=WeightCosts.from_dict(data["weights"]) if data.get("weights") is not None else None,
         )
 
 

@@ -29,6 +29,7 @@ from planner.graph_finder import (
 )
 from planner.option_builder import RECOMPUTE_COSTS, ops_of_stage, with_options
 from planner.transfer import TransferCosts
+from planner.weights import weights_from_trace
 
 _COST_COLUMNS = ["forward_ms", "backward_ms", "output_bytes", "saved_bytes", "input_bytes",
                  "forward_overhead_bytes", "backward_overhead_bytes", "weight_grad_bytes"]
@@ -126,7 +127,7 @@ def _build(trace: Trace, tree: ModuleTree, candidate: Candidate, costs: pd.DataF
     candidate = Candidate(candidate.parent, groups)
     carried = _carried(tree, candidate, costs)
     bounds = step_costs.boundaries(timeline, candidate.groups[0], candidate.groups[-1])
-    step, loss = None, Stage(0.0, 0.0, 0, 0, 0, name="loss")
+    step, loss, fresh = None, Stage(0.0, 0.0, 0, 0, 0, name="loss"), True
     if bounds is None:
         stages = _stages(candidate, costs, True, freed)
     else:
@@ -146,6 +147,7 @@ def _build(trace: Trace, tree: ModuleTree, candidate: Candidate, costs: pd.DataF
         step=step,
         transfer=transfer_from_meta(trace.meta),
         carried=carried,
+        weights=weights_from_trace(trace, candidate.groups, step, fresh),
     )
 
 
@@ -234,7 +236,8 @@ def chain_from_trace(trace: Trace, container: str | None = None, checkpoints: Se
     reason = (f"saves up to {ranked[best][0]} bytes of the step, the most of {len(chains)} chains found "
               f"(next best: {sorted(r[0] for r in ranked)[-2]} bytes)")
     return _with_op_options(trace, Chain(chosen.name, chosen.input_bytes, chosen.stages,
-                                         {**chosen.source, "why": reason}, chosen.step, chosen.transfer, chosen.carried),
+                                         {**chosen.source, "why": reason}, chosen.step, chosen.transfer, chosen.carried,
+                                         chosen.weights),
                             recompute_cost)
 
 

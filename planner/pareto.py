@@ -27,6 +27,7 @@ from planner.solvers import binomial, offload, periodic, rotor, rotor_optimal, s
 from planner.solvers.binomial_split import binomial_ops
 from planner.solvers.common import infeasible
 from planner.step import StepCosts, step_infeasible
+from planner.weight_points import streaming_points
 
 FRONT_ALGORITHMS = ("rotor", "revolve", "rotor_optimal", "selective")
 POINT_COLUMNS = ("algorithm", "budget_bytes", "peak_bytes", "makespan_ms", "params")
@@ -198,7 +199,8 @@ def algorithm_points(chain: Chain, slots: int = DEFAULT_SLOTS, sweep: int = 12) 
     read from one table on store-all's grid, for chains of at most ``OFFLOAD_POINTS_MAX_STAGES`` stages
     whose link is usable (its ``params`` carry ``host_peak_bytes``); and binomial up to ``sweep`` snapshot
     counts evenly spaced from the fewest to L (budget: its memory bound); selective, when some stage has
-    recomputation options (``Stage.options``), ``sweep`` budgets as rotor's. ``peak_bytes``
+    recomputation options (``Stage.options``), ``sweep`` budgets as rotor's; for a chain from a trace (weight
+    costs), weight streaming as ``"offload+weights"`` (:mod:`planner.weight_points`). ``peak_bytes``
     and ``makespan_ms`` are simulated; ``budget_bytes`` is the budget solved for (the peak itself for the
     algorithms that take no budget); ``params`` is a JSON string. For a chain with step costs, budgets and
     peaks are the whole step's (:meth:`planner.step.StepCosts.step_peak_bytes` of the simulated chain peak).
@@ -235,6 +237,7 @@ def algorithm_points(chain: Chain, slots: int = DEFAULT_SLOTS, sweep: int = 12) 
         add("binomial", whole(bounds[snapshots]), binomial_ops(chain.length, snapshots), {"snapshots": snapshots})
     for budget, ops in _offload_points(chain, slots, sweep):
         add("offload", whole(budget), ops, {"slots": slots, "host_peak_bytes": predict_with_host(chain, ops)[2]})
+    rows += streaming_points(chain, slots, sweep)  # chains with weight costs: "offload+weights"
     return pd.DataFrame(rows, columns=list(POINT_COLUMNS))
 
 

@@ -13,6 +13,7 @@ from typing import Any
 from planner.chain import Chain
 from planner.errors import InvalidScheduleError
 from planner.jsonio import load_json
+from planner.weights import streamed_step
 
 SCHEDULE_FORMAT = "memprof-schedule"
 SCHEDULE_VERSION = 1
@@ -125,13 +126,19 @@ class Schedule:
         return self.chain.module_names
 
     @property
+    def streamed_weights(self) -> tuple[int, ...]:
+        """The stages whose weights the schedule streams from host memory (``params["streamed_weights"]``)."""
+        return tuple(int(s) for s in self.params.get("streamed_weights") or ())
+
+    @property
     def has_transfers(self) -> bool:
-        """Whether the schedule offloads anything to host memory."""
-        return any(op.kind.is_transfer for op in self.ops)
+        """Whether the schedule offloads anything to host memory (activations or streamed weights)."""
+        return bool(self.streamed_weights) or any(op.kind.is_transfer for op in self.ops)
 
     def with_prediction(self, peak_bytes: int, makespan_ms: float, host_peak_bytes: int | None = None) -> Schedule:
         """Returns a copy carrying the simulator's prediction (the host peak kept unless given)."""
-        step_peak = self.chain.step.step_peak_bytes(int(peak_bytes)) if self.chain.step is not None else None
+        step = streamed_step(self.chain, self.streamed_weights)
+        step_peak = step.step_peak_bytes(int(peak_bytes)) if step is not None else None
         host = self.predicted_host_peak_bytes if host_peak_bytes is None else int(host_peak_bytes)
         return Schedule(self.algorithm, self.budget_bytes, self.ops, self.chain, int(peak_bytes),
                         float(makespan_ms), dict(self.params), step_peak, host)

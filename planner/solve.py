@@ -5,7 +5,7 @@ from __future__ import annotations
 import numbers
 from types import ModuleType
 
-from planner import carried
+from planner import carried, weight_plan
 from planner.chain import Chain
 from planner.discretize import DEFAULT_SLOTS, check_slots
 from planner.errors import InfeasibleBudgetError, UnknownAlgorithmError
@@ -71,7 +71,8 @@ def check_budget(budget_bytes: object) -> int:
     return int(budget_bytes)  # type: ignore[call-overload]  # a Real that is_integer(), checked above
 
 
-def solve(chain: Chain, budget_bytes: int, algorithm: str = "rotor", slots: int = DEFAULT_SLOTS) -> Schedule:
+def solve(chain: Chain, budget_bytes: int, algorithm: str = "rotor", slots: int = DEFAULT_SLOTS,
+          stream_weights: bool = False) -> Schedule:
     """The ``algorithm``'s schedule for ``chain`` within ``budget_bytes``, with its simulated prediction.
 
     Args:
@@ -87,6 +88,9 @@ def solve(chain: Chain, budget_bytes: int, algorithm: str = "rotor", slots: int 
             fallback applies.
         slots: memory slots of the dynamic programs, spanning the budget (capped at store-all's peak): the
             paper's M/S. ``pareto_front`` instead reads every budget from one table on store-all's grid.
+        stream_weights: also choose stages whose weights, gradients and optimizer state live in host memory
+            and are streamed to the device around their computations (:mod:`planner.weight_plan`); the chosen
+            stages are ``schedule.params["streamed_weights"]``. Needs ``chain.weights`` (chains from a trace).
 
     Raises:
         UnknownAlgorithmError: unknown ``algorithm``.
@@ -96,10 +100,13 @@ def solve(chain: Chain, budget_bytes: int, algorithm: str = "rotor", slots: int 
         ValueError: ``slots`` is not a whole number >= 1.
         TableTooLargeError: ``rotor_optimal`` (or ``offload``) on a chain too long for its tables.
         SearchTooLargeError: ``exact`` on a chain of more than 8 stages.
+        ChainError: ``stream_weights`` on a chain without weight costs.
     """
     module = solver(algorithm)
     budget = check_budget(budget_bytes)
     check_slots(slots)
+    if stream_weights:
+        return _solve_streaming(chain, budget, algorithm, module, slots)
     inner = _chain_budget(chain, budget, algorithm, slots)
     try:
         if chain.carried:
@@ -117,6 +124,13 @@ def solve(chain: Chain, budget_bytes: int, algorithm: str = "rotor", slots: int 
         raise AssertionError(f"{produced_by} returned a schedule peaking at {peak} bytes over its budget {inner}")
     step_peak = chain.step.step_peak_bytes(peak) if chain.step is not None else None
     return Schedule(produced_by, budget, plan.ops, chain, peak, makespan, dict(plan.params), step_peak, host_peak)
+
+
+def _solve_streaming(chain: Chain, budget: int, algorithm: str, module: ModuleType, slots: int) -> Schedule:
+    found = weight_plan.plan(chain, budget, module, slots, algorithm)
+    params = {**found.params, "streamed_weights": list(found.streamed)}
+    return Schedule(found.algorithm or algorithm, budget, found.ops, chain, found.peak_bytes, found.makespan_ms,
+                    params, found.step_peak_bytes, found.host_peak_bytes)
 
 
 def _chain_budget(chain: Chain, budget: int, algorithm: str, slots: int) -> int:
@@ -137,14 +151,16 @@ def _as_step_error(chain: Chain, exc: InfeasibleBudgetError, budget: int, algori
     return step_infeasible(chain.step, algorithm, budget, minimum)
 
 
-def min_feasible_budget(chain: Chain, algorithm: str = "rotor", slots: int = DEFAULT_SLOTS) -> int:
+def min_feasible_budget(chain: Chain, algorithm: str = "rotor", slots: int = DEFAULT_SLOTS,
+                        stream_weights: bool = False) -> int:
     """The minimum feasible budget in bytes of ``solve(chain, budget, algorithm, slots)``.
 
     ``solve`` succeeds at it and at every budget above it, and one byte below it raises
     ``InfeasibleBudgetError`` naming it. For the dynamic programs, whose grid follows the budget, it is
     found by bisection (see ``planner/solvers/budget_grid.py``); a few budgets below it may also be solved.
 
-    For a chain with step costs it is the whole step's memory (see :func:`solve`).
+    For a chain with step costs it is the whole step's memory (see :func:`solve`). With ``stream_weights``
+    it is the least over the sets of streamed stages :func:`solve` tries.
 
     Raises:
         UnknownAlgorithmError: unknown ``algorithm``.
@@ -153,6 +169,8 @@ def min_feasible_budget(chain: Chain, algorithm: str = "rotor", slots: int = DEF
     """
     module = solver(algorithm)
     check_slots(slots)
+    if stream_weights:
+        return weight_plan.min_budget_bytes(chain, module, slots)
     inner = int(module.min_budget_bytes(chain, slots))
     if chain.carried:
         inner = carried.min_budget_bytes(chain, lambda m: module.plan(chain, m, slots), inner)

@@ -56,7 +56,7 @@ class CopyStreams:
         back: ``(stage, end_ms)`` of the prefetch in flight, or ``None``.
     """
 
-    __slots__ = ("chain", "memory", "costs", "clock_ms", "out", "back", "top")
+    __slots__ = ("chain", "memory", "costs", "clock_ms", "out", "back", "top", "d2h_free_ms", "h2d_free_ms")
 
     def __init__(self, chain: Chain, memory: TransferMemory) -> None:
         self.chain, self.memory, self.costs = chain, memory, chain.transfer_costs
@@ -64,6 +64,10 @@ class CopyStreams:
         self.out: tuple[int, float] | None = None
         self.back: tuple[int, float] | None = None
         self.top = chain.length + 1
+        # when each copy engine is next free: weight streaming (planner.weight_streams) queues its copies on
+        # the same engines, so an activation's copy may start after a weight copy ends
+        self.d2h_free_ms = 0.0
+        self.h2d_free_ms = 0.0
 
     def before(self, op: Op) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """Retires the copies ``op`` must wait for; returns the names that retiring added and freed."""
@@ -82,18 +86,33 @@ class CopyStreams:
     def issue(self, op: Op) -> tuple[float, float, tuple[str, ...], tuple[str, ...]]:
         """Starts the copy of a transfer op (after :meth:`before`); returns its start, end, added and freed names."""
         size = self.chain.offload_bytes(op.stage)
-        start = self.clock_ms
         added: tuple[str, ...] = ()
         freed: tuple[str, ...] = ()
         if op.kind is OpKind.OFFLOAD:
             self.memory.offload(op.stage)
-            end = start + self.costs.d2h_ms(size)
+            start, end = self.copy_d2h(size, self.clock_ms)
             self.out = (op.stage, end)
         else:
             added, freed = self.memory.prefetch(op.stage)
-            end = start + self.costs.h2d_ms(size)
+            start, end = self.copy_h2d(size, self.clock_ms)
             self.back = (op.stage, end)
         return start, end, added, freed
+
+    def copy_d2h(self, size_bytes: int, ready_ms: float) -> tuple[float, float]:
+        """Queues a device-to-host copy that may start at ``ready_ms``; returns its start and end."""
+        start = max(ready_ms, self.d2h_free_ms)
+        self.d2h_free_ms = start + self.costs.d2h_ms(size_bytes)
+        return start, self.d2h_free_ms
+
+    def copy_h2d(self, size_bytes: int, ready_ms: float) -> tuple[float, float]:
+        """Queues a host-to-device copy that may start at ``ready_ms``; returns its start and end."""
+        start = max(ready_ms, self.h2d_free_ms)
+        self.h2d_free_ms = start + self.costs.h2d_ms(size_bytes)
+        return start, self.h2d_free_ms
+
+    def wait(self, end_ms: float) -> None:
+        """The compute stream waits for a copy that ends at ``end_ms``."""
+        self.clock_ms = max(self.clock_ms, end_ms)
 
     def compute(self, duration_ms: float) -> tuple[float, float]:
         """Runs a computation of ``duration_ms`` now; returns its start and end."""

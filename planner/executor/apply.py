@@ -59,7 +59,8 @@ def apply_schedule(model: nn.Module, schedule: Schedule, container: str | None =
     validate_ops(schedule.ops, schedule.chain.length, schedule)
     groups = stage_modules(model, schedule, container)
     remove_schedule(model)
-    executor = ScheduleExecutor(groups, runtime_ops(schedule), min_offload_bytes, policies(schedule))
+    executor = ScheduleExecutor(groups, runtime_ops(schedule), min_offload_bytes, policies(schedule),
+                                schedule.streamed_weights)
     try:
         executor.install()
     except ValueError as exc:

@@ -26,6 +26,7 @@ from planner.executor.stage import (
     key_value_cache,
     replace_first_tensor,
 )
+from planner.executor.weights import WeightStreamer
 
 
 class ScheduleExecutor:
@@ -37,6 +38,8 @@ class ScheduleExecutor:
         min_offload_bytes: saved storages below this size stay on the device when their stage is offloaded.
         policies: for each ``(stage, option)`` the schedule uses, the ops the option keeps,
             ``(aten overload name, occurrence)`` pairs.
+        streamed: the stages whose weights live in host memory and are streamed to the device around their
+            computations (:mod:`planner.executor.weights`); parameters shared by several stages stay put.
 
     Raises:
         ValueError: the operations cannot be run in the model's forward (see :class:`Program`).
@@ -44,7 +47,8 @@ class ScheduleExecutor:
 
     def __init__(self, stages: Sequence[Sequence[nn.Module]], ops: Sequence[tuple[str, int]],
                  min_offload_bytes: int = MIN_OFFLOAD_BYTES,
-                 policies: Mapping[tuple[int, int], Sequence[Sequence[Any]]] | None = None) -> None:
+                 policies: Mapping[tuple[int, int], Sequence[Sequence[Any]]] | None = None,
+                 streamed: Sequence[int] = ()) -> None:
         self.program = Program(ops, len(stages))
         # (stage, option) -> the ops F_all(stage)[option] keeps, by name and occurrence (see selective.py)
         self.policies = {(int(s), int(o)): tuple((str(n), int(c)) for n, c in kept)
@@ -57,6 +61,7 @@ class ScheduleExecutor:
         self.current: _Run | None = None
         self.last_output: weakref.ref[torch.Tensor] | None = None  # what the folded modules pass through
         self.dummy = torch.empty(0, requires_grad=True)  # makes outputs require grad when inputs do not
+        self.weights = _streamer(self.modules, streamed, self.program, self.pool, self.copiers)
 
     def install(self) -> None:
         """Puts the wrappers in place (each module's own ``forward`` is kept and restored by :meth:`remove`)."""
@@ -70,7 +75,10 @@ class ScheduleExecutor:
                 module.forward = _FoldedForward(self, forward)
 
     def remove(self) -> None:
-        """Gives every module its own ``forward`` back."""
+        """Gives every module its own ``forward`` back (and streamed parameters their device)."""
+        if self.weights is not None:
+            self.weights.finish()
+            self.weights.restore()
         for group in self.modules:
             for module in group:
                 if isinstance(module.__dict__.get("forward"), (_StageForward, _FoldedForward)):
@@ -84,6 +92,29 @@ class ScheduleExecutor:
         if not self.modules[0][0].training:
             return False
         return x.requires_grad or any(p.requires_grad for g in self.modules for m in g for p in m.parameters())
+
+
+def _streamer(groups: Sequence[Sequence[nn.Module]], streamed: Sequence[int], program: Program, pool: HostPool,
+              copiers: dict[torch.device, Copier]) -> WeightStreamer | None:
+    """The weight streamer of ``streamed`` stages, each with the parameters no other stage uses."""
+    if not streamed:
+        return None
+    owners: dict[int, set[int]] = {}
+    for index, group in enumerate(groups):
+        for module in group:
+            for param in module.parameters():
+                owners.setdefault(id(param), set()).add(index + 1)
+    params: dict[int, list[nn.Parameter]] = {}
+    for stage in sorted(set(int(s) for s in streamed)):
+        if not 1 <= stage <= len(groups):
+            raise ValueError(f"stage {stage} cannot stream its weights: the chain has stages 1..{len(groups)}")
+        seen: dict[int, nn.Parameter] = {}
+        for module in groups[stage - 1]:
+            for param in module.parameters():
+                if owners[id(param)] == {stage}:
+                    seen.setdefault(id(param), param)
+        params[stage] = list(seen.values())
+    return WeightStreamer(params, program.computations, pool, copiers)
 
 
 class _StageForward:

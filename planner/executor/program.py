@@ -66,6 +66,9 @@ class Program:
                 counts[stage] = counts.get(stage, 0) + 1
         self.replayed = frozenset(stage for stage, count in counts.items() if count > 1)
         self.offloaded = frozenset(stage for kind, stage in ops if kind == OFFLOAD)
+        # the stage of each computation the executor runs, in order (weight streaming follows it)
+        self.computations = tuple(range(1, top)) + tuple(
+            stage for done in range(length, 0, -1) for kind, stage in self.segments[done] if kind not in TRANSFER_KINDS)
 
 
 def _base(kind: str) -> str:

@@ -62,6 +62,10 @@ class _Run:
         self.carried_grads: dict[int, list[torch.Tensor | None]] = {}  # their gradients, for autograd
         self.transfers = (Transfers(executor.pool, executor.copiers, executor.min_offload_bytes)
                           if self.program.offloaded else None)
+        self.weights = executor.weights  # a WeightStreamer when the schedule streams weights, else None
+        if self.weights is not None:
+            self.weights.finish()  # an abandoned step's copies: retired; this step starts at its first computation
+            self.weights.place(x.device)
 
     def forward(self, stage: int, x: torch.Tensor) -> tuple[torch.Tensor, Any]:
         """Runs stage ``stage``'s forward operation on ``x``; returns a^l (no history) and the raw result."""
@@ -115,6 +119,8 @@ class _Run:
             self.calls.clear()
             if self.transfers is not None:
                 self.transfers.clear()
+            if self.weights is not None:
+                self.weights.finish()
         return delta
 
     def _transfer(self, kind: str, stage: int) -> None:
@@ -137,6 +143,14 @@ class _Run:
         return x.reshape(self.shapes[stage]) if stage in self.shapes else x
 
     def _forward(self, kind: str, stage: int) -> Any:
+        if self.weights is None:
+            return self._run_forward(kind, stage)
+        self.weights.enter(stage, backward=False)
+        raw = self._run_forward(kind, stage)
+        self.weights.leave(stage, backward=False)
+        return raw
+
+    def _run_forward(self, kind: str, stage: int) -> Any:
         kind, option = split_option(kind)
         policy = self.executor.policies[(stage, option)] if option else None
         x = self._input(stage)
@@ -163,12 +177,18 @@ class _Run:
         return raw
 
     def _saved_hooks(self, stage: int, x: torch.Tensor) -> Any:
-        """Where stage ``stage`` records its saved tensors: a stash when the schedule offloads it."""
+        """Where stage ``stage`` records its saved tensors: a stash when the schedule offloads it; streamed
+        parameters as references to them when it streams the stage's weights."""
+        streamed = self.weights is not None and stage in self.weights.params
         if self.transfers is None or stage not in self.program.offloaded:
-            return contextlib.nullcontext()
+            if not streamed:
+                return contextlib.nullcontext()
+            assert self.weights is not None
+            return torch.autograd.graph.saved_tensors_hooks(*self.weights.hooks(None))
         call = self.calls[stage]
         others = [t for value in (*call.args, *call.kwargs.values()) for t in tensors_in(value)]
-        return self.transfers.recording(stage, x, self.executor.stages[stage - 1].modules, others)
+        wrap = self.weights.hooks if streamed and self.weights is not None else None
+        return self.transfers.recording(stage, x, self.executor.stages[stage - 1].modules, others, wrap)
 
     def _call(self, stage: int, x: torch.Tensor, keep: bool, policy: Policy | None = None) -> tuple[torch.Tensor, Any]:
         plain = runner = self.executor.stages[stage - 1]
@@ -203,6 +223,14 @@ class _Run:
         return y, raw
 
     def _backward(self, stage: int) -> None:
+        if self.weights is None:
+            self._run_backward(stage)
+            return
+        self.weights.enter(stage, backward=True)
+        self._run_backward(stage)
+        self.weights.leave(stage, backward=True)
+
+    def _run_backward(self, stage: int) -> None:
         if self.transfers is not None:
             self.transfers.before_backward(stage)
         leaf, out = self.recs.pop(stage)

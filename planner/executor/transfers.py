@@ -28,10 +28,11 @@ class Transfers:
         self.out: int | None = None  # the stage whose offload is in flight
         self.back: int | None = None  # the stage whose prefetch is in flight
 
-    def recording(self, stage: int, x: torch.Tensor, modules: Any, others: Any) -> Any:
+    def recording(self, stage: int, x: torch.Tensor, modules: Any, others: Any, wrap: Any = None) -> Any:
         """The hooks to record stage ``stage`` under: its saved tensors go to a new stash.
 
-        ``modules`` are the stage's modules (their parameters and buffers stay), ``others`` the side inputs.
+        ``modules`` are the stage's modules (their parameters and buffers stay), ``others`` the side inputs;
+        ``wrap(inner)``, when given, turns the stash's ``(pack, unpack)`` into the hooks to use (streamed weights).
         """
         old = self.stashes.pop(stage, None)
         if old is not None:
@@ -43,7 +44,8 @@ class Transfers:
         if copier is None:
             copier = self.copiers[x.device] = Copier(x.device)
         stash = self.stashes[stage] = Stash(self.pool, copier, x.device, self.min_bytes, kept)
-        return torch.autograd.graph.saved_tensors_hooks(stash.pack, stash.unpack)
+        hooks = (stash.pack, stash.unpack) if wrap is None else wrap((stash.pack, stash.unpack))
+        return torch.autograd.graph.saved_tensors_hooks(*hooks)
 
     def recorded(self, stage: int, outputs: Any) -> None:
         """The stage's outputs stay on the device (the schedule keeps them): never offloaded."""
