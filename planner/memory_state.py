@@ -10,6 +10,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 
+class StepError(Exception):
+    """Raised by :func:`planner.simulator.step` with the reason an operation cannot run (without its position)."""
+
+
 @dataclass(frozen=True)
 class MemoryState:
     """What is held in memory between two operations (immutable and hashable, for searches).
