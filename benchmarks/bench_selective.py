@@ -20,8 +20,7 @@ Methods: plain autograd (store all); eager ``torch.utils.checkpoint`` of every o
 recomputation option from the op records; options weighed by the ops' recorded times, and by their FLOPs
 as the min-cut partitioner weighs them) at ``--budgets`` whole-step budgets from the lowest feasible to
 store-all's, planned from one profiled step with op records (``MemoryProfiler(..., ops=True)``). The budgets
-are the chain's own memory (the ROTOR paper's M): GPT-2's whole-step peak is its weights, their gradients
-and the LM head's logits, which leave the blocks' activations free below any whole-step budget.
+count the chain's activations alone (:func:`activations_chain`).
 
 Run ``python -m benchmarks.bench_selective [--layers 12 --width 768 --heads 12] [--repeats 3] [--budgets 8]``
 (``--quick``: a 4-layer, 256-wide model for a smoke run).
@@ -36,7 +35,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +44,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from memprof.units import format_bytes
+from planner.chain import Chain
 from planner.compile_baseline import COMPILE_BUDGETS, CountingBackend
 
 
@@ -163,6 +163,18 @@ def compiled_points(work: Workload, repeats: int) -> list[Point]:
     return points
 
 
+def activations_chain(chain: Chain) -> Chain:
+    """The chain whose budgets count its activations alone: no step costs, no parameter gradients.
+
+    GPT-2's whole-step peak is its weights, their gradients and the LM head's logits, and even the chain's
+    own peak (the ROTOR paper's M) comes at the end of the backward, when every parameter gradient is
+    allocated and every activation freed: under either budget the blocks' activations are left free, and
+    the DPs keep most of them. Budgets on the activations alone trade exactly what this table measures.
+    """
+    stages = tuple(replace(stage, weight_grad_bytes=0) for stage in chain.stages)
+    return replace(chain.activations_only(), stages=stages)
+
+
 def planned_points(work: Workload, repeats: int, budgets: int, out: Path) -> list[Point]:
     """memprof rotor and selective at ``budgets`` whole-step budgets, planned from one profiled step."""
     from memprof import MemoryProfiler, load_trace
@@ -175,9 +187,7 @@ def planned_points(work: Workload, repeats: int, budgets: int, out: Path) -> lis
             work.model.zero_grad(set_to_none=True)
             prof.record_stats()
     trace = load_trace(prof.run_dir)
-    # Budgets on the chain's own memory (the ROTOR paper's M): GPT-2's whole-step peak is set by its weights,
-    # their gradients and the LM head's logits, so a whole-step budget leaves the blocks' activations free.
-    chains = {cost: chain_from_trace(trace, recompute_cost=cost).activations_only() for cost in ("time", "flops")}
+    chains = {cost: activations_chain(chain_from_trace(trace, recompute_cost=cost)) for cost in ("time", "flops")}
     print(f"  chain: {chains['time'].length} stages, {sum(len(s.options) for s in chains['time'].stages)} options "
           f"by time, {sum(len(s.options) for s in chains['flops'].stages)} by FLOPs", flush=True)
     points: list[Point] = []
@@ -194,7 +204,7 @@ def planned_points(work: Workload, repeats: int, budgets: int, out: Path) -> lis
             seen.add(schedule.ops)
             apply_schedule(work.model, schedule)
             try:
-                points.append(measure(method, f"chain budget {format_bytes(budget)}", work.forward, repeats,
+                points.append(measure(method, f"activations budget {format_bytes(budget)}", work.forward, repeats,
                                       note=f"predicted chain peak {format_bytes(schedule.predicted_peak_bytes or 0)}"))
             finally:
                 remove_schedule(work.model)
