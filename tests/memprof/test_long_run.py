@@ -44,11 +44,13 @@ def test_the_profilers_memory_stays_flat_over_a_long_run(tmp_path):
                 done += 1
             _caught_up(prof)
             rss.append((_rss_bytes(), _rss_bytes(prof._sink.pid)))
-    (train_a, worker_a), _, (train_b, worker_b) = rss
-    # 3,200 iterations between the first and last look: a leak of 1/3 KiB per iteration would show (a batch fed
-    # again used to get one more storage finalizer per step, 1.9 KiB; measured growth now: ~0.1 MiB each)
-    assert train_b - train_a < 2**20, f"training process grew {train_b - train_a} bytes: {rss}"
-    assert worker_b - worker_a < 2**20, f"worker grew {worker_b - worker_a} bytes: {rss}"
+    # Two spans of 1,600 iterations: a leak of 1/3 KiB per iteration grows both by more than 512 KiB (a batch
+    # fed again used to get one more storage finalizer per step, 1.9 KiB). The smaller of the two is checked:
+    # a one-time growth (the allocator's arenas in a process that already ran the rest of the suite: 6 MiB
+    # once, in a full run) shows in one span only.
+    for who, side in (("training process", 0), ("worker", 1)):
+        grown = [later[side] - earlier[side] for earlier, later in zip(rss, rss[1:])]
+        assert min(grown) < 2**19, f"{who} grew {grown} bytes over two spans of 1,600 iterations: {rss}"
     trace = load_trace(prof.run_dir)
     assert len(trace.iterations) == 4400
     assert trace.detail_iterations[:10] == list(range(10)) and len(trace.detail_iterations) < 70
