@@ -38,8 +38,9 @@ from planner.solve import min_feasible_budget, solve, store_all_budget
 HIDDEN, INTERMEDIATE, LAYERS, HEADS, SEQ, BATCH, VOCAB = 512, 1376, 8, 8, 256, 4, 1024
 
 
-def profiled_chain(steps: int) -> Chain:
-    """The Llama's chain from a profiled run on this machine (activations only)."""
+def profiled_chain(steps: int, batch: int = BATCH, optimizer: str = "sgd") -> Chain:
+    """The Llama's chain from a profiled run on this machine, with the whole step's costs (``"sgd"`` or
+    ``"adamw"``: the optimizer trained with, whose state the step holds)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
@@ -48,17 +49,17 @@ def profiled_chain(steps: int) -> Chain:
                          max_position_embeddings=SEQ, use_cache=False, attn_implementation="eager")
     model = LlamaForCausalLM(config)
     model.train()
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    trainer = (torch.optim.AdamW(model.parameters(), lr=1e-4) if optimizer == "adamw"
+               else torch.optim.SGD(model.parameters(), lr=1e-3))
     with tempfile.TemporaryDirectory() as folder:
-        with MemoryProfiler(model, optimizer, out_dir=Path(folder), print_period=0) as profiler:
+        with MemoryProfiler(model, trainer, out_dir=Path(folder), print_period=0) as profiler:
             for _ in range(steps):
-                ids = torch.randint(0, VOCAB, (BATCH, SEQ))
-                optimizer.zero_grad(set_to_none=True)
+                ids = torch.randint(0, VOCAB, (batch, SEQ))
+                trainer.zero_grad(set_to_none=True)
                 model(input_ids=ids, labels=ids).loss.backward()
-                optimizer.step()
+                trainer.step()
                 profiler.record_stats()
-        chain = chain_from_trace(load_trace(profiler.run_dir), container="model.layers")
-    return chain.activations_only()
+        return chain_from_trace(load_trace(profiler.run_dir), container="model.layers")
 
 
 def layer_flops() -> float:
@@ -123,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--grid", type=int, default=60, help="offload budgets searched for equal step time")
     parser.add_argument("--repeats", type=int, default=5, help="runs per solve-time measurement")
     args = parser.parse_args(argv)
-    chain = profiled_chain(args.steps)
+    chain = profiled_chain(args.steps).activations_only()
     layers = chain.stages[:-1]
     link = chain.transfer_costs
     copy_ms = statistics.median(link.d2h_ms(chain.offload_bytes(i)) for i in range(1, chain.length + 1))

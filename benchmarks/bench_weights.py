@@ -23,27 +23,18 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import tempfile
 import time
-from pathlib import Path
 
 import numpy as np
-import torch
 
 from benchmarks.bench_offload import (
     BATCH,
-    HEADS,
-    HIDDEN,
-    INTERMEDIATE,
-    LAYERS,
     SEQ,
-    VOCAB,
     layer_flops,
+    profiled_chain,
     scaled,
 )
-from memprof import MemoryProfiler, load_trace
 from memprof.units import format_bytes
-from planner import chain_from_trace
 from planner.chain import Chain
 from planner.errors import InfeasibleBudgetError
 from planner.solve import min_feasible_budget, solve, store_all_budget
@@ -52,28 +43,6 @@ TARGETS_TFLOPS = (1.0, 10.0, 50.0)
 """Compute speeds the chain is also solved at, besides this CPU's: its times scaled to these layer throughputs."""
 
 Solved = tuple[int, float, int, int]  # step peak, makespan, host peak, stages streamed
-
-
-def profiled_chain(steps: int, batch: int = BATCH) -> Chain:
-    """The Llama's chain from a profiled run on this machine, with the whole step and weight costs."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=INTERMEDIATE,
-                         num_hidden_layers=LAYERS, num_attention_heads=HEADS, num_key_value_heads=HEADS,
-                         max_position_embeddings=SEQ, use_cache=False, attn_implementation="eager")
-    model = LlamaForCausalLM(config)
-    model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    with tempfile.TemporaryDirectory() as folder:
-        with MemoryProfiler(model, optimizer, out_dir=Path(folder), print_period=0) as profiler:
-            for _ in range(steps):
-                ids = torch.randint(0, VOCAB, (batch, SEQ))
-                optimizer.zero_grad(set_to_none=True)
-                model(input_ids=ids, labels=ids).loss.backward()
-                optimizer.step()
-                profiler.record_stats()
-        return chain_from_trace(load_trace(profiler.run_dir), container="model.layers")
 
 
 def _solve(chain: Chain, budget: int, algorithm: str, stream: bool = False) -> Solved | None:
@@ -171,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"sequences per step, one table each (default {BATCH} {4 * BATCH})")
     args = parser.parse_args(argv)
     for batch in args.batch:
-        chain = profiled_chain(args.steps, batch)
+        chain = profiled_chain(args.steps, batch, optimizer="adamw")
         started = time.perf_counter()
         report(chain, batch, args.grid)
         print(f"Solving the batch-{batch} table took {time.perf_counter() - started:.0f} s.")

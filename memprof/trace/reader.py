@@ -252,8 +252,10 @@ class Trace:
         frames = []
         for part in parts:
             try:
-                present = set(pq.read_schema(part).names) if defaults else set()
-                read_names = [c for c in names if c not in defaults or c in present] if names else None
+                read_names = None
+                if names:  # a column a part may lack is read only from the parts that have it
+                    present = set(pq.read_schema(part).names) if defaults.keys() & set(names) else set()
+                    read_names = [c for c in names if c not in defaults or c in present]
                 data = pq.read_table(part, columns=read_names, filters=filters or None,
                                      page_checksum_verification=True)
             except (OSError, pa.ArrowException, KeyError, UnicodeDecodeError) as exc:
