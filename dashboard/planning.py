@@ -136,7 +136,7 @@ def planner_model(store: TraceStore, name: str, container: str | None) -> Planne
 
 def front_algorithm(chain: Any) -> str:
     """``"selective"`` when some stage has recomputation options, else ``"rotor"``: the slider's DP."""
-    from planner.pareto import has_options
+    from planner.points import has_options
 
     return "selective" if has_options(chain) else "rotor"
 

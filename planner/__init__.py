@@ -32,7 +32,8 @@ if TYPE_CHECKING:
     from planner.executor import CheckpointedSequential, apply_schedule, remove_schedule
     from planner.export import export_json, export_python
     from planner.from_trace import chain_from_trace
-    from planner.pareto import ParetoFront, algorithm_points, pareto_front
+    from planner.pareto import ParetoFront, pareto_front
+    from planner.points import algorithm_points
     from planner.transfer_measure import measure_transfer_bandwidth
 
 # Imported on first use: the executor and the export import torch, and reading a trace and the Pareto
@@ -40,7 +41,7 @@ if TYPE_CHECKING:
 _LAZY = {
     "CheckpointedSequential": "planner.executor",
     "ParetoFront": "planner.pareto",
-    "algorithm_points": "planner.pareto",
+    "algorithm_points": "planner.points",
     "apply_schedule": "planner.executor",
     "chain_from_trace": "planner.from_trace",
     "measure_transfer_bandwidth": "planner.transfer_measure",

@@ -8,29 +8,29 @@ For a chain built from a trace (``chain.step`` set) every budget and peak here i
 step's memory, as in :func:`planner.solve.solve`: the table is solved on the chain's own grid once, and its
 budgets are converted with :class:`planner.step.StepCosts` (a chain budget ``m`` is the step budget
 ``max(floor, m + base)``, and a step budget ``B`` leaves the chain ``B - base``).
+
+A chain with carried tensors (skips, :mod:`planner.carried`) holds memory the table does not count: its
+front keeps the table's optima at their peaks with that memory counted, and the schedule of each.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
+from planner import carried
 from planner.chain import Chain
 from planner.discretize import DEFAULT_SLOTS
-from planner.errors import InfeasibleBudgetError, TableTooLargeError, UnknownAlgorithmError
-from planner.schedule import Schedule
-from planner.simulator import predict, predict_with_host
-from planner.solvers import binomial, offload, periodic, rotor, rotor_optimal, selective, sqrt, store_all
-from planner.solvers.binomial_split import binomial_ops
+from planner.errors import InfeasibleBudgetError, UnknownAlgorithmError
+from planner.schedule import Op, Schedule
+from planner.simulator import predict
+from planner.solvers import rotor, rotor_optimal, selective, store_all
 from planner.solvers.common import infeasible
 from planner.step import StepCosts, step_infeasible
-from planner.weight_points import streaming_points
 
 FRONT_ALGORITHMS = ("rotor", "revolve", "rotor_optimal", "selective")
-POINT_COLUMNS = ("algorithm", "budget_bytes", "peak_bytes", "makespan_ms", "params")
 _RELATIVE_STEP = 1e-6  # float32 tables: smaller makespan differences are rounding, not a new optimum
 
 
@@ -52,6 +52,8 @@ class ParetoFront:
         min_feasible_bytes: the smallest budget with a schedule (``budgets_bytes[0]``).
         max_budget_bytes: store-all's peak: no budget above it changes anything.
         table: the DP table the schedules are read from (on the chain's own budgets).
+        plans: for a chain with carried tensors, the schedule of each point (``budgets_bytes`` are then their
+            peaks with the carried memory counted); empty otherwise, when schedules are read from the table.
     """
 
     chain: Chain
@@ -62,6 +64,7 @@ class ParetoFront:
     min_feasible_bytes: int
     max_budget_bytes: int
     table: rotor.RotorTable | rotor_optimal.OptimalTable | selective.SelectiveTable
+    plans: tuple[tuple[Op, ...], ...] = ()
 
     @property
     def step(self) -> StepCosts | None:
@@ -98,14 +101,14 @@ class ParetoFront:
         step = self.chain.step
         if step is not None and budget < self.min_feasible_bytes:
             raise self._infeasible(budget)
-        inner = self.chain_budget_bytes(budget)
-        if isinstance(self.table, rotor.RotorTable):
-            ops = rotor.rebuild(self.table, inner)
-        elif isinstance(self.table, selective.SelectiveTable):
-            ops = selective.rebuild(self.table, inner)
+        if self.plans:
+            position = int(np.searchsorted(self.budgets_bytes, budget, side="right")) - 1
+            if position < 0:
+                raise self._infeasible(budget)
+            ops = self.plans[position]
         else:
-            ops = rotor_optimal.rebuild(self.table, inner)
-        peak, makespan = predict(self.chain, ops)
+            ops = _rebuild(self.table, self.chain_budget_bytes(budget))
+        peak, makespan = peak_and_makespan(self.chain, ops)
         params = {"slots": self.slots, "slot_bytes": self.table.grid.slot_bytes}
         step_peak = step.step_peak_bytes(peak) if step is not None else None
         return Schedule(self.algorithm, budget, ops, self.chain, peak, makespan, params,
@@ -120,6 +123,22 @@ class ParetoFront:
     def to_frame(self) -> pd.DataFrame:
         """The front as a table with columns ``budget_bytes`` and ``makespan_ms``."""
         return pd.DataFrame({"budget_bytes": self.budgets_bytes, "makespan_ms": self.makespans_ms})
+
+
+def _rebuild(table: rotor.RotorTable | rotor_optimal.OptimalTable | selective.SelectiveTable,
+             budget_bytes: int) -> tuple[Op, ...]:
+    """The optimal operations within the chain budget ``budget_bytes``, read from ``table``."""
+    if isinstance(table, rotor.RotorTable):
+        return rotor.rebuild(table, budget_bytes)
+    if isinstance(table, selective.SelectiveTable):
+        return selective.rebuild(table, budget_bytes)
+    return rotor_optimal.rebuild(table, budget_bytes)
+
+
+def peak_and_makespan(chain: Chain, ops: tuple[Op, ...]) -> tuple[int, float]:
+    """The chain's simulated peak (carried tensors counted) and makespan of ``ops``."""
+    peak, makespan = predict(chain, ops)
+    return (carried.peak_bytes(chain, ops) if chain.carried else peak), makespan
 
 
 def pareto_front(chain: Chain, algorithm: str = "rotor", slots: int = DEFAULT_SLOTS) -> ParetoFront:
@@ -154,25 +173,56 @@ def pareto_front(chain: Chain, algorithm: str = "rotor", slots: int = DEFAULT_SL
     if not budgets:
         top = peak if chain.step is None else chain.step.step_peak_bytes(peak)
         raise infeasible(algorithm, top, None, f"{slots} slots")
+    plans: list[tuple[Op, ...]] = []
+    if chain.carried:
+        budgets, makespans, plans = _with_carried(chain, table, budgets, peak)
+        peak = budgets[-1]
     if chain.step is not None:
-        budgets, makespans = _in_step_terms(chain.step, budgets, makespans)
+        budgets, makespans, kept = _in_step_terms(chain.step, budgets, makespans)
+        plans = [plans[i] for i in kept] if plans else plans
         peak = chain.step.step_peak_bytes(peak)
     return ParetoFront(chain, algorithm, slots, np.array(budgets, dtype=np.int64), np.array(makespans),
-                       budgets[0], peak, table)
+                       budgets[0], peak, table, tuple(plans))
 
 
-def _in_step_terms(step: StepCosts, budgets: list[int], makespans: list[float]) -> tuple[list[int], list[float]]:
-    """Chain budgets as whole-step budgets: shifted by ``base``, clipped at the floor (the best optimum kept)."""
+def _with_carried(chain: Chain, table: rotor.RotorTable | rotor_optimal.OptimalTable | selective.SelectiveTable,
+                  budgets: list[int], store_all_peak: int) -> tuple[list[int], list[float], list[tuple[Op, ...]]]:
+    """The table's optima at their peaks with the carried tensors counted, those no cheaper point beats."""
+    points = []
+    for budget in budgets:
+        ops = store_all.store_all_ops(chain) if budget >= store_all_peak else _rebuild(table, budget)
+        points.append((*peak_and_makespan(chain, ops), ops))
+    points.sort(key=lambda point: (point[0], point[1]))
     out_budgets: list[int] = []
     out_makespans: list[float] = []
-    for budget, makespan in zip(budgets, makespans):
+    plans: list[tuple[Op, ...]] = []
+    for peak, makespan, ops in points:
+        if not out_makespans or makespan < out_makespans[-1] * (1 - _RELATIVE_STEP):
+            out_budgets.append(peak)
+            out_makespans.append(makespan)
+            plans.append(ops)
+    return out_budgets, out_makespans, plans
+
+
+def _in_step_terms(step: StepCosts, budgets: list[int],
+                   makespans: list[float]) -> tuple[list[int], list[float], list[int]]:
+    """Chain budgets as whole-step budgets: shifted by ``base``, clipped at the floor (the best optimum kept).
+
+    Returns the step budgets, their makespans and the index of each kept optimum among the given ones.
+    """
+    out_budgets: list[int] = []
+    out_makespans: list[float] = []
+    kept: list[int] = []
+    for index, (budget, makespan) in enumerate(zip(budgets, makespans)):
         shifted = max(step.floor_bytes, budget + step.base_bytes)
         if out_budgets and out_budgets[-1] == shifted:
             out_makespans[-1] = makespan  # several chain optima fit under the floor: the best one is reached there
+            kept[-1] = index
         else:
             out_budgets.append(shifted)
             out_makespans.append(makespan)
-    return out_budgets, out_makespans
+            kept.append(index)
+    return out_budgets, out_makespans, kept
 
 
 def _distinct_optima(
@@ -189,78 +239,3 @@ def _distinct_optima(
             budgets.append(budget)
             makespans.append(value)
     return budgets, makespans
-
-
-def algorithm_points(chain: Chain, slots: int = DEFAULT_SLOTS, sweep: int = 12) -> pd.DataFrame:
-    """Memory-vs-time points of every algorithm, for the Pareto plot.
-
-    store_all and sqrt give one point each, periodic one per segment count (2..L), revolve and rotor
-    ``sweep`` budgets evenly spaced from their minimum feasible budget to store-all's peak; offload as many,
-    read from one table on store-all's grid, for chains of at most ``OFFLOAD_POINTS_MAX_STAGES`` stages
-    whose link is usable (its ``params`` carry ``host_peak_bytes``); and binomial up to ``sweep`` snapshot
-    counts evenly spaced from the fewest to L (budget: its memory bound); selective, when some stage has
-    recomputation options (``Stage.options``), ``sweep`` budgets as rotor's; for a chain from a trace (weight
-    costs), weight streaming as ``"offload+weights"`` (:mod:`planner.weight_points`). ``peak_bytes``
-    and ``makespan_ms`` are simulated; ``budget_bytes`` is the budget solved for (the peak itself for the
-    algorithms that take no budget); ``params`` is a JSON string. For a chain with step costs, budgets and
-    peaks are the whole step's (:meth:`planner.step.StepCosts.step_peak_bytes` of the simulated chain peak).
-
-    Returns:
-        A DataFrame with columns ``POINT_COLUMNS``.
-    """
-    rows: list[tuple] = []
-    step = chain.step
-
-    def whole(chain_bytes: int) -> int:
-        return int(chain_bytes) if step is None else step.step_peak_bytes(int(chain_bytes))
-
-    def add(algorithm: str, budget: int, ops: tuple, params: dict) -> None:
-        peak, makespan = predict(chain, ops)
-        rows.append((algorithm, int(budget), whole(peak), makespan, json.dumps(params, sort_keys=True)))
-
-    all_ops = store_all.store_all_ops(chain)
-    add("store_all", whole(store_all.store_all_peak_bytes(chain)), all_ops, {})
-    for segments, peak, _ in periodic.candidates(chain)[1:]:
-        add("periodic", whole(peak), periodic.periodic_ops(chain, segments), {"segments": segments})
-    sqrt_ops = sqrt.sqrt_ops(chain)
-    add("sqrt", whole(predict(chain, sqrt_ops)[0]), sqrt_ops, {"segment_length": sqrt.segment_length(chain)})
-    for algorithm in ("revolve", "rotor", *(("selective",) if has_options(chain) else ())):
-        try:
-            front = pareto_front(chain, algorithm, slots)
-        except InfeasibleBudgetError:  # revolve can find no schedule at any budget (a^l too large to keep)
-            continue
-        for budget in np.unique(np.linspace(front.min_feasible_bytes, front.max_budget_bytes, sweep).astype(np.int64)):
-            schedule = front.schedule_at(int(budget))
-            add(algorithm, int(budget), schedule.ops, {"slots": slots})
-    bounds = binomial.memory_bounds(chain)
-    for snapshots in binomial.snapshot_sweep(chain.length, sweep):
-        add("binomial", whole(bounds[snapshots]), binomial_ops(chain.length, snapshots), {"snapshots": snapshots})
-    for budget, ops in _offload_points(chain, slots, sweep):
-        add("offload", whole(budget), ops, {"slots": slots, "host_peak_bytes": predict_with_host(chain, ops)[2]})
-    rows += streaming_points(chain, slots, sweep)  # chains with weight costs: "offload+weights"
-    return pd.DataFrame(rows, columns=list(POINT_COLUMNS))
-
-
-def has_options(chain: Chain) -> bool:
-    """Whether some stage of ``chain`` has recomputation options (``selective`` can then beat ``rotor``)."""
-    return any(stage.options for stage in chain.stages)
-
-
-OFFLOAD_POINTS_MAX_STAGES = 64
-"""Above this many stages the Pareto plot leaves offload out: its table takes seconds to fill (1.8 s at L=100)."""
-
-
-def _offload_points(chain: Chain, slots: int, sweep: int) -> list[tuple[int, tuple]]:
-    """``(chain budget, ops)`` of the offload DP at ``sweep`` budgets, from one table on store-all's grid."""
-    if chain.length > OFFLOAD_POINTS_MAX_STAGES or not offload.usable(chain):
-        return []
-    top = store_all.store_all_peak_bytes(chain)
-    try:
-        table = offload.compute_table(chain, top, slots)
-    except TableTooLargeError:
-        return []
-    lowest = offload.threshold_bytes(table)
-    if lowest is None:
-        return []
-    budgets = np.unique(np.linspace(lowest, top, sweep).astype(np.int64))
-    return [(int(budget), offload.rebuild(table, int(budget))) for budget in budgets]

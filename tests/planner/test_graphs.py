@@ -20,6 +20,7 @@ from planner import (
     apply_schedule,
     chain_from_trace,
     min_feasible_budget,
+    pareto_front,
     solve,
     store_all_budget,
 )
@@ -79,9 +80,13 @@ def test_the_chain_covers_the_graph(profiled) -> None:
 
 
 def _check(real, chain: Chain, optimizer, batch, budget: int, algorithm: str = "rotor") -> tuple[int, int]:
-    model = real.model
     schedule = solve(chain, budget, algorithm)
     assert schedule.predicted_step_peak_bytes <= budget
+    return _check_schedule(real, schedule, optimizer, batch)
+
+
+def _check_schedule(real, schedule, optimizer, batch) -> tuple[int, int]:
+    model = real.model
     ref_loss, ref_grads = _grads(real, copy.deepcopy(model), batch)
     apply_schedule(model, schedule)
     try:
@@ -104,6 +109,18 @@ def test_schedules_give_plain_gradients_and_the_predicted_step_peak(profiled, wh
     assert low < high
     budget = {"store_all": high, "minimum": low, "between": (low + high) // 2}[where]
     _check(real, chain, optimizer, batch, budget, "store_all" if where == "store_all" else "rotor")
+
+
+def test_the_front_counts_the_skips_and_its_schedules_peak_as_predicted(profiled) -> None:
+    real, trace, optimizer, batch = profiled
+    chain = chain_from_trace(trace)
+    front = pareto_front(chain)
+    assert front.max_budget_bytes == store_all_budget(chain)
+    assert bool(front.plans) == bool(chain.carried)
+    budgets = [int(b) for b in front.budgets_bytes]
+    for budget in budgets:
+        assert front.schedule_at(budget).predicted_step_peak_bytes <= budget
+    _check_schedule(real, front.schedule_at(budgets[len(budgets) // 3]), optimizer, batch)
 
 
 def test_named_checkpoints_plan_the_encoder_decoder_block_by_block(tmp_path) -> None:

@@ -22,9 +22,9 @@ from planner import (
     simulate,
     solve,
 )
-from planner.pareto import POINT_COLUMNS
+from planner.points import POINT_COLUMNS
 from planner.solve import min_feasible_budget, store_all_budget
-from planner.solvers import rotor_fill
+from planner.solvers import rotor_fill, sqrt
 from planner.step import StepCosts
 from tests.planner.chain_strategies import MIB, option_chains, random_chain, random_option_chain, toy_chain
 
@@ -250,7 +250,7 @@ def test_algorithm_points_of_a_step_chain_are_whole_step() -> None:
 
 def test_algorithm_points_include_offload_when_it_can_help() -> None:
     from planner.chain import Chain, Stage
-    from planner.pareto import OFFLOAD_POINTS_MAX_STAGES
+    from planner.points import OFFLOAD_POINTS_MAX_STAGES
     from planner.transfer import TransferCosts
 
     wide = Chain("wide", 10, tuple(Stage(2.0, 4.0, 10, 40, 10) for _ in range(6)) + (Stage(0.1, 0.1, 1, 1, 1),),
@@ -311,3 +311,44 @@ def test_algorithm_points_add_selective_only_when_a_stage_has_options() -> None:
         assert row["makespan_ms"] == pytest.approx(schedule.predicted_makespan_ms)
     # at its tightest budget selective goes below what rotor can reach
     assert rows["peak_bytes"].min() <= points[points["algorithm"] == "rotor"]["peak_bytes"].min()
+
+
+def _skips_chain() -> Chain:
+    """Six stages whose first two outputs are read again by stages 5 and 4 (a U-Net's skips)."""
+    from planner.carried import Carried
+
+    stages = tuple(Stage(1.0 + i, 2.0, 100, 300, 100, name=f"s{i}") for i in range(6)) + (Stage(0.0, 0.0, 0, 0, 0),)
+    return Chain("skips", 100, stages, carried=(Carried(1, (5,), 400, "s0"), Carried(2, (4,), 200, "s1")))
+
+
+@pytest.mark.parametrize("algorithm", ["rotor", "selective"])
+def test_front_of_a_chain_with_skips_counts_their_memory(algorithm: str) -> None:
+    from planner.carried import peak_bytes
+
+    chain = _skips_chain()
+    front = pareto_front(chain, algorithm, slots=200)
+    assert front.max_budget_bytes == store_all_budget(chain) == front.budgets_bytes[-1]
+    assert (np.diff(front.budgets_bytes) > 0).all() and (np.diff(front.makespans_ms) < 0).all()
+    without = [simulate(chain, ops).peak_bytes for ops in front.plans]
+    assert any(peak_bytes(chain, ops) > alone for ops, alone in zip(front.plans, without))  # the skips matter
+    for budget, makespan in zip(front.budgets_bytes, front.makespans_ms):
+        for asked in (int(budget), int(budget) + 50):
+            schedule = front.schedule_at(asked)
+            assert schedule.predicted_peak_bytes == peak_bytes(chain, schedule.ops) <= asked
+            assert schedule.predicted_makespan_ms == pytest.approx(makespan)
+    with pytest.raises(InfeasibleBudgetError, match=str(front.min_feasible_bytes)):
+        front.schedule_at(front.min_feasible_bytes - 1)
+
+
+def test_algorithm_points_of_a_chain_with_skips_count_them() -> None:
+    from planner.carried import peak_bytes
+
+    chain = _skips_chain()
+    points = algorithm_points(chain, sweep=4)
+    store_all_row = points[points["algorithm"] == "store_all"].iloc[0]
+    assert store_all_row["peak_bytes"] == store_all_budget(chain)
+    for row in points[points["algorithm"] == "rotor"].itertuples():
+        assert row.peak_bytes <= row.budget_bytes
+    sqrt_ops = sqrt.sqrt_ops(chain)
+    assert points[points["algorithm"] == "sqrt"].iloc[0]["peak_bytes"] == peak_bytes(chain, sqrt_ops)
+    assert peak_bytes(chain, sqrt_ops) > simulate(chain, sqrt_ops).peak_bytes  # sqrt drops a skip's producer
