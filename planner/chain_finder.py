@@ -145,7 +145,8 @@ def split_at_skips(tree: ModuleTree, groups: tuple[tuple[str, ...], ...]) -> lis
     pieces: list[list[tuple[str, ...]]] = [[groups[0]]]
     for index in range(1, len(groups)):
         previous, stage = groups[index - 1], groups[index]
-        outputs = tree.nodes[previous[-1]].outputs
+        # what the next stage returns again (T5's position bias, passed block to block) is read from it
+        outputs = tree.nodes[previous[-1]].outputs - tree.nodes[stage[-1]].outputs
         allowed = {m for name in (*previous, *stage) for m in tree.descendants(name)}
         start = tree.nodes[stage[0]].order
         readers = [n for n in tree.nodes.values()

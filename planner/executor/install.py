@@ -24,7 +24,7 @@ from planner.executor.stage import (
     StageRunner,
     find_activation,
     key_value_cache,
-    replace_first_tensor,
+    replace_outputs,
 )
 from planner.executor.weights import WeightStreamer
 
@@ -150,13 +150,13 @@ class _StageForward:
         call = run.calls[self.stage] = StageCall(args, kwargs, where)
         # carried tensors are inputs of the stage's function, so autograd hands their gradients to their makers
         carried, call.carried_inputs = call.carried_inputs, []
-        y = _StageFunction.apply(run, self.stage, x, executor.dummy, *carried)
+        y, *secondary = _StageFunction.apply(run, self.stage, x, executor.dummy, *carried)
         del carried
         raw, run.raw = run.raw, None
         executor.last_output = weakref.ref(y)
         if self.stage == executor.program.length:
             executor.current = None
-        return y if raw is None else replace_first_tensor(raw, y)
+        return y if raw is None else replace_outputs(raw, y, secondary)
 
     def _plain(self, args: tuple, kwargs: dict[str, Any]) -> Any:
         self.executor.last_output = None

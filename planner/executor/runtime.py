@@ -31,6 +31,7 @@ from planner.executor.stage import (
     capture_rng,
     replay_rng,
     same_rng,
+    secondary_outputs,
     tensors_in,
 )
 from planner.executor.transfers import Transfers
@@ -60,6 +61,8 @@ class _Run:
         self.raw: Any = None  # the first run's full result (tuple, ModelOutput), handed to the wrapper
         self.carried_leaves: dict[int, list[torch.Tensor]] = {}  # what F_all(l) recorded the carried inputs as
         self.carried_grads: dict[int, list[torch.Tensor | None]] = {}  # their gradients, for autograd
+        self.secondary: dict[int, list[_Recorded]] = {}  # what F_all(l) recorded its secondary outputs as
+        self.secondary_grads: dict[int, tuple[torch.Tensor | None, ...]] = {}  # their gradients, for B(l)
         self.transfers = (Transfers(executor.pool, executor.copiers, executor.min_offload_bytes)
                           if self.program.offloaded else None)
         self.weights = executor.weights  # a WeightStreamer when the schedule streams weights, else None
@@ -97,12 +100,19 @@ class _Run:
                 self.recs[stage] = (leaf, _Recorded.of(out))
         return y, raw
 
-    def backward(self, stage: int, grad: torch.Tensor) -> torch.Tensor | None:
-        """Runs the operations up to ``B(stage)`` with ``grad`` as delta^stage; returns delta^{stage-1}."""
+    def backward(self, stage: int, grad: torch.Tensor,
+                 secondary: tuple[torch.Tensor | None, ...] = ()) -> torch.Tensor | None:
+        """Runs the operations up to ``B(stage)`` with ``grad`` as delta^stage (``secondary``: the gradients of
+        the stage's secondary outputs); returns delta^{stage-1}."""
         if stage in self.done:
             raise RuntimeError("the scheduled backward of this forward call already ran; backward(retain_graph=True) "
                                "twice through a scheduled model is not supported")
         self.done.add(stage)
+        if any(g is not None for g in secondary):
+            # one gradient may reach both outputs (``y + side``); delta^l's memory is freed as soon as it is used
+            ptr = grad.untyped_storage().data_ptr()
+            self.secondary_grads[stage] = tuple(
+                g.clone() if g is not None and g.untyped_storage().data_ptr() == ptr else g for g in secondary)
         self.delta = _steal(grad)
         del grad
         for kind, index in self.program.segments[stage]:
@@ -155,6 +165,7 @@ class _Run:
         policy = self.executor.policies[(stage, option)] if option else None
         x = self._input(stage)
         keep = kind != F_NONE or stage - 1 in self.recs
+        first = stage not in self.seen
         if kind == F_ALL:
             leaf = x.detach()
             if leaf.is_floating_point() and (stage > 1 or self.input_requires_grad):
@@ -165,8 +176,9 @@ class _Run:
                 # over once, as in plain autograd; on the leaf itself, its first part would be copied and kept.
                 y, raw = self._call(stage, leaf.view_as(leaf) if leaf.requires_grad else leaf, keep, policy)
             if self.transfers is not None and stage in self.program.offloaded:
-                self.transfers.recorded(stage, [y, *tensors_in(raw)])
+                self.transfers.recorded(stage, [y, *tensors_in(raw if first else None)])
             self.recs[stage] = (leaf, y)
+            self.secondary[stage] = [_Recorded.of(t) for t in secondary_outputs(raw)]
             self.acts.pop(stage, None)
         else:
             with torch.no_grad():
@@ -174,7 +186,7 @@ class _Run:
             if kind == F_NONE:
                 self.acts.pop(stage - 1, None)
             self.acts[stage] = y
-        return raw
+        return raw if first else None
 
     def _saved_hooks(self, stage: int, x: torch.Tensor) -> Any:
         """Where stage ``stage`` records its saved tensors: a stash when the schedule offloads it; streamed
@@ -214,7 +226,6 @@ class _Run:
         else:
             with replay_rng(self.rng.get(stage), x), plain.frozen_state(), autocast_context(self.autocast):
                 y, raw = runner(x, call, leaves)
-            raw = None
         if keep and x._version != version:
             raise RuntimeError(
                 f"stage {stage} modified its input in place, which the schedule keeps for later; "
@@ -239,13 +250,19 @@ class _Run:
         self.acts.pop(stage - 1, None)  # B(l) consumes a^{l-1}
         recorded = out if isinstance(out, _Recorded) else _Recorded.of(out)
         del out  # with a gradient edge as root, autograd frees a-bar^l as soon as it is used, as in plain
+        extra = [(r.root, g.reshape(r.shape)) for r, g in zip(self.secondary.pop(stage, ()),
+                                                             self.secondary_grads.pop(stage, ()))
+                 if r.root is not None and g is not None]
         if recorded.root is not None:
             # delta^l is shaped as the next stage received a^l (a view between stages may reshape it)
             root_grad = delta.reshape(recorded.shape)
             del delta
-            _backward_freeing_grad(recorded.root, root_grad)
+            _backward_freeing_grad(recorded.root, root_grad, extra)
         else:
             del delta
+            if extra:
+                torch.autograd.backward([r for r, _ in extra], [g for _, g in extra])
+        del extra
         grad = leaf.grad if leaf.requires_grad else None
         if grad is None and stage > 1:
             grad = torch.zeros_like(leaf)  # the stage's output does not depend on its input
@@ -283,15 +300,18 @@ def _steal(grad: torch.Tensor) -> torch.Tensor:
     return moved
 
 
-def _backward_freeing_grad(root: Any, grad: torch.Tensor) -> None:
-    """``torch.autograd.backward(root, grad)``, with ``grad``'s memory freed once its first consumer ran."""
+def _backward_freeing_grad(root: Any, grad: torch.Tensor, extra: Sequence[tuple[Any, torch.Tensor]] = ()) -> None:
+    """``torch.autograd.backward(root, grad)``, with ``grad``'s memory freed once its first consumer ran.
+
+    ``extra``: more (root, gradient) pairs run in the same backward (a stage's secondary outputs).
+    """
     node = getattr(root, "node", None)
     handle = None
     if node is not None and hasattr(node, "register_hook"):
         # after the first node has used the gradient, nothing else needs it: empty it where it is held
         handle = node.register_hook(_free_used_grads)
     try:
-        torch.autograd.backward(root, grad)
+        torch.autograd.backward([root, *(r for r, _ in extra)], [grad, *(g for _, g in extra)])
     finally:
         if handle is not None:
             handle.remove()
@@ -330,13 +350,18 @@ class _StageFunction(torch.autograd.Function):
     """Stage ``l``'s forward operation; its backward runs the schedule up to ``B(l)``."""
 
     @staticmethod
-    def forward(ctx, run: _Run, stage: int, x: torch.Tensor, dummy: torch.Tensor, *carried: torch.Tensor) -> torch.Tensor:
+    def forward(ctx, run: _Run, stage: int, x: torch.Tensor, dummy: torch.Tensor,
+                *carried: torch.Tensor) -> tuple[torch.Tensor, ...]:
         ctx.run, ctx.stage, ctx.input_shape, ctx.carried = run, stage, x.shape, len(carried)
         y, run.raw = run.forward(stage, x)
-        return y
+        # secondary outputs (T5's position bias) leave through the function, so their gradients reach B(l)
+        secondary = [t.detach() for t in secondary_outputs(run.raw)] if run.raw is not None else []
+        ctx.output = (y.shape, y.dtype, y.device)
+        ctx.set_materialize_grads(False)  # an unused secondary output costs no backward of zeros
+        return (y, *secondary)
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+    def backward(ctx, grad: torch.Tensor | None, *secondary: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
         if not torch.autograd._is_checkpoint_valid():
             raise RuntimeError(
                 "a model trained with a memprof schedule supports loss.backward() only: torch.autograd.grad and "
@@ -346,7 +371,10 @@ class _StageFunction(torch.autograd.Function):
         run = ctx.run
         if run is None:
             raise RuntimeError("the scheduled backward of this forward call already ran (retain_graph?)")
-        delta = run.backward(ctx.stage, grad)
+        if grad is None:
+            shape, dtype, device = ctx.output
+            grad = torch.zeros(shape, dtype=dtype, device=device)
+        delta = run.backward(ctx.stage, grad, secondary)
         ctx.run = None
         carried = run.carried_grads.pop(ctx.stage, [None] * ctx.carried)
         if delta is not None and ctx.needs_input_grad[2]:

@@ -187,22 +187,38 @@ def first_tensor(value: Any) -> torch.Tensor | None:
     return None
 
 
-def replace_first_tensor(value: Any, new: torch.Tensor) -> Any:
-    """``value`` with its output tensor (see :func:`first_tensor`) replaced by ``new``.
+def secondary_outputs(value: Any) -> list[torch.Tensor]:
+    """A block result's floating-point tensors besides its output (top-level items of a tuple, list or dict).
 
-    Its other tensors (attention weights, caches) are returned detached: gradients do not flow through a
-    scheduled block's secondary outputs.
+    T5's blocks return the position bias the first one computes and the others read: the runtime returns
+    these through the stage's autograd function, so their gradients reach ``B(l)``.
     """
+    if isinstance(value, torch.Tensor):
+        return []
+    items = list(value.values()) if isinstance(value, dict) else list(value) if isinstance(value, (tuple, list)) else []
+    first = first_tensor(value)
+    return [t for t in items if isinstance(t, torch.Tensor) and t is not first and t.is_floating_point()]
+
+
+def replace_outputs(value: Any, new: torch.Tensor, secondary: Sequence[torch.Tensor]) -> Any:
+    """``value`` with its output (:func:`first_tensor`) replaced by ``new`` and its :func:`secondary_outputs`,
+    in order, by ``secondary``; its other tensors are returned detached."""
     if isinstance(value, torch.Tensor):
         return new
     first = first_tensor(value)
+    swap = {id(old): fresh for old, fresh in zip(secondary_outputs(value), secondary)}
+
+    def fresh(item: Any) -> Any:
+        if not isinstance(item, torch.Tensor):
+            return item
+        return new if item is first else swap.get(id(item), item.detach())
+
     if isinstance(value, dict):
         out = value.__class__(**value) if hasattr(value, "to_tuple") else value.__class__(value)
         for key, item in value.items():
-            if isinstance(item, torch.Tensor):
-                out[key] = new if item is first else item.detach()
+            out[key] = fresh(item)
         return out
-    items = [new if item is first else (item.detach() if isinstance(item, torch.Tensor) else item) for item in value]
+    items = [fresh(item) for item in value]
     return tuple(items) if isinstance(value, tuple) else items
 
 

@@ -121,6 +121,30 @@ def llama(seed: int = 0) -> RealModel:
     return RealModel("llama", model, _lm_batch(), _lm_loss, tuple(f"model.layers.{i}" for i in range(4)))
 
 
+def t5(seed: int = 0) -> RealModel:
+    """T5ForConditionalGeneration, 3 encoder and 3 decoder blocks, dropout; the first block of each stack
+    computes the relative position bias and returns it, and the later blocks read it (a trainable secondary
+    output). The encoder's input is twice the decoder's, so its blocks are the chain to plan."""
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    torch.manual_seed(seed)
+    config = T5Config(
+        vocab_size=_VOCAB, d_model=64, d_kv=16, d_ff=128, num_layers=3, num_decoder_layers=3, num_heads=4,
+        dropout_rate=0.1, use_cache=False, decoder_start_token_id=0, pad_token_id=0, attn_implementation="eager",
+    )
+    model = T5ForConditionalGeneration(config)
+    model.train()
+
+    def make_batch(n: int) -> tuple:
+        return torch.randint(1, _VOCAB, (n, 2 * _SEQ)), torch.randint(1, _VOCAB, (n, _SEQ))
+
+    def loss(model: nn.Module, batch: tuple) -> torch.Tensor:
+        input_ids, labels = batch
+        return model(input_ids=input_ids, labels=labels).loss
+
+    return RealModel("t5", model, make_batch, loss, tuple(f"encoder.block.{i}" for i in range(3)))
+
+
 # --- torchvision-style CNNs and ViT (torchvision's code shape and module names, written here) ------------
 
 def _image_batch(classes: int, size: int = 32) -> Callable[[int], tuple]:
@@ -466,5 +490,5 @@ def vit(seed: int = 0) -> RealModel:
 
 
 ALL_BUILDERS: dict[str, Callable[[], RealModel]] = {
-    "gpt2": gpt2, "bert": bert, "llama": llama, "resnet": resnet, "mobilenet": mobilenet, "vit": vit,
+    "gpt2": gpt2, "bert": bert, "llama": llama, "t5": t5, "resnet": resnet, "mobilenet": mobilenet, "vit": vit,
 }

@@ -82,7 +82,7 @@ def test_each_option_of_each_block_gives_plain_gradients_and_its_predicted_peak(
     assert abs(comparison.measured_step_peak_bytes - predicted) <= 0.05 * predicted + MIB
 
 
-@pytest.mark.parametrize("name", ["gpt2", "bert", "llama", "resnet", "mobilenet"])
+@pytest.mark.parametrize("name", ["gpt2", "bert", "llama", "t5", "resnet", "mobilenet"])
 def test_dp_schedules_with_options_on_several_blocks_give_plain_gradients(name: str, tmp_path: Path) -> None:
     """What ``solve(..., "selective")`` picks: options on consecutive blocks, stages recomputed from F_ck
     checkpoints, dropout (GPT-2, BERT) and batch-norm statistics (ResNet, MobileNet) replayed."""
