@@ -250,9 +250,7 @@ class _Run:
         self.acts.pop(stage - 1, None)  # B(l) consumes a^{l-1}
         recorded = out if isinstance(out, _Recorded) else _Recorded.of(out)
         del out  # with a gradient edge as root, autograd frees a-bar^l as soon as it is used, as in plain
-        extra = [(r.root, g.reshape(r.shape)) for r, g in zip(self.secondary.pop(stage, ()),
-                                                             self.secondary_grads.pop(stage, ()))
-                 if r.root is not None and g is not None]
+        extra = self._secondary_roots(stage)
         if recorded.root is not None:
             # delta^l is shaped as the next stage received a^l (a view between stages may reshape it)
             root_grad = delta.reshape(recorded.shape)
@@ -274,6 +272,12 @@ class _Run:
             del leaves
         if self.transfers is not None:
             self.transfers.done(stage)
+
+
+    def _secondary_roots(self, stage: int) -> list[tuple[Any, torch.Tensor]]:
+        """(root, gradient) of each secondary output of stage ``stage`` that a later computation used."""
+        recorded, grads = self.secondary.pop(stage, ()), self.secondary_grads.pop(stage, ())
+        return [(r.root, g.reshape(r.shape)) for r, g in zip(recorded, grads) if r.root is not None and g is not None]
 
 
 def _carried_leaf(where: int | str, call: StageCall) -> torch.Tensor:
