@@ -1,6 +1,6 @@
 """The planner on models written by others: Hugging Face transformers and torchvision-style CNNs (CPU).
 
-For each model of ``tests/planner/real_models.py`` (GPT-2, BERT and Llama built from ``transformers``
+For each model of ``tests/planner/real_models.py`` (GPT-2, BERT, Llama and T5 built from ``transformers``
 configs with random weights; a ResNet, a MobileNetV2 and a ViT written the way torchvision writes them):
 profile a few SGD steps, let ``planner.chain_from_trace`` find the chain at block level on its own (no container
 named), then execute ``store_all`` at ``store_all_budget`` and ``rotor`` at 8 whole-step budgets from
@@ -48,7 +48,7 @@ from tests.planner.real_models import ALL_BUILDERS  # noqa: E402
 
 TIME_LIMIT = 1.35
 ROTOR_BUDGETS = 8
-BATCH_SIZES = {"gpt2": 8, "bert": 8, "llama": 8, "resnet": 8, "mobilenet": 16, "vit": 8}  # ~30-55 ms a step on one core
+BATCH_SIZES = {"gpt2": 8, "bert": 8, "llama": 8, "t5": 8, "resnet": 8, "mobilenet": 16, "vit": 8}  # ~30-55 ms a step on one core
 
 
 @dataclass

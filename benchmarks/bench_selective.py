@@ -8,6 +8,8 @@ every method measured the same way on the same model and batch:
   (torch.profiler's ``[memory]`` events summed over the forward, the loss included); it counts the saved
   tensors of plain autograd, of ``torch.utils.checkpoint`` (inputs, cached outputs of selective policies) and
   of compiled graphs alike, where ``saved_tensors_hooks`` miss what a checkpoint holds;
+- *fwd+bwd peak*: the highest the allocator's total rises above the step's start during forward and
+  backward (parameter gradients already allocated by a warm-up step), what the planner's budgets bound;
 - *FLOPs*: forward + backward, ``torch.utils.flop_counter.FlopCounterMode`` around the eager step; for
   torch.compile, the same counter run inside the compiled forward and backward graphs (the partitioner's
   recomputation is in the backward graph), since a counter outside a compiled call does not see them;
@@ -55,6 +57,7 @@ class Point:
     method: str
     setting: str
     held_bytes: int
+    peak_bytes: int
     flops: int
     step_ms: float
     note: str = ""
@@ -85,15 +88,38 @@ def build(layers: int, width: int, heads: int, batch: int, seq: int, vocab: int)
     return Workload(model, torch.randint(0, vocab, (batch, seq)))
 
 
-def held_bytes(forward: Callable[[], torch.Tensor]) -> int:
-    """Bytes the forward leaves allocated (the CPU allocator's events summed over it), the loss included."""
+def held_and_peak_bytes(forward: Callable[[], torch.Tensor]) -> tuple[int, int]:
+    """Bytes the forward leaves allocated, the loss included, and the highest allocation above the step's
+    start during forward + backward (the CPU allocator's events summed in time order)."""
+    with _memory_events() as forward_events:
+        loss = forward()
+    with _memory_events() as backward_events:
+        loss.backward()
+        del loss
+    forward_peak, held = _prefix_peak(forward_events, 0)
+    backward_peak, _ = _prefix_peak(backward_events, held)
+    return held, max(forward_peak, backward_peak)
+
+
+@contextmanager
+def _memory_events() -> Iterator[list[int]]:
+    """The sizes of the allocator's events inside the block (frees negative), in time order."""
     from torch.profiler import ProfilerActivity, profile
 
+    sizes: list[int] = []
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        loss = forward()
-    held = sum(e.nbytes() for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
-    loss.backward()
-    return held
+        yield sizes
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+    sizes += [e.nbytes() for e in sorted(events, key=lambda e: e.start_ns())]
+
+
+def _prefix_peak(sizes: list[int], start: int) -> tuple[int, int]:
+    """The highest running total of ``sizes`` from ``start``, and the final total."""
+    live = peak = start
+    for size in sizes:
+        live += size
+        peak = max(peak, live)
+    return peak, live
 
 
 def eager_flops(forward: Callable[[], torch.Tensor]) -> int:
@@ -117,12 +143,12 @@ def measure(method: str, setting: str, forward: Callable[[], torch.Tensor], repe
             flops: Callable[[], int] | None = None, note: str = "") -> Point:
     """One point: activations held, FLOPs and step time of ``forward`` (+ its backward)."""
     forward().backward()  # warm-up: lazy initialisation and compilation stay out of every number
-    held = held_bytes(forward)
+    held, peak = held_and_peak_bytes(forward)
     counted = flops() if flops is not None else eager_flops(forward)
     ms = step_ms(forward, repeats)
-    print(f"  {method:<22} {setting:<24} held {format_bytes(held):>11}  {counted / 1e9:8.2f} GFLOP  {ms:8.0f} ms",
-          flush=True)
-    return Point(method, setting, held, counted, ms, note)
+    print(f"  {method:<22} {setting:<24} held {format_bytes(held):>11}  peak {format_bytes(peak):>11}  "
+          f"{counted / 1e9:8.2f} GFLOP  {ms:8.0f} ms", flush=True)
+    return Point(method, setting, held, peak, counted, ms, note)
 
 
 @contextmanager
@@ -215,11 +241,12 @@ def planned_points(work: Workload, repeats: int, budgets: int, out: Path) -> lis
 def table(points: list[Point]) -> str:
     """The Markdown table, ratios against plain autograd (the first point)."""
     base = points[0]
-    lines = ["| method | setting | activations held | x store-all | fwd+bwd GFLOP | FLOPs vs store-all | "
-             "step ms | time vs store-all |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| method | setting | activations held | x store-all | fwd+bwd peak | x store-all | fwd+bwd GFLOP | "
+             "FLOPs vs store-all | step ms | time vs store-all |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for p in points:
         lines.append(
             f"| {p.method} | {p.setting} | {format_bytes(p.held_bytes)} | {p.held_bytes / base.held_bytes:.2f}x | "
+            f"{format_bytes(p.peak_bytes)} | {p.peak_bytes / base.peak_bytes:.2f}x | "
             f"{p.flops / 1e9:.1f} | {100 * (p.flops / base.flops - 1):+.1f}% | {p.step_ms:.0f} | "
             f"{100 * (p.step_ms / base.step_ms - 1):+.1f}% |"
         )

@@ -31,6 +31,7 @@ from planner.executor.stage import (
     capture_rng,
     replay_rng,
     same_rng,
+    same_storage,
     secondary_outputs,
     tensors_in,
 )
@@ -73,14 +74,7 @@ class _Run:
     def forward(self, stage: int, x: torch.Tensor) -> tuple[torch.Tensor, Any]:
         """Runs stage ``stage``'s forward operation on ``x``; returns a^l (no history) and the raw result."""
         if stage > 1:
-            previous = self._output(stage - 1)
-            if x.shape != previous.shape:
-                if x.numel() != previous.numel():
-                    raise RuntimeError(
-                        f"stage {stage} received a tensor of shape {tuple(x.shape)} from stage {stage - 1}'s output "
-                        f"of shape {tuple(previous.shape)}; the executor supports reshapes between stages only"
-                    )
-                self.shapes[stage] = x.shape  # the model's reshape (a flatten) between two stages
+            self._check_input(stage, x, self._output(stage - 1))
         else:
             self.acts[0] = x.detach()
         kind = self.program.forward_kinds[stage - 1]
@@ -99,6 +93,25 @@ class _Run:
                 leaf, out = self.recs[stage]
                 self.recs[stage] = (leaf, _Recorded.of(out))
         return y, raw
+
+    def _check_input(self, stage: int, x: torch.Tensor, previous: torch.Tensor) -> None:
+        """Stage ``stage`` must receive the previous stage's output, or a reshape of it: its recomputations
+        start from that output, so anything the model computed in between would be skipped."""
+        if not same_storage(x, previous) or x.storage_offset() != previous.storage_offset():
+            raise RuntimeError(
+                f"stage {stage} received a tensor other than stage {stage - 1}'s output: the model computes "
+                "something between the two blocks, which a recomputation would skip; plan a chain whose blocks "
+                "pass their outputs on directly (name another container, or the checkpoints)"
+            )
+        if x.shape == previous.shape and x.stride() == previous.stride():
+            return
+        if x.numel() != previous.numel() or not _is_reshape(x, previous):
+            raise RuntimeError(
+                f"stage {stage} received a tensor of shape {tuple(x.shape)} (strides {x.stride()}) from stage "
+                f"{stage - 1}'s output of shape {tuple(previous.shape)}; the executor supports reshapes between "
+                "stages only (not a transpose or a slice)"
+            )
+        self.shapes[stage] = x.shape  # the model's reshape (a flatten) between two stages
 
     def backward(self, stage: int, grad: torch.Tensor,
                  secondary: tuple[torch.Tensor | None, ...] = ()) -> torch.Tensor | None:
@@ -278,6 +291,14 @@ class _Run:
         """(root, gradient) of each secondary output of stage ``stage`` that a later computation used."""
         recorded, grads = self.secondary.pop(stage, ()), self.secondary_grads.pop(stage, ())
         return [(r.root, g.reshape(r.shape)) for r, g in zip(recorded, grads) if r.root is not None and g is not None]
+
+
+def _is_reshape(x: torch.Tensor, previous: torch.Tensor) -> bool:
+    """Whether ``x`` is ``previous`` viewed in another shape, element order kept."""
+    try:
+        return previous.view(x.shape).stride() == x.stride()
+    except RuntimeError:  # not viewable in that shape: x is a transposed or strided view
+        return False
 
 
 def _carried_leaf(where: int | str, call: StageCall) -> torch.Tensor:

@@ -167,3 +167,30 @@ def test_a_model_calling_its_blocks_in_a_loop_with_keyword_arguments() -> None:
     unnamed = apply_schedule(copy.deepcopy(model), M.schedule(M.revolve(4), M.chain(4)), container="blocks")
     assert_same_step(reference, run_step(unnamed, x, lambda out: out.square().mean()))
 
+
+
+class _Between(nn.Module):
+    """Four blocks with the model's own computation between the first two (``between``)."""
+
+    def __init__(self, between: str) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.blocks = nn.ModuleList([nn.Linear(4, 4) for _ in range(4)])
+        self.between = between
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for index, block in enumerate(self.blocks):
+            x = block(x)
+            if index == 0:
+                x = x * 0.5 if self.between == "scale" else x.t()
+        return x
+
+
+@pytest.mark.parametrize("between", ["scale", "transpose"])
+def test_a_computation_between_two_stages_is_refused_not_skipped(between: str) -> None:
+    model = _Between(between)
+    chain = M.chain(4, [[f"blocks.{i}"] for i in range(4)])
+    scheduled = apply_schedule(copy.deepcopy(model), M.schedule(M.revolve(4), chain))
+    message = "other than stage 1's output" if between == "scale" else "reshapes between stages only"
+    with pytest.raises(RuntimeError, match=message):
+        scheduled(torch.randn(4, 4, requires_grad=True)).sum().backward()
