@@ -16,11 +16,11 @@ returns), through :class:`planner.executor.transfers.Transfers`.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
 from typing import Any
 
 import torch
 
+from planner.executor.grads import Recorded, backward_freeing_grad, steal
 from planner.executor.program import F_ALL, F_NONE, OFFLOAD, TRANSFER_KINDS, B
 from planner.executor.selective import Policy, run_selective, split_option
 from planner.executor.stage import (
@@ -30,8 +30,8 @@ from planner.executor.stage import (
     autocast_state,
     capture_rng,
     replay_rng,
+    reshaped_input,
     same_rng,
-    same_storage,
     secondary_outputs,
     tensors_in,
 )
@@ -49,7 +49,7 @@ class _Run:
         self.executor = executor
         self.program = executor.program
         self.acts: dict[int, torch.Tensor] = {}
-        self.recs: dict[int, tuple[torch.Tensor, Any]] = {}  # (leaf, output or _Recorded)
+        self.recs: dict[int, tuple[torch.Tensor, Any]] = {}  # (leaf, output or Recorded)
         self.calls: dict[int, StageCall] = {}
         self.shapes: dict[int, torch.Size] = {}
         self.delta: torch.Tensor | None = None
@@ -62,7 +62,7 @@ class _Run:
         self.raw: Any = None  # the first run's full result (tuple, ModelOutput), handed to the wrapper
         self.carried_leaves: dict[int, list[torch.Tensor]] = {}  # what F_all(l) recorded the carried inputs as
         self.carried_grads: dict[int, list[torch.Tensor | None]] = {}  # their gradients, for autograd
-        self.secondary: dict[int, list[_Recorded]] = {}  # what F_all(l) recorded its secondary outputs as
+        self.secondary: dict[int, list[Recorded]] = {}  # what F_all(l) recorded its secondary outputs as
         self.secondary_grads: dict[int, tuple[torch.Tensor | None, ...]] = {}  # their gradients, for B(l)
         self.transfers = (Transfers(executor.pool, executor.copiers, executor.min_offload_bytes)
                           if self.program.offloaded else None)
@@ -74,7 +74,9 @@ class _Run:
     def forward(self, stage: int, x: torch.Tensor) -> tuple[torch.Tensor, Any]:
         """Runs stage ``stage``'s forward operation on ``x``; returns a^l (no history) and the raw result."""
         if stage > 1:
-            self._check_input(stage, x, self._output(stage - 1))
+            shape = reshaped_input(stage, x, self._output(stage - 1))
+            if shape is not None:
+                self.shapes[stage] = shape  # the model's reshape (a flatten) between two stages
         else:
             self.acts[0] = x.detach()
         kind = self.program.forward_kinds[stage - 1]
@@ -91,27 +93,8 @@ class _Run:
             self.acts.pop(stage, None)
             if stage in self.recs:
                 leaf, out = self.recs[stage]
-                self.recs[stage] = (leaf, _Recorded.of(out))
+                self.recs[stage] = (leaf, Recorded.of(out))
         return y, raw
-
-    def _check_input(self, stage: int, x: torch.Tensor, previous: torch.Tensor) -> None:
-        """Stage ``stage`` must receive the previous stage's output, or a reshape of it: its recomputations
-        start from that output, so anything the model computed in between would be skipped."""
-        if not same_storage(x, previous) or x.storage_offset() != previous.storage_offset():
-            raise RuntimeError(
-                f"stage {stage} received a tensor other than stage {stage - 1}'s output: the model computes "
-                "something between the two blocks, which a recomputation would skip; plan a chain whose blocks "
-                "pass their outputs on directly (name another container, or the checkpoints)"
-            )
-        if x.shape == previous.shape and x.stride() == previous.stride():
-            return
-        if x.numel() != previous.numel() or not _is_reshape(x, previous):
-            raise RuntimeError(
-                f"stage {stage} received a tensor of shape {tuple(x.shape)} (strides {x.stride()}) from stage "
-                f"{stage - 1}'s output of shape {tuple(previous.shape)}; the executor supports reshapes between "
-                "stages only (not a transpose or a slice)"
-            )
-        self.shapes[stage] = x.shape  # the model's reshape (a flatten) between two stages
 
     def backward(self, stage: int, grad: torch.Tensor,
                  secondary: tuple[torch.Tensor | None, ...] = ()) -> torch.Tensor | None:
@@ -126,7 +109,7 @@ class _Run:
             ptr = grad.untyped_storage().data_ptr()
             self.secondary_grads[stage] = tuple(
                 g.clone() if g is not None and g.untyped_storage().data_ptr() == ptr else g for g in secondary)
-        self.delta = _steal(grad)
+        self.delta = steal(grad)
         del grad
         for kind, index in self.program.segments[stage]:
             if kind == B:
@@ -140,6 +123,8 @@ class _Run:
             self.acts.clear()
             self.recs.clear()
             self.calls.clear()
+            self.secondary.clear()
+            self.secondary_grads.clear()
             if self.transfers is not None:
                 self.transfers.clear()
             if self.weights is not None:
@@ -191,7 +176,7 @@ class _Run:
             if self.transfers is not None and stage in self.program.offloaded:
                 self.transfers.recorded(stage, [y, *tensors_in(raw if first else None)])
             self.recs[stage] = (leaf, y)
-            self.secondary[stage] = [_Recorded.of(t) for t in secondary_outputs(raw)]
+            self.secondary[stage] = [Recorded.of(t) for t in secondary_outputs(raw)]
             self.acts.pop(stage, None)
         else:
             with torch.no_grad():
@@ -254,6 +239,11 @@ class _Run:
         self._run_backward(stage)
         self.weights.leave(stage, backward=True)
 
+    def _secondary_roots(self, stage: int) -> list[tuple[Any, torch.Tensor]]:
+        """(root, gradient) of each secondary output of stage ``stage`` that a later computation used."""
+        recorded, grads = self.secondary.pop(stage, ()), self.secondary_grads.pop(stage, ())
+        return [(r.root, g.reshape(r.shape)) for r, g in zip(recorded, grads) if r.root is not None and g is not None]
+
     def _run_backward(self, stage: int) -> None:
         if self.transfers is not None:
             self.transfers.before_backward(stage)
@@ -261,14 +251,14 @@ class _Run:
         delta, self.delta = self.delta, None
         assert delta is not None, f"B({stage}) ran before the gradient of its output arrived"
         self.acts.pop(stage - 1, None)  # B(l) consumes a^{l-1}
-        recorded = out if isinstance(out, _Recorded) else _Recorded.of(out)
+        recorded = out if isinstance(out, Recorded) else Recorded.of(out)
         del out  # with a gradient edge as root, autograd frees a-bar^l as soon as it is used, as in plain
         extra = self._secondary_roots(stage)
         if recorded.root is not None:
             # delta^l is shaped as the next stage received a^l (a view between stages may reshape it)
             root_grad = delta.reshape(recorded.shape)
             del delta
-            _backward_freeing_grad(recorded.root, root_grad, extra)
+            backward_freeing_grad(recorded.root, root_grad, extra)
         else:
             del delta
             if extra:
@@ -287,88 +277,11 @@ class _Run:
             self.transfers.done(stage)
 
 
-    def _secondary_roots(self, stage: int) -> list[tuple[Any, torch.Tensor]]:
-        """(root, gradient) of each secondary output of stage ``stage`` that a later computation used."""
-        recorded, grads = self.secondary.pop(stage, ()), self.secondary_grads.pop(stage, ())
-        return [(r.root, g.reshape(r.shape)) for r, g in zip(recorded, grads) if r.root is not None and g is not None]
-
-
-def _is_reshape(x: torch.Tensor, previous: torch.Tensor) -> bool:
-    """Whether ``x`` is ``previous`` viewed in another shape, element order kept."""
-    try:
-        return previous.view(x.shape).stride() == x.stride()
-    except RuntimeError:  # not viewable in that shape: x is a transposed or strided view
-        return False
-
-
 def _carried_leaf(where: int | str, call: StageCall) -> torch.Tensor:
     """A leaf on carried input ``where`` of ``call`` (its storage, no history), whose ``grad`` B(l) fills."""
     value = call.args[where] if isinstance(where, int) else call.kwargs[where]
     assert isinstance(value, torch.Tensor), "a carried input was released before its stage's last recording"
     return value.detach().requires_grad_(True)
-
-
-def _steal(grad: torch.Tensor) -> torch.Tensor:
-    """A tensor holding ``grad``'s memory, ``grad`` itself left empty.
-
-    Autograd and Python frames keep references to the gradients a backward receives until it returns; plain
-    autograd frees delta^l as soon as the stage's first operation has used it. Moving the storage to a new
-    tensor that only the next consumer holds frees it as early here.
-    """
-    base = grad._base
-    if not grad.is_contiguous() or (base is not None and (base._base is not None or base.numel() != grad.numel())):
-        return grad  # part of a larger tensor: that one holds the memory anyway
-    moved = grad.detach()
-    grad.set_()  # type: ignore[call-overload]  # no source: the tensor lets go of its storage
-    if base is not None:
-        base.set_()  # type: ignore[call-overload]
-    return moved
-
-
-def _backward_freeing_grad(root: Any, grad: torch.Tensor, extra: Sequence[tuple[Any, torch.Tensor]] = ()) -> None:
-    """``torch.autograd.backward(root, grad)``, with ``grad``'s memory freed once its first consumer ran.
-
-    ``extra``: more (root, gradient) pairs run in the same backward (a stage's secondary outputs).
-    """
-    node = getattr(root, "node", None)
-    handle = None
-    if node is not None and hasattr(node, "register_hook"):
-        # after the first node has used the gradient, nothing else needs it: empty it where it is held
-        handle = node.register_hook(_free_used_grads)
-    try:
-        torch.autograd.backward([root, *(r for r, _ in extra)], [grad, *(g for _, g in extra)])
-    finally:
-        if handle is not None:
-            handle.remove()
-
-
-def _free_used_grads(grad_inputs: Sequence[torch.Tensor | None], grad_outputs: Sequence[torch.Tensor | None]) -> None:
-    """Empties the gradients a node has used, unless it passed them on (an addition hands its own through)."""
-    passed = {g.untyped_storage().data_ptr() for g in grad_inputs if g is not None}
-    for grad in grad_outputs:
-        if grad is not None and grad.untyped_storage().data_ptr() not in passed:
-            _steal(grad)
-
-
-class _Recorded:
-    """What ``B(l)`` needs of a recorded output: the root to run backward from (``None``: no gradient) and
-    its shape. Holding a gradient edge instead of the tensor lets the tensor be freed when its users are done."""
-
-    __slots__ = ("root", "shape")
-
-    def __init__(self, root: object, shape: torch.Size) -> None:
-        self.root, self.shape = root, shape
-
-    @classmethod
-    def of(cls, out: torch.Tensor) -> _Recorded:
-        return cls(_root(out) if out.requires_grad else None, out.shape)
-
-
-def _root(out: torch.Tensor) -> object:
-    get_edge = getattr(torch.autograd.graph, "get_gradient_edge", None)  # torch >= 2.4
-    if out.grad_fn is None or get_edge is None:
-        return out
-    return get_edge(out)
 
 
 class _StageFunction(torch.autograd.Function):

@@ -187,6 +187,40 @@ def first_tensor(value: Any) -> torch.Tensor | None:
     return None
 
 
+def reshaped_input(stage: int, x: torch.Tensor, previous: torch.Tensor) -> torch.Size | None:
+    """The shape stage ``stage`` receives the previous stage's output in (``None``: as it is).
+
+    A stage's recomputations start from the previous stage's output, so anything the model computed in
+    between would be skipped: only the output itself or a reshape of it (a flatten) is accepted.
+
+    Raises:
+        RuntimeError: ``x`` is another tensor, or a view that is not a reshape (a transpose, a slice).
+    """
+    if not same_storage(x, previous) or x.storage_offset() != previous.storage_offset():
+        raise RuntimeError(
+            f"stage {stage} received a tensor other than stage {stage - 1}'s output: the model computes something "
+            "between the two blocks, which a recomputation would skip; plan a chain whose blocks pass their "
+            "outputs on directly (name another container, or the checkpoints)"
+        )
+    if x.shape == previous.shape and x.stride() == previous.stride():
+        return None
+    if x.numel() != previous.numel() or not _is_reshape(x, previous):
+        raise RuntimeError(
+            f"stage {stage} received a tensor of shape {tuple(x.shape)} (strides {x.stride()}) from stage "
+            f"{stage - 1}'s output of shape {tuple(previous.shape)}; the executor supports reshapes between stages "
+            "only (not a transpose or a slice)"
+        )
+    return x.shape
+
+
+def _is_reshape(x: torch.Tensor, previous: torch.Tensor) -> bool:
+    """Whether ``x`` is ``previous`` viewed in another shape, element order kept."""
+    try:
+        return previous.view(x.shape).stride() == x.stride()
+    except RuntimeError:  # not viewable in that shape: x is a transposed or strided view
+        return False
+
+
 def secondary_outputs(value: Any) -> list[torch.Tensor]:
     """A block result's floating-point tensors besides its output (top-level items of a tuple, list or dict).
 
