@@ -175,7 +175,8 @@ def pareto_front(chain: Chain, algorithm: str = "rotor", slots: int = DEFAULT_SL
         raise infeasible(algorithm, top, None, f"{slots} slots")
     plans: list[tuple[Op, ...]] = []
     if chain.carried:
-        budgets, makespans, plans = _with_carried(chain, table, budgets, peak)
+        # revolve's front reads its table even at store-all's peak; the others answer it with store-all
+        budgets, makespans, plans = _with_carried(chain, table, budgets, None if algorithm == "revolve" else peak)
         peak = budgets[-1]
     if chain.step is not None:
         budgets, makespans, kept = _in_step_terms(chain.step, budgets, makespans)
@@ -186,11 +187,13 @@ def pareto_front(chain: Chain, algorithm: str = "rotor", slots: int = DEFAULT_SL
 
 
 def _with_carried(chain: Chain, table: rotor.RotorTable | rotor_optimal.OptimalTable | selective.SelectiveTable,
-                  budgets: list[int], store_all_peak: int) -> tuple[list[int], list[float], list[tuple[Op, ...]]]:
-    """The table's optima at their peaks with the carried tensors counted, those no cheaper point beats."""
+                  budgets: list[int], store_all_peak: int | None) -> tuple[list[int], list[float], list[tuple[Op, ...]]]:
+    """The table's optima at their peaks with the carried tensors counted, those no cheaper point beats
+    (``store_all_peak``: the budget from which the front's schedule is store-all; ``None``: never)."""
     points = []
     for budget in budgets:
-        ops = store_all.store_all_ops(chain) if budget >= store_all_peak else _rebuild(table, budget)
+        at_top = store_all_peak is not None and budget >= store_all_peak
+        ops = store_all.store_all_ops(chain) if at_top else _rebuild(table, budget)
         points.append((*peak_and_makespan(chain, ops), ops))
     points.sort(key=lambda point: (point[0], point[1]))
     out_budgets: list[int] = []

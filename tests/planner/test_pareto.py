@@ -321,13 +321,15 @@ def _skips_chain() -> Chain:
     return Chain("skips", 100, stages, carried=(Carried(1, (5,), 400, "s0"), Carried(2, (4,), 200, "s1")))
 
 
-@pytest.mark.parametrize("algorithm", ["rotor", "selective"])
+@pytest.mark.parametrize("algorithm", ["rotor", "selective", "revolve"])
 def test_front_of_a_chain_with_skips_counts_their_memory(algorithm: str) -> None:
     from planner.carried import peak_bytes
 
     chain = _skips_chain()
     front = pareto_front(chain, algorithm, slots=200)
-    assert front.max_budget_bytes == store_all_budget(chain) == front.budgets_bytes[-1]
+    assert front.max_budget_bytes == front.budgets_bytes[-1]
+    if algorithm != "revolve":  # revolve reads its own table at store-all's peak, not store-all
+        assert front.max_budget_bytes == store_all_budget(chain)
     assert (np.diff(front.budgets_bytes) > 0).all() and (np.diff(front.makespans_ms) < 0).all()
     without = [simulate(chain, ops).peak_bytes for ops in front.plans]
     assert any(peak_bytes(chain, ops) > alone for ops, alone in zip(front.plans, without))  # the skips matter
