@@ -1,10 +1,12 @@
 """Export a schedule: as JSON, or as a standalone Python file that applies it to a model with only ``torch``.
 
-The Python file embeds the pure-torch runtime (:mod:`planner.executor.stage`, :mod:`planner.executor.offload`,
-:mod:`planner.executor.transfers`, :mod:`planner.executor.program`, :mod:`planner.executor.grads`,
-:mod:`planner.executor.runtime`, :mod:`planner.executor.weights`, :mod:`planner.executor.install`, which import
-nothing but ``torch`` and the standard library) verbatim, and the schedule's data: the modules of each stage (qualified names in the model)
-and the operations, ``OFFLOAD`` and ``PREFETCH`` included, and the stages whose weights are streamed. A user adds two lines to a training script::
+The Python file embeds the pure-torch runtime (:mod:`planner.executor.block_io`, :mod:`planner.executor.stage`,
+:mod:`planner.executor.offload`, :mod:`planner.executor.transfers`, :mod:`planner.executor.selective`,
+:mod:`planner.executor.program`, :mod:`planner.executor.grads`, :mod:`planner.executor.runtime`,
+:mod:`planner.executor.weights`, :mod:`planner.executor.install`, which import nothing but ``torch`` and the
+standard library) verbatim, and the schedule's data: the modules of each stage (qualified names in the
+model) and the operations, ``OFFLOAD`` and ``PREFETCH`` included, and the stages whose weights are streamed.
+A user adds two lines to a training script::
 
     from apply_schedule import apply_schedule
     apply_schedule(model)
@@ -22,6 +24,7 @@ import textwrap
 from typing import Any
 
 from memprof.units import format_bytes
+from planner.executor import block_io as executor_block_io
 from planner.executor import grads as executor_grads
 from planner.executor import install as executor_install
 from planner.executor import offload as executor_offload
@@ -92,7 +95,7 @@ def _header(schedule: Schedule) -> str:
 def _runtime_body() -> str:
     """The runtime modules' code, in dependency order, without docstrings and imports of each other."""
     parts = ["from __future__ import annotations"]
-    for module in (executor_stage, executor_offload, executor_transfers, executor_selective, executor_program,
+    for module in (executor_block_io, executor_stage, executor_offload, executor_transfers, executor_selective, executor_program,
                    executor_grads, executor_runtime, executor_weights, executor_install):
         source = inspect.getsource(module)
         lines = source.splitlines()

@@ -16,16 +16,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from planner.executor.block_io import find_activation, key_value_cache, replace_outputs
 from planner.executor.offload import MIN_OFFLOAD_BYTES, Copier, HostPool
 from planner.executor.program import Program
 from planner.executor.runtime import _Run, _StageFunction
-from planner.executor.stage import (
-    StageCall,
-    StageRunner,
-    find_activation,
-    key_value_cache,
-    replace_outputs,
-)
+from planner.executor.stage import StageCall, StageRunner
 from planner.executor.weights import WeightStreamer
 
 

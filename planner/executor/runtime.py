@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from planner.executor.block_io import reshaped_input, secondary_outputs, tensors_in
 from planner.executor.grads import Recorded, backward_freeing_grad, steal
 from planner.executor.program import F_ALL, F_NONE, OFFLOAD, TRANSFER_KINDS, B
 from planner.executor.selective import Policy, run_selective, split_option
@@ -30,10 +31,7 @@ from planner.executor.stage import (
     autocast_state,
     capture_rng,
     replay_rng,
-    reshaped_input,
     same_rng,
-    secondary_outputs,
-    tensors_in,
 )
 from planner.executor.transfers import Transfers
 
