@@ -47,7 +47,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from memprof.units import format_bytes
 from planner.chain import Chain
-from planner.compile_baseline import COMPILE_BUDGETS, CountingBackend
+from planner.compile_baseline import COMPILE_BUDGETS, CountingBackend, memory_events, running_peak
 
 
 @dataclass(frozen=True)
@@ -91,35 +91,12 @@ def build(layers: int, width: int, heads: int, batch: int, seq: int, vocab: int)
 def held_and_peak_bytes(forward: Callable[[], torch.Tensor]) -> tuple[int, int]:
     """Bytes the forward leaves allocated, the loss included, and the highest allocation above the step's
     start during forward + backward (the CPU allocator's events summed in time order)."""
-    with _memory_events() as forward_events:
-        loss = forward()
-    with _memory_events() as backward_events:
-        loss.backward()
-        del loss
-    forward_peak, held = _prefix_peak(forward_events, 0)
-    backward_peak, _ = _prefix_peak(backward_events, held)
+    loss, forward_events = memory_events(forward)
+    forward_peak, held = running_peak(forward_events)
+    _, backward_events = memory_events(loss.backward)
+    del loss
+    backward_peak, _ = running_peak(backward_events, held)
     return held, max(forward_peak, backward_peak)
-
-
-@contextmanager
-def _memory_events() -> Iterator[list[int]]:
-    """The sizes of the allocator's events inside the block (frees negative), in time order."""
-    from torch.profiler import ProfilerActivity, profile
-
-    sizes: list[int] = []
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        yield sizes
-    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
-    sizes += [e.nbytes() for e in sorted(events, key=lambda e: e.start_ns())]
-
-
-def _prefix_peak(sizes: list[int], start: int) -> tuple[int, int]:
-    """The highest running total of ``sizes`` from ``start``, and the final total."""
-    live = peak = start
-    for size in sizes:
-        live += size
-        peak = max(peak, live)
-    return peak, live
 
 
 def eager_flops(forward: Callable[[], torch.Tensor]) -> int:

@@ -35,7 +35,7 @@ from planner.simulator import simulate
 if TYPE_CHECKING:
     from planner.solvers.common import Plan
 
-__all__ = ["Carried", "carried_from_dict", "extra_bytes", "fit", "min_budget_bytes", "peak_bytes"]
+__all__ = ["Carried", "carried_from_dict", "extra_bytes", "fit", "min_budget_bytes", "peak_bytes", "peak_of"]
 
 _FIT_TRIES = 8
 
@@ -70,7 +70,11 @@ def _dropped(points: Sequence[Any], stage: int) -> int:
 
 def peak_bytes(chain: Chain, ops: Sequence[Op], streamed: Sequence[int] = ()) -> int:
     """The chain's simulated peak with the carried tensors counted (``streamed``: stages streaming weights)."""
-    prediction = simulate(chain, ops, streamed)
+    return peak_of(chain, simulate(chain, ops, streamed))
+
+
+def peak_of(chain: Chain, prediction: Prediction) -> int:
+    """The peak of a simulated schedule with the carried tensors counted."""
     extra = extra_bytes(chain, prediction)
     return max([prediction.peak_bytes, *(p.peak_bytes + e for p, e in zip(prediction.timeline, extra))])
 

@@ -97,7 +97,8 @@ class CountingBackend:
         return self.flops
 
 
-def _memory_events(call: Callable[[], Any]) -> tuple[Any, list[int]]:
+def memory_events(call: Callable[[], Any]) -> tuple[Any, list[int]]:
+    """``call()``'s result and the CPU allocator's events during it, in time order (sizes; frees negative)."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
@@ -105,6 +106,15 @@ def _memory_events(call: Callable[[], Any]) -> tuple[Any, list[int]]:
     events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
                     key=lambda e: e.start_ns())
     return result, [e.nbytes() for e in events]
+
+
+def running_peak(deltas: Sequence[int], start: int = 0) -> tuple[int, int]:
+    """The highest running total of ``deltas`` from ``start``, and the final total."""
+    live = peak = start
+    for delta in deltas:
+        live += delta
+        peak = max(peak, live)
+    return peak, live
 
 
 def state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> int:
@@ -127,13 +137,9 @@ def measure_step(step_loss: Callable[[], torch.Tensor], model: nn.Module, optimi
 
     step()
     start = state_bytes(model, optimizer)
-    _, deltas = _memory_events(step)
-    live = peak = 0
-    for delta in deltas:
-        live += delta
-        peak = max(peak, live)
+    peak, _ = running_peak(memory_events(step)[1])
     model.zero_grad(set_to_none=True)
-    loss, held = _memory_events(step_loss)
+    loss, held = memory_events(step_loss)
     loss.backward()
     times = []
     for _ in range(repeats):

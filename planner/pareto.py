@@ -25,7 +25,7 @@ from planner.chain import Chain
 from planner.discretize import DEFAULT_SLOTS
 from planner.errors import InfeasibleBudgetError, UnknownAlgorithmError
 from planner.schedule import Op, Schedule
-from planner.simulator import predict
+from planner.simulator import predict, simulate
 from planner.solvers import rotor, rotor_optimal, selective, store_all
 from planner.solvers.common import infeasible
 from planner.step import StepCosts, step_infeasible
@@ -136,9 +136,11 @@ def _rebuild(table: rotor.RotorTable | rotor_optimal.OptimalTable | selective.Se
 
 
 def peak_and_makespan(chain: Chain, ops: tuple[Op, ...]) -> tuple[int, float]:
-    """The chain's simulated peak (carried tensors counted) and makespan of ``ops``."""
-    peak, makespan = predict(chain, ops)
-    return (carried.peak_bytes(chain, ops) if chain.carried else peak), makespan
+    """The chain's simulated peak (carried tensors counted) and makespan of ``ops``, from one simulation."""
+    if not chain.carried:
+        return predict(chain, ops)
+    prediction = simulate(chain, ops)
+    return carried.peak_of(chain, prediction), prediction.makespan_ms
 
 
 def pareto_front(chain: Chain, algorithm: str = "rotor", slots: int = DEFAULT_SLOTS) -> ParetoFront:

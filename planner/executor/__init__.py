@@ -2,11 +2,13 @@
 
 :mod:`~planner.executor.apply` validates a schedule (through the simulator) and finds its stages in the
 model; the runtime it installs is pure torch and is embedded verbatim by the standalone export:
-:mod:`~planner.executor.stage` (how one stage's modules are called), :mod:`~planner.executor.offload` and
-:mod:`~planner.executor.transfers` (saved tensors to host memory and back), :mod:`~planner.executor.program`
-(the schedule split into forward, recompute and backward segments), :mod:`~planner.executor.runtime` (running
-them) and :mod:`~planner.executor.install` (the wrappers put in place of each stage's first module's
-``forward``).
+:mod:`~planner.executor.block_io` (a block's arguments and results), :mod:`~planner.executor.stage` (how one
+stage's modules are called), :mod:`~planner.executor.offload` and :mod:`~planner.executor.transfers` (saved
+tensors to host memory and back), :mod:`~planner.executor.selective` (options as selective checkpoints),
+:mod:`~planner.executor.program` (the schedule split into forward, recompute and backward segments),
+:mod:`~planner.executor.grads` (gradients handed between stages), :mod:`~planner.executor.runtime` (running
+them), :mod:`~planner.executor.weights` (streamed weights) and :mod:`~planner.executor.install` (the wrappers
+put in place of each stage's first module's ``forward``).
 """
 
 from planner.executor.apply import (
