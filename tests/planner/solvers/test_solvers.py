@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 
-from planner.chain import Chain
+from planner.chain import Chain, Stage
 from planner.errors import InfeasibleBudgetError
 from planner.schedule import Op, OpKind
 from planner.simulator import simulate
@@ -67,11 +67,17 @@ def test_sqrt_checkpoints_every_sqrt_l_stages() -> None:
 
 def _feasible_budgets(chain: Chain, algorithm: str) -> list[int]:
     lowest, top = min_feasible_budget(chain, algorithm), store_all_budget(chain)
-    return sorted({lowest, (lowest + top) // 2, top, top + 5})
+    # revolve checkpoints where store-all records, so its minimum can lie above store-all's peak
+    return sorted(b for b in {lowest, (lowest + top) // 2, top, top + 5} if b >= lowest)
+
+
+# found by hypothesis in CI: revolve's minimum (3 bytes) above store-all's peak (2 bytes)
+_ABOVE_STORE_ALL = Chain("random", 0, (Stage(0.0, 0.0, 1, 1, 1, forward_overhead_bytes=1), Stage(0.0, 0.0, 0, 0, 0)))
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 @given(chain=small_chains(max_length=6))
+@example(chain=_ABOVE_STORE_ALL)
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_schedules_fit_their_budget_and_one_below_the_minimum_fails(algorithm: str, chain: Chain) -> None:
     lowest = min_feasible_budget(chain, algorithm)
