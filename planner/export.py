@@ -2,9 +2,9 @@
 
 The Python file embeds the pure-torch runtime (:mod:`planner.executor.block_io`, :mod:`planner.executor.stage`,
 :mod:`planner.executor.offload`, :mod:`planner.executor.transfers`, :mod:`planner.executor.selective`,
-:mod:`planner.executor.program`, :mod:`planner.executor.grads`, :mod:`planner.executor.runtime`,
-:mod:`planner.executor.weights`, :mod:`planner.executor.install`, which import nothing but ``torch`` and the
-standard library) verbatim, and the schedule's data: the modules of each stage (qualified names in the
+:mod:`planner.executor.program`, :mod:`planner.executor.grads`, :mod:`planner.executor.carried_grads`,
+:mod:`planner.executor.runtime`, :mod:`planner.executor.weights`, :mod:`planner.executor.install`, which import
+nothing but ``torch`` and the standard library) verbatim, and the schedule's data: the modules of each stage (qualified names in the
 model) and the operations, ``OFFLOAD`` and ``PREFETCH`` included, and the stages whose weights are streamed.
 A user adds two lines to a training script::
 
@@ -25,6 +25,7 @@ from typing import Any
 
 from memprof.units import format_bytes
 from planner.executor import block_io as executor_block_io
+from planner.executor import carried_grads as executor_carried_grads
 from planner.executor import grads as executor_grads
 from planner.executor import install as executor_install
 from planner.executor import offload as executor_offload
@@ -96,7 +97,7 @@ def _runtime_body() -> str:
     """The runtime modules' code, in dependency order, without docstrings and imports of each other."""
     parts = ["from __future__ import annotations"]
     for module in (executor_block_io, executor_stage, executor_offload, executor_transfers, executor_selective, executor_program,
-                   executor_grads, executor_runtime, executor_weights, executor_install):
+                   executor_grads, executor_carried_grads, executor_runtime, executor_weights, executor_install):
         source = inspect.getsource(module)
         lines = source.splitlines()
         drop: set[int] = set()

@@ -145,6 +145,7 @@ class _StageForward:
         call = run.calls[self.stage] = StageCall(args, kwargs, where)
         # carried tensors are inputs of the stage's function, so autograd hands their gradients to their makers
         carried, call.carried_inputs = call.carried_inputs, []
+        run.carried.carry(self.stage, carried)
         y, *secondary = _StageFunction.apply(run, self.stage, x, executor.dummy, *carried)
         del carried
         raw, run.raw = run.raw, None

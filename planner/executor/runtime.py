@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from planner.executor.block_io import reshaped_input, secondary_outputs, tensors_in
+from planner.executor.carried_grads import CarriedGrads
 from planner.executor.grads import Recorded, backward_freeing_grad, steal
 from planner.executor.program import F_ALL, F_NONE, OFFLOAD, TRANSFER_KINDS, B
 from planner.executor.selective import Policy, run_selective, split_option
@@ -58,8 +59,8 @@ class _Run:
         self.next_stage = 1
         self.done: set[int] = set()
         self.raw: Any = None  # the first run's full result (tuple, ModelOutput), handed to the wrapper
-        self.carried_leaves: dict[int, list[torch.Tensor]] = {}  # what F_all(l) recorded the carried inputs as
-        self.carried_grads: dict[int, list[torch.Tensor | None]] = {}  # their gradients, for autograd
+        self.carried = CarriedGrads()  # the carried tensors' gradients, added up as plain autograd adds them
+        self.carried_grads: dict[int, list[torch.Tensor | None]] = {}  # what the stage's function hands autograd
         self.secondary: dict[int, list[Recorded]] = {}  # what F_all(l) recorded its secondary outputs as
         self.secondary_grads: dict[int, tuple[torch.Tensor | None, ...]] = {}  # their gradients, for B(l)
         self.transfers = (Transfers(executor.pool, executor.copiers, executor.min_offload_bytes)
@@ -121,6 +122,7 @@ class _Run:
             self.acts.clear()
             self.recs.clear()
             self.calls.clear()
+            self.carried.clear()
             self.secondary.clear()
             self.secondary_grads.clear()
             if self.transfers is not None:
@@ -212,7 +214,7 @@ class _Run:
         version = x._version
         leaves = None
         if call.carried and torch.is_grad_enabled():  # a recording: the carried inputs' gradients are wanted
-            leaves = self.carried_leaves[stage] = [_carried_leaf(where, call) for where in call.carried]
+            leaves = self.carried.views(stage, [_carried_value(where, call) for where in call.carried])
         if stage not in self.seen:
             self.seen.add(stage)
             before = capture_rng(x) if stage in self.program.replayed else None
@@ -251,7 +253,7 @@ class _Run:
         self.acts.pop(stage - 1, None)  # B(l) consumes a^{l-1}
         recorded = out if isinstance(out, Recorded) else Recorded.of(out)
         del out  # with a gradient edge as root, autograd frees a-bar^l as soon as it is used, as in plain
-        extra = self._secondary_roots(stage)
+        extra = self._secondary_roots(stage) + self.carried.seeds(stage)
         if recorded.root is not None:
             # delta^l is shaped as the next stage received a^l (a view between stages may reshape it)
             root_grad = delta.reshape(recorded.shape)
@@ -266,20 +268,19 @@ class _Run:
         if grad is None and stage > 1:
             grad = torch.zeros_like(leaf)  # the stage's output does not depend on its input
         self.delta = grad
-        leaves = self.carried_leaves.pop(stage, None)
-        if leaves is not None:
-            self.carried_grads[stage] = [t.grad for t in leaves]
+        handed = self.carried.hand_over(stage)
+        if handed is not None:
+            self.carried_grads[stage] = handed
             self.calls[stage].release()  # nothing runs this stage again: its carried inputs may go
-            del leaves
         if self.transfers is not None:
             self.transfers.done(stage)
 
 
-def _carried_leaf(where: int | str, call: StageCall) -> torch.Tensor:
-    """A leaf on carried input ``where`` of ``call`` (its storage, no history), whose ``grad`` B(l) fills."""
+def _carried_value(where: int | str, call: StageCall) -> torch.Tensor:
+    """Carried input ``where`` of ``call``, without history."""
     value = call.args[where] if isinstance(where, int) else call.kwargs[where]
     assert isinstance(value, torch.Tensor), "a carried input was released before its stage's last recording"
-    return value.detach().requires_grad_(True)
+    return value
 
 
 class _StageFunction(torch.autograd.Function):
