@@ -8,6 +8,10 @@ every method measured the same way on the same model and batch:
   (torch.profiler's ``[memory]`` events summed over the forward, the loss included); it counts the saved
   tensors of plain autograd, of ``torch.utils.checkpoint`` (inputs, cached outputs of selective policies) and
   of compiled graphs alike, where ``saved_tensors_hooks`` miss what a checkpoint holds;
+- *saved (hooks)*: the issue's measure, for the methods that keep no checkpoint (plain autograd,
+  torch.compile): the distinct storages a ``torch.autograd.graph.saved_tensors_hooks`` pack hook sees
+  during the forward, parameters left out (they are the model's, not activations); a check that
+  *activations held* measures the same thing where both apply;
 - *fwd+bwd peak*: the highest the allocator's total rises above the step's start during forward and
   backward (parameter gradients already allocated by a warm-up step), what the planner's budgets bound;
 - *FLOPs*: forward + backward, ``torch.utils.flop_counter.FlopCounterMode`` around the eager step; for
@@ -18,13 +22,14 @@ every method measured the same way on the same model and batch:
 Methods: plain autograd (store all); eager ``torch.utils.checkpoint`` of every other block; torch.compile
 (``aot_autograd`` with inductor's decompositions and the min-cut partitioner, eager kernels, i.e. the
 ``aot_eager_decomp_partition`` backend with FLOP counting) at ``activation_memory_budget`` 1.0, 0.5, 0.3,
-0.1; memprof ``rotor`` (blocks kept or recomputed whole) and ``selective`` (each kept block picks a
+0.1 and 0.0 (``--compile-budgets``; 0.0 shows what the partitioner keeps at any cost); memprof ``rotor`` (blocks kept or recomputed whole) and ``selective`` (each kept block picks a
 recomputation option from the op records; options weighed by the ops' recorded times, and by their FLOPs
 as the min-cut partitioner weighs them) at ``--budgets`` whole-step budgets from the lowest feasible to
 store-all's, planned from one profiled step with op records (``MemoryProfiler(..., ops=True)``). The budgets
 count the chain's activations alone (:func:`activations_chain`).
 
-Run ``python -m benchmarks.bench_selective [--layers 12 --width 768 --heads 12] [--repeats 3] [--budgets 8]``
+Run ``python -m benchmarks.bench_selective [--layers 12 --width 768 --heads 12] [--repeats 3] [--budgets 8]
+[--compile-budgets 1.0,0.5,0.3,0.1,0.0]``
 (``--quick``: a 4-layer, 256-wide model for a smoke run).
 """
 
@@ -61,6 +66,7 @@ class Point:
     flops: int
     step_ms: float
     note: str = ""
+    hooks_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -99,6 +105,24 @@ def held_and_peak_bytes(forward: Callable[[], torch.Tensor]) -> tuple[int, int]:
     return held, max(forward_peak, backward_peak)
 
 
+def hooks_saved_bytes(forward: Callable[[], torch.Tensor], model: nn.Module) -> int:
+    """Bytes of the distinct non-parameter storages autograd saves during the forward, as a
+    ``saved_tensors_hooks`` pack hook sees them (checkpoints' own hooks hide what they keep from it)."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in params:
+            seen[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        loss = forward()
+    loss.backward()
+    return sum(seen.values())
+
+
 def eager_flops(forward: Callable[[], torch.Tensor]) -> int:
     """Forward + backward FLOPs of an eager step (recomputation in the backward included)."""
     with FlopCounterMode(display=False) as counter:
@@ -117,15 +141,18 @@ def step_ms(forward: Callable[[], torch.Tensor], repeats: int) -> float:
 
 
 def measure(method: str, setting: str, forward: Callable[[], torch.Tensor], repeats: int,
-            flops: Callable[[], int] | None = None, note: str = "") -> Point:
-    """One point: activations held, FLOPs and step time of ``forward`` (+ its backward)."""
+            flops: Callable[[], int] | None = None, note: str = "", hooks_of: nn.Module | None = None) -> Point:
+    """One point: activations held, FLOPs and step time of ``forward`` (+ its backward); with ``hooks_of``
+    (the model, for a method without checkpoints) also the saved bytes a pack hook sees."""
     forward().backward()  # warm-up: lazy initialisation and compilation stay out of every number
     held, peak = held_and_peak_bytes(forward)
+    hooks = hooks_saved_bytes(forward, hooks_of) if hooks_of is not None else None
     counted = flops() if flops is not None else eager_flops(forward)
     ms = step_ms(forward, repeats)
-    print(f"  {method:<22} {setting:<24} held {format_bytes(held):>11}  peak {format_bytes(peak):>11}  "
+    seen = f"  hooks {format_bytes(hooks):>11}" if hooks is not None else ""
+    print(f"  {method:<22} {setting:<24} held {format_bytes(held):>11}{seen}  peak {format_bytes(peak):>11}  "
           f"{counted / 1e9:8.2f} GFLOP  {ms:8.0f} ms", flush=True)
-    return Point(method, setting, held, peak, counted, ms, note)
+    return Point(method, setting, held, peak, counted, ms, note, hooks)
 
 
 @contextmanager
@@ -148,20 +175,21 @@ def _step(forward: Callable[[], torch.Tensor]) -> None:
     forward().backward()
 
 
-def compiled_points(work: Workload, repeats: int) -> list[Point]:
+def compiled_points(work: Workload, repeats: int, budgets: tuple[float, ...]) -> list[Point]:
     """torch.compile with the min-cut partitioner at each ``activation_memory_budget``."""
     import torch._dynamo
     import torch._functorch.config as functorch_config
 
     points = []
-    for budget in COMPILE_BUDGETS:
+    for budget in budgets:
         torch._dynamo.reset()
         counter = CountingBackend()
         compiled = torch.compile(work.model, backend=counter.backend())
         with functorch_config.patch(activation_memory_budget=budget):
             forward = functools.partial(work.forward, compiled)
             points.append(measure("torch.compile", f"activation_memory_budget={budget}", forward, repeats,
-                                  flops=functools.partial(counter.count, functools.partial(_step, forward))))
+                                  flops=functools.partial(counter.count, functools.partial(_step, forward)),
+                                  hooks_of=work.model))
     torch._dynamo.reset()
     return points
 
@@ -218,11 +246,14 @@ def planned_points(work: Workload, repeats: int, budgets: int, out: Path) -> lis
 def table(points: list[Point]) -> str:
     """The Markdown table, ratios against plain autograd (the first point)."""
     base = points[0]
-    lines = ["| method | setting | activations held | x store-all | fwd+bwd peak | x store-all | fwd+bwd GFLOP | "
-             "FLOPs vs store-all | step ms | time vs store-all |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| method | setting | activations held | x store-all | saved (hooks) | fwd+bwd peak | x store-all | "
+             "fwd+bwd GFLOP | FLOPs vs store-all | step ms | time vs store-all |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for p in points:
+        hooks = format_bytes(p.hooks_bytes) if p.hooks_bytes is not None else "-"
         lines.append(
             f"| {p.method} | {p.setting} | {format_bytes(p.held_bytes)} | {p.held_bytes / base.held_bytes:.2f}x | "
+            f"{hooks} | "
             f"{format_bytes(p.peak_bytes)} | {p.peak_bytes / base.peak_bytes:.2f}x | "
             f"{p.flops / 1e9:.1f} | {100 * (p.flops / base.flops - 1):+.1f}% | {p.step_ms:.0f} | "
             f"{100 * (p.step_ms / base.step_ms - 1):+.1f}% |"
@@ -240,6 +271,8 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--seq", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--budgets", type=int, default=8)
+    parser.add_argument("--compile-budgets", type=_fractions, default=(*COMPILE_BUDGETS, 0.0),
+                        help="torch.compile's activation_memory_budget values, comma-separated")
     parser.add_argument("--quick", action="store_true", help="a 4-layer, 256-wide GPT-2 (smoke run)")
     args = parser.parse_args(argv)
     if args.quick:
@@ -248,15 +281,25 @@ def main(argv: list[str] | None = None) -> str:
     params = sum(p.numel() for p in work.model.parameters())
     print(f"GPT-2 {args.layers} layers x {args.width} ({params / 1e6:.0f}M parameters), batch {args.batch} x "
           f"{args.seq} tokens, fp32, {torch.get_num_threads()} threads", flush=True)
-    points = [measure("plain autograd", "store all", work.forward, args.repeats)]
+    points = [measure("plain autograd", "store all", work.forward, args.repeats, hooks_of=work.model)]
     with every_other_block_checkpointed(work.model.transformer.h):
         points.append(measure("torch.utils.checkpoint", "every other block", work.forward, args.repeats))
-    points += compiled_points(work, args.repeats)
+    points += compiled_points(work, args.repeats, args.compile_budgets)
     with tempfile.TemporaryDirectory() as tmp:
         points += planned_points(work, args.repeats, args.budgets, Path(tmp))
     text = table(points)
     print(text)
     return text
+
+
+def _fractions(text: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected fractions like 1.0,0.5,0.1, found {text!r}") from None
+    if not all(0.0 <= v <= 1.0 for v in values):
+        raise argparse.ArgumentTypeError(f"activation_memory_budget values lie in [0, 1], found {text!r}")
+    return values
 
 
 if __name__ == "__main__":

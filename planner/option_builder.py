@@ -11,8 +11,13 @@ No list per model type: the options come from what the ops of the stage's forwar
   byte to break ties (and alone when no op has a time).
 * The options: ``"compute"`` keeps the output of every candidate with FLOPs (matmuls, convolutions,
   attention: the 'speed' strategy of selective activation checkpointing); the ranking's prefixes up to
-  :data:`CUTS` of the candidates' bytes, named by the ops they keep; ``"none"`` keeps only a^l and
-  recomputes the whole forward.
+  :data:`BYTE_CUTS` of the candidates' bytes, and the shortest prefixes that spare :data:`TIME_CUTS` of
+  the forward's recomputation, named by the ops they keep; ``"none"`` keeps only a^l and recomputes the
+  whole forward. Keeping a prefix of the ranking is the cheapest way to keep that many bytes (the
+  recomputation replays every op it does not keep, in order), so the options lie on the block's
+  memory/time front; cutting by bytes places them where most bytes are (cheap elementwise outputs), by
+  time where a few expensive outputs spare most of the recomputation (a transformer block keeping its
+  last matmul's output alone spares a third of it for a tenth of the bytes).
 * Option ``o`` keeps a-bar_o = a^l + the kept candidates' bytes, within [a^l, a-bar^l], and ``B(l)``
   recomputes every op it did not keep: the stage's ``forward_ms`` times their share of the op times (of
   the FLOPs when no op has a time, of the op count when neither is known), so ``"none"`` recomputes
@@ -37,8 +42,11 @@ from planner.stage_option import StageOption
 RECOMPUTE_COSTS = ("time", "flops")
 """What an option's recomputation is weighed by: the ops' recorded times, or their FLOPs."""
 
-CUTS = (0.25, 0.5, 0.75)
+BYTE_CUTS = (0.25, 0.5, 0.75)
 """Fractions of the candidates' bytes at which the ranking is cut into options."""
+
+TIME_CUTS = (0.25, 0.5, 0.75, 0.9)
+"""Fractions of the forward's recomputation that the kept ops of an option spare, at least."""
 
 
 def ops_of_stage(records: Sequence[OpRecord], stage: Stage) -> tuple[OpRecord, ...]:
@@ -78,20 +86,38 @@ def stage_options(ops: Sequence[OpRecord], stage: Stage, recompute_cost: str = "
     weights = _weights(ops, recompute_cost)
     ranked = sorted(candidates, key=lambda i: (-weights[i] / ops[i].output_bytes,
                                                -ops[i].flops / ops[i].output_bytes, i))
-    total = sum(ops[i].output_bytes for i in candidates)
     kept_sets: list[tuple[str, frozenset[int]]] = [("compute", frozenset(i for i in candidates if ops[i].flops > 0))]
-    for cut in CUTS:
-        chosen: list[int] = []
-        size = 0
-        for i in ranked:
-            if chosen and size + ops[i].output_bytes > cut * total:
-                break
-            chosen.append(i)
-            size += ops[i].output_bytes
+    for chosen in _prefixes(ranked, [ops[i].output_bytes for i in ranked], [weights[i] for i in ranked],
+                            sum(weights)):
         kept_sets.append((_name(ops, chosen), frozenset(chosen)))
     kept_sets.append(("none", frozenset()))
-    made = [_option(ops, stage, name, kept, weights) for name, kept in kept_sets if name]
-    return _undominated(made, stage)
+    made: dict[frozenset[int], StageOption] = {}
+    for name, kept in kept_sets:
+        if name and kept not in made:  # one option per kept set, under its first name ("compute")
+            made[kept] = _option(ops, stage, name, kept, weights)
+    return _undominated(list(made.values()), stage)
+
+
+def _prefixes(ranked: Sequence[int], sizes: Sequence[int], weights: Sequence[float],
+              total_weight: float) -> list[list[int]]:
+    """The prefixes of ``ranked`` cut at :data:`BYTE_CUTS` of its bytes (the longest within each, at least
+    one op) and at :data:`TIME_CUTS` of ``total_weight`` (the shortest sparing at least that much)."""
+    cuts: list[list[int]] = []
+    total_bytes = sum(sizes)
+    for cut in BYTE_CUTS:
+        size, end = 0, 0
+        while end < len(ranked) and (end == 0 or size + sizes[end] <= cut * total_bytes):
+            size += sizes[end]
+            end += 1
+        cuts.append(list(ranked[:end]))
+    for cut in TIME_CUTS:
+        spared, end = 0.0, 0
+        while end < len(ranked) and spared < cut * total_weight:
+            spared += weights[end]
+            end += 1
+        if spared >= cut * total_weight:
+            cuts.append(list(ranked[:end]))
+    return cuts
 
 
 def _short(record: OpRecord) -> str:
