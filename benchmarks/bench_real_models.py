@@ -18,7 +18,14 @@ store-all's budget usually runs store-all's own schedule, so the two times show 
 torch runs on 1 intra-op thread here (``torch.set_num_threads(1)``, set at import) for steadier timings
 on a shared machine; the step times are therefore single-core times.
 
-Run ``python -m benchmarks.bench_real_models [--models gpt2 bert ...] [--steps 3] [--repeats 3]``.
+The models whose blocks do not form a chain (``tests/planner/graph_models.py``: a U-Net whose decoder
+reads the encoder's outputs, an ``nn.Transformer`` encoder-decoder whose decoder layers all read the
+encoder's output, parallel branches) run the same way with ``--models unet seq2seq``; with ``--algorithms
+rotor selective`` the profile records the ops of one step (``ops=True``) and ``selective`` is planned and
+executed at the same number of budgets from its own minimum.
+
+Run ``python -m benchmarks.bench_real_models [--models gpt2 bert ...] [--algorithms rotor selective]
+[--steps 3] [--repeats 3]``.
 """
 
 from __future__ import annotations
@@ -44,11 +51,15 @@ from planner.comparison import step_peak_bytes  # noqa: E402
 from planner.executor import remove_schedule  # noqa: E402
 from planner.measure import measure_schedule  # noqa: E402
 from planner.schedule import Schedule  # noqa: E402
+from tests.planner.graph_models import GRAPH_BUILDERS  # noqa: E402
 from tests.planner.real_models import ALL_BUILDERS  # noqa: E402
 
 TIME_LIMIT = 1.35
 ROTOR_BUDGETS = 8
-BATCH_SIZES = {"gpt2": 8, "bert": 8, "llama": 8, "t5": 8, "resnet": 8, "mobilenet": 16, "vit": 8}  # ~30-55 ms a step on one core
+BATCH_SIZES = {"gpt2": 8, "bert": 8, "llama": 8, "t5": 8, "resnet": 8, "mobilenet": 16, "vit": 8,  # ~30-55 ms a step
+               "unet": 4, "seq2seq": 16, "branches": 2}  # on one core
+BUILDERS = {**ALL_BUILDERS, **GRAPH_BUILDERS}
+ALGORITHMS = ("rotor", "selective")
 
 
 @dataclass
@@ -95,14 +106,15 @@ class Result:
     plain_step_peak: int  # the profiled run's step peak: no schedule, plain autograd
 
 
-def run_model(name: str, steps: int, repeats: int, out: Path) -> Result:
-    """Profiles one model, plans store-all and rotor at several budgets, and executes them."""
-    real = ALL_BUILDERS[name]()
+def run_model(name: str, steps: int, repeats: int, out: Path, algorithms: tuple[str, ...] = ("rotor",)) -> Result:
+    """Profiles one model, plans store-all and ``algorithms`` at several budgets each, and executes them."""
+    real = BUILDERS[name]()
     batch_size = BATCH_SIZES.get(name, 8)
     optimizer = torch.optim.SGD(real.model.parameters(), lr=1e-3)
     recipe, step_loss = made_in_step(real.make_batch, real.loss)
     # inline: a short run whose layer times feed the planner (see planner.measure.measure_schedule)
-    with MemoryProfiler(real.model, optimizer, out_dir=out, print_period=0, background=False) as prof:
+    with MemoryProfiler(real.model, optimizer, out_dir=out, print_period=0, background=False,
+                        ops="selective" in algorithms) as prof:
         for _ in range(steps):
             optimizer.zero_grad(set_to_none=True)
             step_loss(real.model, recipe(batch_size)).backward()
@@ -110,14 +122,16 @@ def run_model(name: str, steps: int, repeats: int, out: Path) -> Result:
             prof.record_stats()
     trace = load_trace(prof.run_dir)
     chain = chain_from_trace(trace)
-    low, high = min_feasible_budget(chain, "rotor"), store_all_budget(chain)
+    high = store_all_budget(chain)
     runs = [Run("store_all", solve(chain, high, "store_all"), [high])]
-    rotor: dict[tuple, Run] = {}  # nearby budgets often give the same schedule: it is run once
-    for i in range(ROTOR_BUDGETS):
-        budget = low + (high - low) * i // (ROTOR_BUDGETS - 1)
-        schedule = solve(chain, budget, "rotor")
-        rotor.setdefault(schedule.ops, Run("rotor", schedule)).budgets.append(budget)
-    runs += rotor.values()
+    planned: dict[tuple, Run] = {}  # nearby budgets often give the same schedule: it is run once
+    for algorithm in algorithms:
+        low = min_feasible_budget(chain, algorithm)
+        for i in range(ROTOR_BUDGETS):
+            budget = low + (high - low) * i // (ROTOR_BUDGETS - 1)
+            schedule = solve(chain, budget, algorithm)
+            planned.setdefault((algorithm, schedule.ops), Run(algorithm, schedule)).budgets.append(budget)
+    runs += planned.values()
     for _ in range(repeats):  # interleaved, so that a slow spell of the machine spreads over every schedule
         for run in runs:
             try:
@@ -155,7 +169,7 @@ def _peak_text(run: Run) -> str:
     return f"{format_bytes(run.predicted)} / {format_bytes(run.measured)}"
 
 
-def _best_rotor(result: Result) -> tuple[Run, Run | None]:
+def _best(result: Result) -> tuple[Run, Run | None]:
     base = result.runs[0]
     within = [r for r in result.runs[1:] if r.ok and base.ok and r.ms <= TIME_LIMIT * base.ms]
     return base, min(within, key=lambda r: (r.measured, r.ms), default=None)
@@ -167,14 +181,15 @@ def _failures(result: Result) -> str:
 
 
 def summary_table(results: list[Result]) -> str:
-    """One row per model: its chain, store-all, the best rotor within the time limit, the worst peak error."""
+    """One row per model: its chain, store-all, the smallest schedule within the time limit, the worst peak
+    error."""
     lines = ["| model | batch | chain found | no schedule: step peak | store-all step peak (predicted / measured) | "
              "store-all ms | "
-             f"smallest rotor step peak within {TIME_LIMIT}x time (predicted / measured) | its ms | saved | "
+             f"smallest schedule's step peak within {TIME_LIMIT}x time (predicted / measured) | its ms | saved | "
              "max peak error |",
              "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for result in results:
-        base, best = _best_rotor(result)
+        base, best = _best(result)
         error = max((r.worst_error for r in result.runs if r.ok), default=float("nan"))
         if not base.ok:
             lines.append(f"| {result.name} | {result.batch_size} | {_chain_text(result.chain)} | "
@@ -217,12 +232,15 @@ def detail_table(result: Result) -> str:
 def main(argv: list[str] | None = None) -> str:
     """Runs the benchmark and prints its tables."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", nargs="*", choices=list(ALL_BUILDERS), default=list(ALL_BUILDERS))
+    parser.add_argument("--models", nargs="*", choices=list(BUILDERS), default=list(ALL_BUILDERS))
+    parser.add_argument("--algorithms", nargs="*", choices=ALGORITHMS, default=["rotor"],
+                        help="planned beside store-all (selective: the profile records one step's ops)")
     parser.add_argument("--steps", type=int, default=3, help="training steps per run (the first is excluded)")
     parser.add_argument("--repeats", type=int, default=3, help="runs per schedule (step time: their median)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
-        results = [run_model(name, args.steps, args.repeats, Path(tmp)) for name in args.models]
+        results = [run_model(name, args.steps, args.repeats, Path(tmp), tuple(args.algorithms))
+                   for name in args.models]
     text = "\n\n".join(["### Summary", summary_table(results), "### Every schedule",
                         *(detail_table(r) for r in results)])
     print(text)

@@ -87,6 +87,9 @@ def _medians(trace: Trace) -> pd.DataFrame:
     usable = _usable(trace)
     if len(usable) > 1:  # the first includes one-off allocations and warm-up
         usable = [i for i in usable if i != usable[0]]
+    recorded = set(trace.op_iterations)  # a planning pass's forward runs several times slower than the others
+    if any(i not in recorded for i in usable):
+        usable = [i for i in usable if i not in recorded]
     layers = trace.read("layers", columns=["iteration", "module", *_COST_COLUMNS], iterations=usable[-MEDIAN_ITERATIONS:])
     return layers.groupby("module")[_COST_COLUMNS].median()
 
@@ -247,4 +250,15 @@ def _with_op_options(trace: Trace, chain: Chain, recompute_cost: str) -> Chain:
     if not records:
         return chain
     by_stage = {index: ops_of_stage(records, stage) for index, stage in enumerate(chain.stages[:-1], start=1)}
-    return with_options(chain, {index: ops for index, ops in by_stage.items() if ops}, recompute_cost)
+    return with_options(chain, {index: ops for index, ops in by_stage.items() if ops}, recompute_cost,
+                        _selective_overhead_ms(trace))
+
+
+def _selective_overhead_ms(trace: Trace) -> float:
+    """What the run's planning pass measured a selective checkpoint to add per op, in ms (0 when it did not:
+    a run closed before the measurement was added, or not closed)."""
+    value = trace.meta.get("selective_overhead_us_per_op", 0.0)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+        raise ChainError(f"meta.json's selective_overhead_us_per_op must be a non-negative number of "
+                         f"microseconds, found {value!r}; remove the key to plan without it")
+    return float(value) / 1000.0

@@ -21,7 +21,10 @@ No list per model type: the options come from what the ops of the stage's forwar
 * Option ``o`` keeps a-bar_o = a^l + the kept candidates' bytes, within [a^l, a-bar^l], and ``B(l)``
   recomputes every op it did not keep: the stage's ``forward_ms`` times their share of the op times (of
   the FLOPs when no op has a time, of the op count when neither is known), so ``"none"`` recomputes
-  exactly ``forward_ms`` even when the op times and the module's time disagree. With
+  exactly ``forward_ms`` even when the op times and the module's time disagree; plus, on every op of the
+  stage, what running it under a selective checkpoint costs (``overhead_ms_per_op``: its dispatch mode
+  calls the policy on each op of the forward and of the recomputation and caches what it keeps), measured
+  by the planning pass on the model's device. With
   ``recompute_cost="flops"`` the share is of the FLOPs (as torch.compile's min-cut partitioner counts
   by default: elementwise ops are free to recompute), for devices where the recorded op times, each
   with a dispatch mode's overhead, misjudge what a recomputation costs.
@@ -56,7 +59,8 @@ def ops_of_stage(records: Sequence[OpRecord], stage: Stage) -> tuple[OpRecord, .
                  if r.module in stage.modules or r.module.startswith(prefixes))
 
 
-def stage_options(ops: Sequence[OpRecord], stage: Stage, recompute_cost: str = "time") -> tuple[StageOption, ...]:
+def stage_options(ops: Sequence[OpRecord], stage: Stage, recompute_cost: str = "time",
+                  overhead_ms_per_op: float = 0.0) -> tuple[StageOption, ...]:
     """The recomputation options of ``stage`` from the records of its forward.
 
     Args:
@@ -66,6 +70,9 @@ def stage_options(ops: Sequence[OpRecord], stage: Stage, recompute_cost: str = "
         stage: the stage's costs (a^l, a-bar^l, ``forward_ms``).
         recompute_cost: ``"time"`` (the ops' recorded times) or ``"flops"`` (their FLOPs): what decides
             an option's share of ``forward_ms`` and the ranking.
+        overhead_ms_per_op: what a selective checkpoint adds to each op's forward + recomputation, added to
+            every option's ``recompute_ms`` for each op of the stage (``selective_overhead_us_per_op`` of
+            the run's ``meta.json``, in ms).
 
     Returns:
         The options besides keeping everything, from the most memory kept to the least; empty when the
@@ -73,6 +80,8 @@ def stage_options(ops: Sequence[OpRecord], stage: Stage, recompute_cost: str = "
     """
     if recompute_cost not in RECOMPUTE_COSTS:
         raise ChainError(f"recompute_cost must be one of {RECOMPUTE_COSTS}, found {recompute_cost!r}")
+    if not overhead_ms_per_op >= 0.0 or overhead_ms_per_op == float("inf"):
+        raise ChainError(f"the selective overhead per op must be a non-negative number of ms, found {overhead_ms_per_op!r}")
     ops = tuple(ops)
     if not ops:
         return ()
@@ -94,7 +103,7 @@ def stage_options(ops: Sequence[OpRecord], stage: Stage, recompute_cost: str = "
     made: dict[frozenset[int], StageOption] = {}
     for name, kept in kept_sets:
         if name and kept not in made:  # one option per kept set, under its first name ("compute")
-            made[kept] = _option(ops, stage, name, kept, weights)
+            made[kept] = _option(ops, stage, name, kept, weights, overhead_ms_per_op * len(ops))
     return _undominated(list(made.values()), stage)
 
 
@@ -169,13 +178,13 @@ def _weights(ops: Sequence[OpRecord], recompute_cost: str) -> list[float]:
 
 
 def _option(ops: Sequence[OpRecord], stage: Stage, name: str, kept: frozenset[int],
-            weights: Sequence[float]) -> StageOption:
+            weights: Sequence[float], overhead_ms: float) -> StageOption:
     dropped = [i for i in range(len(ops)) if i not in kept]
     share = sum(weights[i] for i in dropped) / sum(weights)
     saved = stage.output_bytes + sum(ops[i].output_bytes for i in kept)
     saves = tuple(sorted(kept))
     return StageOption(name=name, saved_bytes=min(max(saved, stage.output_bytes), stage.saved_bytes),
-                       recompute_ms=stage.forward_ms * share, recompute_flops=sum(ops[i].flops for i in dropped),
+                       recompute_ms=stage.forward_ms * share + overhead_ms, recompute_flops=sum(ops[i].flops for i in dropped),
                        saves=saves, save_ops=tuple(ops[i].op for i in saves),
                        save_occurrences=tuple(sum(1 for r in ops[:i] if r.op == ops[i].op) for i in saves))
 
@@ -192,7 +201,8 @@ def _undominated(options: Sequence[StageOption], stage: Stage) -> tuple[StageOpt
     return tuple(sorted(kept, key=lambda o: (-o.saved_bytes, o.recompute_ms)))
 
 
-def with_options(chain: Chain, ops_by_stage: Mapping[int, Sequence[OpRecord]], recompute_cost: str = "time") -> Chain:
+def with_options(chain: Chain, ops_by_stage: Mapping[int, Sequence[OpRecord]], recompute_cost: str = "time",
+                 overhead_ms_per_op: float = 0.0) -> Chain:
     """``chain`` with the options :func:`stage_options` makes for each stage of ``ops_by_stage``.
 
     Args:
@@ -200,6 +210,7 @@ def with_options(chain: Chain, ops_by_stage: Mapping[int, Sequence[OpRecord]], r
         ops_by_stage: stage number (1..L+1) to the records of its forward (:func:`ops_of_stage` finds them
             by module); stages not named keep the options they have.
         recompute_cost: what weighs a recomputation (:func:`stage_options`).
+        overhead_ms_per_op: what a selective checkpoint adds per op (:func:`stage_options`).
 
     Raises:
         ChainError: a stage number outside the chain.
@@ -208,5 +219,6 @@ def with_options(chain: Chain, ops_by_stage: Mapping[int, Sequence[OpRecord]], r
     for number, ops in ops_by_stage.items():
         if not 1 <= number <= len(stages):
             raise ChainError(f"op records for stage {number}, but the chain has stages 1..{len(stages)}")
-        stages[number - 1] = replace(stages[number - 1], options=stage_options(ops, stages[number - 1], recompute_cost))
+        options = stage_options(ops, stages[number - 1], recompute_cost, overhead_ms_per_op)
+        stages[number - 1] = replace(stages[number - 1], options=options)
     return replace(chain, stages=tuple(stages))

@@ -19,6 +19,7 @@ from memprof.analysis.detail import DEFAULT_EVERY, DEFAULT_FIRST, DEFAULT_PEAK_R
 from memprof.analysis.iteration import IterationProcessor, root_forward_ran
 from memprof.analysis.layers import subtree_bytes
 from memprof.analysis.records import CAT, CarriedState, IterationRecord, LiveBlock, Mark, RunSpec
+from memprof.capture.dispatch_cost import selective_overhead_us
 from memprof.capture.hooks import HookRecorder, now_ns
 from memprof.capture.kineto import SLOT_TAKEN
 from memprof.capture.oom_snapshot import OomSnapshot
@@ -121,6 +122,8 @@ class MemoryProfiler:
             each op's new output bytes, what autograd saved of which op, its time and FLOPs. That iteration
             keeps its detail; its times include the recorder's own cost (several times the forward's). Two
             hooks on the root module wait for it and are removed once it has run: other steps cost the same.
+            At ``close()`` it also measures what a selective checkpoint adds per op on the model's device
+            (:mod:`memprof.capture.dispatch_cost`, tens of ms) into ``meta.json``, for the planner's options.
         ops_iteration: the iteration the planning pass records (default 1: the first after a warm-up step,
             whose times are not those of first calls).
 
@@ -147,6 +150,7 @@ class MemoryProfiler:
         self.model, self.optimizer = model, optimizer
         self.print_period, self.stream = print_period, stream
         self.device = torch.device(allocation_stream.device) if allocation_stream is not None else _model_device(model)
+        self._measures_dispatch = allocation_stream is None  # an estimate's ops run on fake tensors: nothing to time
         self._cuda = self.device.type == "cuda"
         self.rank, self.world_size = _distributed()
         self.run_id = run_id or self._shared_run_id(model)
@@ -391,6 +395,9 @@ class MemoryProfiler:
         if self._op_pass is None:
             return
         self._op_pass.detach()
+        if self._op_pass.done and self._measures_dispatch:
+            # after the allocator's stream is closed: the measurement's tensors stay out of the trace
+            self._meta["selective_overhead_us_per_op"] = round(selective_overhead_us(self.device), 3)
         if not self._op_pass.done:
             warnings.warn(f"MemoryProfiler(ops=True) recorded no ops: the run ended after {self.iteration} "
                           f"iteration(s), before the forward of iteration {self._op_pass.iteration} (ops_iteration)",

@@ -14,10 +14,11 @@ CATEGORIES = ["weights", "buffers", "weight_grads", "feature_maps", "grads", "op
 
 def profile_steps(model: nn.Module, make_batch, out_dir: Path, steps: int = 3, batch_size: int = 8,
                   optimizer: torch.optim.Optimizer | None = None, set_to_none: bool = True,
-                  background: bool = True) -> Trace:
-    """Runs ``steps`` training steps under a MemoryProfiler and returns the trace."""
+                  background: bool = True, ops: bool = False) -> Trace:
+    """Runs ``steps`` training steps under a MemoryProfiler (``ops``: with a planning pass) and returns the trace."""
     optimizer = optimizer or torch.optim.SGD(model.parameters(), lr=0.01)
-    with MemoryProfiler(model, optimizer, out_dir=out_dir, print_period=0, background=background) as profiler:
+    with MemoryProfiler(model, optimizer, out_dir=out_dir, print_period=0, background=background,
+                        ops=ops) as profiler:
         for _ in range(steps):
             batch = make_batch(batch_size)  # one batch alive at a time, as with a data loader
             zoo.train_step(model, optimizer, batch, set_to_none=set_to_none)

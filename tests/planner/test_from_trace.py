@@ -100,3 +100,54 @@ def test_chain_survives_json(traces):
     chain = chain_from_trace(traces["transformer"])
     again = Chain.from_json(chain.to_json())
     assert again == chain and again.fingerprint() == chain.fingerprint()
+
+
+
+@pytest.fixture(scope="module")
+def planned(tmp_path_factory):
+    """A transformer profiled for 3 steps with a planning pass (iteration 1 records its ops)."""
+    torch.manual_seed(0)
+    model, make_batch = zoo.ZOO["transformer"]()
+    return profile_steps(model, make_batch, tmp_path_factory.mktemp("ops"), steps=3, background=False, ops=True)
+
+
+def test_options_pay_the_selective_overhead_the_planning_pass_measured(planned):
+    from planner.option_builder import ops_of_stage, with_options
+
+    overhead_ms = planned.meta["selective_overhead_us_per_op"] / 1000
+    assert overhead_ms > 0
+    chain = chain_from_trace(planned)
+    records = planned.op_records()
+    by_stage = {i: ops_of_stage(records, s) for i, s in enumerate(chain.stages[:-1], start=1)}
+    free = with_options(chain, {i: ops for i, ops in by_stage.items() if ops})
+    assert any(stage.options for stage in chain.stages)
+    for number, (paid, plain) in enumerate(zip(chain.stages[:-1], free.stages), start=1):
+        assert [o.saved_bytes for o in paid.options] == [o.saved_bytes for o in plain.options]
+        extra = len(by_stage[number]) * overhead_ms
+        assert [o.recompute_ms for o in paid.options] == pytest.approx([o.recompute_ms + extra for o in plain.options])
+
+
+def test_the_planning_pass_iteration_is_left_out_of_the_costs(planned):
+    """Iteration 0 warms up and iteration 1 runs under the op recorder (several times slower): the stages
+    are costed from iteration 2 alone."""
+    chain = chain_from_trace(planned)
+    layers = planned.read("layers")
+    times = layers[layers.iteration == 2].set_index("module")
+    for stage in chain.stages[:-1]:
+        assert stage.forward_ms == pytest.approx(sum(times.forward_ms[m] for m in stage.modules))
+        assert stage.backward_ms == pytest.approx(sum(times.backward_ms[m] for m in stage.modules))
+
+
+def test_a_bad_selective_overhead_in_meta_is_refused(planned, tmp_path):
+    import json
+    import shutil
+
+    from memprof import load_trace
+    from planner.errors import ChainError
+
+    copy = tmp_path / "run"
+    shutil.copytree(planned.path, copy)
+    meta = json.loads((copy / "meta.json").read_text())
+    (copy / "meta.json").write_text(json.dumps({**meta, "selective_overhead_us_per_op": "fast"}))
+    with pytest.raises(ChainError, match="selective_overhead_us_per_op must be a non-negative number"):
+        chain_from_trace(load_trace(copy))
