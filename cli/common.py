@@ -67,7 +67,7 @@ port_number = whole_number(1, 65535)
 
 
 def load_chain(source: str | Path, container: str | None = None, checkpoints: list[str] | None = None,
-               recompute_cost: str = "time") -> Chain:
+               recompute_cost: str = "time", selective_overhead_us: float | None = None) -> Chain:
     """The chain of a run directory (found, the children of ``container``, or the named ``checkpoints``) or of
     a chain JSON file.
 
@@ -87,7 +87,7 @@ def load_chain(source: str | Path, container: str | None = None, checkpoints: li
         if checkpoints is not None and container is not None:
             raise OptionError("--checkpoints names the stages themselves; drop --container")
         return chain_from_trace(load_trace(path), container=container, checkpoints=checkpoints,
-                                recompute_cost=recompute_cost)
+                                recompute_cost=recompute_cost, selective_overhead_us=selective_overhead_us)
     if not path.exists():
         raise ChainError(f"no run directory or chain file at {path}")
     if checkpoints is not None:

@@ -48,6 +48,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     plan.add_argument("--recompute-cost", default="time", choices=("time", "flops"),
                       help="run directories with op records only: what weighs a block option's recomputation, the "
                            "ops' recorded times or their FLOPs (as torch.compile's partitioner; default time)")
+    plan.add_argument("--selective-overhead-us", default=None, type=_microseconds, metavar="US",
+                      help="run directories with op records only: what a selective checkpoint adds per op, paid by "
+                           "every block option (default: measured by the planning pass; 0 where large GPU kernels "
+                           "hide it)")
     plan.add_argument("--slots", default="500", help="memory slots of the dynamic programs (default 500)")
     plan.add_argument("--host-cap", default=None, metavar="SIZE",
                       help="offload only: the most host memory offloaded activations may take, e.g. 64GiB "
@@ -83,7 +87,8 @@ def run_plan(args: argparse.Namespace) -> int:
     host_cap = parse_bytes(args.host_cap) if args.host_cap is not None else None
     gbps = _bandwidth(args.bandwidth)
     checkpoints = [name.strip() for name in args.checkpoints.split(",")] if args.checkpoints else None
-    chain = _with_link(load_chain(args.source, args.container, checkpoints, args.recompute_cost), host_cap, gbps)
+    chain = _with_link(load_chain(args.source, args.container, checkpoints, args.recompute_cost,
+                                  args.selective_overhead_us), host_cap, gbps)
     step = chain.step
     solved = chain.activations_only() if activations_only else chain
     schedule = solve(solved, budget_bytes, algorithm=args.algorithm, slots=slots,
@@ -193,3 +198,14 @@ def _change(value: float, reference: float) -> str:
     if reference == 0:
         return "n/a"
     return f"{(value - reference) / reference:+.1%}"
+
+
+def _microseconds(text: str) -> float:
+    """``--selective-overhead-us``: a number of microseconds >= 0 (a usage error otherwise)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of microseconds >= 0, e.g. 15, found {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a number of microseconds >= 0, e.g. 15, found {text!r}")
+    return value

@@ -201,7 +201,7 @@ def _savings(chains: list[Chain]) -> list[int]:
 
 
 def chain_from_trace(trace: Trace, container: str | None = None, checkpoints: Sequence[str] | None = None,
-                     recompute_cost: str = "time") -> Chain:
+                     recompute_cost: str = "time", selective_overhead_us: float | None = None) -> Chain:
     """Builds the cost model of the model's chain from a profiled run.
 
     Blocks that read earlier blocks' outputs besides the previous one's (a U-Net's skips, an encoder's output
@@ -216,9 +216,13 @@ def chain_from_trace(trace: Trace, container: str | None = None, checkpoints: Se
             order they run (the user's choice of checkpoints); excludes ``container``.
         recompute_cost: what weighs the recomputation of a stage's options when the run recorded its ops:
             ``"time"`` (their recorded times) or ``"flops"`` (their FLOPs, as torch.compile's partitioner).
+        selective_overhead_us: what a selective checkpoint adds per op (microseconds), paid by every option on
+            each op of its stage; default: what the run's planning pass measured (``meta.json``), else 0. Pass
+            0 for a device whose kernels hide the dispatch (large blocks on a GPU).
 
     Raises:
-        ChainError: an unknown ``recompute_cost``.
+        ChainError: an unknown ``recompute_cost``, a negative or unknown ``selective_overhead_us`` (given
+            or in ``meta.json``).
         NotAChainError: no chain could be found, or the checkpoints do not cut the graph (the message says
             what was looked at, or which tensor crosses which checkpoint).
     """
@@ -232,7 +236,7 @@ def chain_from_trace(trace: Trace, container: str | None = None, checkpoints: Se
     chains = [_build(trace, tree, candidate, costs, timeline, container is None and checkpoints is None,
                      fuse=checkpoints is None) for candidate in found]
     if len(chains) == 1:
-        return _with_op_options(trace, chains[0], recompute_cost)
+        return _with_op_options(trace, chains[0], recompute_cost, selective_overhead_us)
     ranked = [(saving, chain.length, -index) for index, (chain, saving) in enumerate(zip(chains, _savings(chains)))]
     best = max(range(len(chains)), key=lambda i: ranked[i])
     chosen = chains[best]
@@ -241,24 +245,24 @@ def chain_from_trace(trace: Trace, container: str | None = None, checkpoints: Se
     return _with_op_options(trace, Chain(chosen.name, chosen.input_bytes, chosen.stages,
                                          {**chosen.source, "why": reason}, chosen.step, chosen.transfer, chosen.carried,
                                          chosen.weights),
-                            recompute_cost)
+                            recompute_cost, selective_overhead_us)
 
 
-def _with_op_options(trace: Trace, chain: Chain, recompute_cost: str) -> Chain:
+def _with_op_options(trace: Trace, chain: Chain, recompute_cost: str, overhead_us: float | None) -> Chain:
     """``chain`` with each stage's recomputation options, when the run recorded a planning pass (its ops)."""
     records = trace.op_records()
     if not records:
         return chain
     by_stage = {index: ops_of_stage(records, stage) for index, stage in enumerate(chain.stages[:-1], start=1)}
     return with_options(chain, {index: ops for index, ops in by_stage.items() if ops}, recompute_cost,
-                        _selective_overhead_ms(trace))
+                        _selective_overhead_ms(trace, overhead_us))
 
 
-def _selective_overhead_ms(trace: Trace) -> float:
-    """What the run's planning pass measured a selective checkpoint to add per op, in ms (0 when it did not:
-    a run closed before the measurement was added, or not closed)."""
-    value = trace.meta.get("selective_overhead_us_per_op", 0.0)
+def _selective_overhead_ms(trace: Trace, given_us: float | None) -> float:
+    """The selective checkpoint's cost per op in ms: ``given_us``, else what the run's planning pass measured
+    (0 when it did not: a run recorded before the measurement was added, or not closed)."""
+    where = "selective_overhead_us" if given_us is not None else "meta.json's selective_overhead_us_per_op"
+    value = given_us if given_us is not None else trace.meta.get("selective_overhead_us_per_op", 0.0)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
-        raise ChainError(f"meta.json's selective_overhead_us_per_op must be a non-negative number of "
-                         f"microseconds, found {value!r}; remove the key to plan without it")
+        raise ChainError(f"{where} must be a non-negative number of microseconds, found {value!r}")
     return float(value) / 1000.0

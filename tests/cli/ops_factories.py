@@ -12,6 +12,13 @@ def mlp(batch_size: int) -> tuple:
     return model, torch.randn(batch_size, 8), lambda m, x: m(x).square().mean()
 
 
+def blocks(batch_size: int) -> tuple:
+    """Four residual-free MLP blocks (linear, GELU, linear): each has recomputation options."""
+    torch.manual_seed(0)
+    model = nn.Sequential(*(nn.Sequential(nn.Linear(32, 128), nn.GELU(), nn.Linear(128, 32)) for _ in range(4)))
+    return model, torch.randn(batch_size, 32), lambda m, x: m(x).square().mean()
+
+
 def on_meta(batch_size: int) -> tuple:
     with torch.device("meta"):
         model = nn.Linear(4, 4)

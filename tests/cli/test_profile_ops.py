@@ -69,3 +69,27 @@ def test_an_existing_run_is_refused(tmp_path: Path, capsys: pytest.CaptureFixtur
     capsys.readouterr()
     assert exit_code(argv) == 2
     one_line_error(capsys, "already holds a trace")
+
+
+def test_plan_prices_the_selective_overhead_the_run_measured_or_the_one_given(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    assert exit_code(["profile-ops", f"{FACTORIES}:blocks", "--batch-size", "8", "--out", str(tmp_path),
+                      "--run-id", "blocks", "--optimizer", "sgd"]) == 0
+    run = tmp_path / "blocks"
+    assert load_trace(run).meta["selective_overhead_us_per_op"] > 0
+    cheapest = {}
+    for given in ("measured", "0", "1e6"):
+        out = tmp_path / f"plan-{given}.json"
+        extra = [] if given == "measured" else ["--selective-overhead-us", given]
+        assert exit_code(["plan", str(run), "--budget", "1GiB", "--algorithm", "selective", "--checkpoints",
+                          "0,1,2,3", "--out", str(out), *extra]) == 0
+        stages = json.loads(out.read_text())["chain"]["stages"]
+        cheapest[given] = [min(o["recompute_ms"] for o in s["options"]) for s in stages if s.get("options")]
+    assert cheapest["0"] and len(cheapest["0"]) == len(cheapest["measured"]) == len(cheapest["1e6"])
+    for free, measured, dear in zip(cheapest["0"], cheapest["measured"], cheapest["1e6"]):
+        assert free < measured < dear and dear >= 1000.0  # a second per op, on every op of the block
+    capsys.readouterr()
+    assert exit_code(["plan", str(run), "--budget", "1GiB", "--selective-overhead-us", "-1"]) == 2
+    one_line_error(capsys, "--selective-overhead-us", "microseconds >= 0")

@@ -125,6 +125,8 @@ def test_options_pay_the_selective_overhead_the_planning_pass_measured(planned):
         assert [o.saved_bytes for o in paid.options] == [o.saved_bytes for o in plain.options]
         extra = len(by_stage[number]) * overhead_ms
         assert [o.recompute_ms for o in paid.options] == pytest.approx([o.recompute_ms + extra for o in plain.options])
+    unpriced = chain_from_trace(planned, selective_overhead_us=0.0)  # a device whose kernels hide the dispatch
+    assert [s.options for s in unpriced.stages] == [s.options for s in free.stages]
 
 
 def test_the_planning_pass_iteration_is_left_out_of_the_costs(planned):
@@ -151,3 +153,5 @@ def test_a_bad_selective_overhead_in_meta_is_refused(planned, tmp_path):
     (copy / "meta.json").write_text(json.dumps({**meta, "selective_overhead_us_per_op": "fast"}))
     with pytest.raises(ChainError, match="selective_overhead_us_per_op must be a non-negative number"):
         chain_from_trace(load_trace(copy))
+    with pytest.raises(ChainError, match="selective_overhead_us must be a non-negative number"):
+        chain_from_trace(planned, selective_overhead_us=-1.0)
