@@ -100,6 +100,36 @@ class LoopModel(nn.Module):
         return self.head(x)
 
 
+class CrossBlock(nn.Module):
+    """A decoder-style block reading a context made before the chain twice (its k and v projections)."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.linear, self.k, self.v = nn.Linear(dim, dim), nn.Linear(dim, dim), nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor, context: torch.Tensor, again: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.linear(x) + self.k(context).sigmoid() * self.v(again))
+
+
+class CrossModel(nn.Module):
+    """An encoder's output carried into every block (``blocks.0`` .. ``blocks.{n-1}``) in two arguments: the
+    same tensor twice (``same_tensor_twice``, read twice as T5's decoder blocks read theirs), or two tensors."""
+
+    def __init__(self, same_tensor_twice: bool, dim: int = 8, blocks: int = 5, seed: int = 0) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.encode = nn.Linear(dim, dim)
+        self.blocks = nn.ModuleList([CrossBlock(dim) for _ in range(blocks)])
+        self.same_tensor_twice = same_tensor_twice
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        context = self.encode(x.flip(0) * 1.7)
+        again = context if self.same_tensor_twice else context * 1.0
+        for block in self.blocks:
+            x = block(x, context, again)
+        return x
+
+
 def chain(length: int, names: list[list[str]] | None = None) -> Chain:
     """A chain of ``length`` stages plus the loss; sizes are placeholders (the executor ignores them)."""
     stages = [

@@ -107,6 +107,21 @@ def test_exported_file_on_a_model_calling_its_blocks_in_a_loop_with_keywords(tmp
     assert all(a is not None and torch.equal(a, b) for a, b in zip(*grads))
 
 
+def test_exported_file_hands_a_carried_tensors_gradient_on_as_plain_autograd_does(tmp_path: Path) -> None:
+    """The encoder's output, read twice by each of 5 blocks: the embedded runtime adds its 10 parts in plain
+    autograd's order (bitwise), under a schedule that recomputes."""
+    model = M.CrossModel(same_tensor_twice=True)
+    chain = M.chain(5, [[f"blocks.{i}"] for i in range(5)])
+    exported = _load(tmp_path, export_python(M.schedule(M.revolve(5), chain)))
+    x = torch.randn(16, 8)
+    grads = []
+    for net in (model, exported.apply_schedule(copy.deepcopy(model))):
+        net.zero_grad(set_to_none=True)
+        net(x).square().sum().backward()
+        grads.append([p.grad for p in net.parameters()])
+    assert all(a is not None and torch.equal(a, b) for a, b in zip(*grads))
+
+
 def test_exported_file_for_a_transformer_and_an_unnamed_chain(tmp_path: Path) -> None:
     model = M.transformer()
     schedule = M.schedule(M.revolve(len(model)), M.chain(len(model)))

@@ -153,38 +153,11 @@ def test_gradients_flow_through_a_stages_secondary_outputs(net: type[nn.Module])
         assert y.requires_grad and side.requires_grad
 
 
-class _Cross(nn.Module):
-    """A decoder-style block reading a context made before the chain twice (its k and v projections)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.linear, self.k, self.v = nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 8)
-
-    def forward(self, x: torch.Tensor, context: torch.Tensor, again: torch.Tensor) -> torch.Tensor:
-        return torch.tanh(self.linear(x) + self.k(context).sigmoid() * self.v(again))
-
-
-class _CrossNet(nn.Module):
-    def __init__(self, same_tensor_twice: bool) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.encode = nn.Linear(8, 8)
-        self.blocks = nn.ModuleList([_Cross() for _ in range(5)])
-        self.same_tensor_twice = same_tensor_twice
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        context = self.encode(x.flip(0) * 1.7)
-        again = context if self.same_tensor_twice else context * 1.0
-        for block in self.blocks:
-            x = block(x, context, again)
-        return x
-
-
 @pytest.mark.parametrize("same_tensor_twice", [False, True])
 def test_a_tensor_carried_into_every_block_gets_plain_autograds_gradient(same_tensor_twice: bool) -> None:
     """The context's gradient is the sum of ten parts (two per block); added in another grouping (each
     block's pair first) its float rounding differs from plain autograd's, which this random data shows."""
-    model = _CrossNet(same_tensor_twice)
+    model = M.CrossModel(same_tensor_twice)
     x = torch.randn(16, 8)
     reference = run_step(model, x, lambda out: out.square().sum())
     chain = M.chain(5, [[f"blocks.{i}"] for i in range(5)])
