@@ -110,7 +110,10 @@ def run_profile_ops(args: argparse.Namespace) -> int:
         run_dir, records = _record(args, model, batch, loss_fn, "cuda" if "cuda" in devices else "cpu")
     for warning in caught:
         warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
-    print(summary(records, run_dir, args.factory, batch_size, args.warmup, args.top))
+    from memprof import load_trace
+
+    overhead_us = load_trace(run_dir).meta.get("selective_overhead_us_per_op")
+    print(summary(records, run_dir, args.factory, batch_size, args.warmup, args.top, overhead_us))
     if args.compile_baseline:
         print(_compile_baseline(model, batch, loss_fn, args.optimizer, run_dir), flush=True)
     return 0
@@ -169,8 +172,10 @@ def _record(args: argparse.Namespace, model: Any, batch: Any, loss_fn: Any, devi
     return profiler.run_dir, records
 
 
-def summary(records: Sequence[OpRecord], run_dir: Path, spec: str, batch_size: int, warmup: int, top: int) -> str:
-    """The per-module table of a planning pass, most bytes saved first."""
+def summary(records: Sequence[OpRecord], run_dir: Path, spec: str, batch_size: int, warmup: int, top: int,
+            overhead_us: float | None = None) -> str:
+    """The per-module table of a planning pass, most bytes saved first (``overhead_us``: what the pass measured
+    a selective checkpoint to add per op)."""
     rows = module_ops(records)
     shown = sorted(rows, key=lambda r: (-r.saved_bytes, -r.forward_ms))[: top or None]
     width = max([len(r.module or "(root)") for r in shown] + [6])
@@ -182,5 +187,8 @@ def summary(records: Sequence[OpRecord], run_dir: Path, spec: str, batch_size: i
               f"{r.forward_ms:>7.3f} ms  {r.flops:>14,}" for r in shown]
     if len(shown) < len(rows):
         lines.append(f"  ... {len(rows) - len(shown)} more modules (--top 0 lists all)")
+    if overhead_us is not None:
+        lines.append(f"  a selective checkpoint adds {overhead_us:.1f} us per op here: every recomputation option "
+                     "pays it on each op of its block (memprof plan --selective-overhead-us overrides it)")
     lines.append(f"  trace {run_dir} (Trace.op_records() reads the ops back)")
     return "\n".join(lines)

@@ -31,6 +31,8 @@ def test_profile_ops_writes_the_ops_of_the_step_after_warmup(tmp_path: Path,
     assert [r.module for r in records] == ["0", "0", "1", "2", "2"]  # the loss, outside the model, is not recorded
     assert f"{len(records)} ops in {len(rows)} modules" in out
     assert "trace " + str(tmp_path / "mlp") in out
+    measured = trace.meta["selective_overhead_us_per_op"]
+    assert f"a selective checkpoint adds {measured:.1f} us per op here" in out
 
 
 def test_warmup_zero_records_the_first_step(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
