@@ -22,9 +22,10 @@ every method measured the same way on the same model and batch:
 Methods: plain autograd (store all); eager ``torch.utils.checkpoint`` of every other block; torch.compile
 (``aot_autograd`` with inductor's decompositions and the min-cut partitioner, eager kernels, i.e. the
 ``aot_eager_decomp_partition`` backend with FLOP counting) at ``activation_memory_budget`` 1.0, 0.5, 0.3,
-0.1 and 0.0 (``--compile-budgets``; 0.0 shows what the partitioner keeps at any cost); memprof ``rotor`` (blocks kept or recomputed whole) and ``selective`` (each kept block picks a
-recomputation option from the op records; options weighed by the ops' recorded times, and by their FLOPs
-as the min-cut partitioner weighs them) at ``--budgets`` whole-step budgets from the lowest feasible to
+0.1 and 0.0 (``--compile-budgets``; 0.0 shows what the partitioner keeps at any cost); memprof ``rotor``
+(blocks kept or recomputed whole) and ``selective`` (each kept block picks a recomputation option from the
+op records; options weighed by the ops' recorded times, and by their FLOPs as the min-cut partitioner
+weighs them) at ``--budgets`` whole-step budgets from the lowest feasible to
 store-all's, planned from one profiled step with op records (``MemoryProfiler(..., ops=True)``). The budgets
 count the chain's activations alone (:func:`activations_chain`).
 

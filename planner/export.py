@@ -4,8 +4,9 @@ The Python file embeds the pure-torch runtime (:mod:`planner.executor.block_io`,
 :mod:`planner.executor.offload`, :mod:`planner.executor.transfers`, :mod:`planner.executor.selective`,
 :mod:`planner.executor.program`, :mod:`planner.executor.grads`, :mod:`planner.executor.carried_grads`,
 :mod:`planner.executor.runtime`, :mod:`planner.executor.weights`, :mod:`planner.executor.install`, which import
-nothing but ``torch`` and the standard library) verbatim, and the schedule's data: the modules of each stage (qualified names in the
-model) and the operations, ``OFFLOAD`` and ``PREFETCH`` included, and the stages whose weights are streamed.
+nothing but ``torch`` and the standard library) verbatim, and the schedule's data: the modules of each stage
+(qualified names in the model) and the operations, ``OFFLOAD`` and ``PREFETCH`` included, and the stages whose
+weights are streamed.
 A user adds two lines to a training script::
 
     from apply_schedule import apply_schedule
@@ -96,8 +97,9 @@ def _header(schedule: Schedule) -> str:
 def _runtime_body() -> str:
     """The runtime modules' code, in dependency order, without docstrings and imports of each other."""
     parts = ["from __future__ import annotations"]
-    for module in (executor_block_io, executor_stage, executor_offload, executor_transfers, executor_selective, executor_program,
-                   executor_grads, executor_carried_grads, executor_runtime, executor_weights, executor_install):
+    for module in (executor_block_io, executor_stage, executor_offload, executor_transfers, executor_selective,
+                   executor_program, executor_grads, executor_carried_grads, executor_runtime, executor_weights,
+                   executor_install):
         source = inspect.getsource(module)
         lines = source.splitlines()
         drop: set[int] = set()

@@ -46,24 +46,26 @@ def algorithm_points(chain: Chain, slots: int = DEFAULT_SLOTS, sweep: int = 12) 
     def whole(chain_bytes: int) -> int:
         return int(chain_bytes) if step is None else step.step_peak_bytes(int(chain_bytes))
 
-    def add(algorithm: str, budget: int, ops: tuple, params: dict) -> None:
-        peak, makespan = peak_and_makespan(chain, ops)
-        rows.append((algorithm, int(budget), whole(peak), makespan, json.dumps(params, sort_keys=True)))
+    def add(algorithm: str, budget: int | None, ops: tuple, params: dict,
+            predicted: tuple[int, float] | None = None) -> None:
+        """One row; ``budget`` None: the peak itself; ``predicted``: (chain peak, makespan) already simulated."""
+        peak, makespan = predicted if predicted is not None else peak_and_makespan(chain, ops)
+        step_budget = whole(peak) if budget is None else int(budget)
+        rows.append((algorithm, step_budget, whole(peak), makespan, json.dumps(params, sort_keys=True)))
 
-    all_ops = store_all.store_all_ops(chain)
-    add("store_all", whole(peak_and_makespan(chain, all_ops)[0]), all_ops, {})
+    add("store_all", None, store_all.store_all_ops(chain), {})
     for segments, peak, _ in periodic.candidates(chain)[1:]:
         add("periodic", whole(peak), periodic.periodic_ops(chain, segments), {"segments": segments})
-    sqrt_ops = sqrt.sqrt_ops(chain)
-    add("sqrt", whole(peak_and_makespan(chain, sqrt_ops)[0]), sqrt_ops, {"segment_length": sqrt.segment_length(chain)})
+    add("sqrt", None, sqrt.sqrt_ops(chain), {"segment_length": sqrt.segment_length(chain)})
     for algorithm in ("revolve", "rotor", *(("selective",) if has_options(chain) else ())):
         try:
             front = pareto_front(chain, algorithm, slots)
         except InfeasibleBudgetError:  # revolve can find no schedule at any budget (a^l too large to keep)
             continue
         for budget in np.unique(np.linspace(front.min_feasible_bytes, front.max_budget_bytes, sweep).astype(np.int64)):
-            schedule = front.schedule_at(int(budget))
-            add(algorithm, int(budget), schedule.ops, {"slots": slots})
+            schedule = front.schedule_at(int(budget))  # simulated there: its prediction is the row's
+            add(algorithm, int(budget), schedule.ops, {"slots": slots},
+                (int(schedule.predicted_peak_bytes or 0), float(schedule.predicted_makespan_ms or 0.0)))
     bounds = binomial.memory_bounds(chain)
     for snapshots in binomial.snapshot_sweep(chain.length, sweep):
         add("binomial", whole(bounds[snapshots]), binomial_ops(chain.length, snapshots), {"snapshots": snapshots})

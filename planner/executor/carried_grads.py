@@ -28,6 +28,7 @@ class CarriedGrads:
         self.keys: dict[int, list[int]] = {}  # stage -> the key of each carried place
         self.recorded: dict[int, dict[int, tuple[torch.Tensor, torch.Tensor]]] = {}  # stage -> key -> (leaf, view)
         self.sums: dict[int, torch.Tensor] = {}  # key -> the gradient summed over the readers whose B ran
+        self.handed: dict[int, list[torch.Tensor | None]] = {}  # stage -> what its function hands autograd
 
     def carry(self, stage: int, carried: Sequence[torch.Tensor]) -> None:
         """Notes the tensors stage ``stage`` carries (before its first forward)."""
@@ -52,12 +53,13 @@ class CarriedGrads:
         made = self.recorded.get(stage, {})
         return [(view, self.sums.pop(key)) for key, (_, view) in made.items() if key in self.sums]
 
-    def hand_over(self, stage: int) -> list[torch.Tensor | None] | None:
-        """After ``B(stage)``: the gradient for each carried place that the stage's function hands autograd
-        (the total from the first reader, ``None`` elsewhere); ``None`` when the stage recorded none."""
+    def hand_over(self, stage: int) -> bool:
+        """After ``B(stage)``: notes the gradient for each carried place that the stage's function hands
+        autograd (the total from the first reader, ``None`` elsewhere; :meth:`take`); whether the stage had
+        recorded any."""
         made = self.recorded.pop(stage, None)
         if made is None:
-            return None
+            return False
         handed: list[torch.Tensor | None] = []
         for key in self.keys[stage]:
             grad = made.pop(key)[0].grad if key in made else None  # a tensor in two places: handed over once
@@ -68,10 +70,16 @@ class CarriedGrads:
         for key in self.keys.pop(stage):
             if self.first.get(key, (None, 0))[1] == stage:
                 del self.first[key]  # its first reader is done: the tensor may go
-        return handed
+        self.handed[stage] = handed
+        return True
+
+    def take(self, stage: int, count: int) -> list[torch.Tensor | None]:
+        """The gradients the function of ``stage`` (``count`` carried inputs) hands autograd, once."""
+        return self.handed.pop(stage, [None] * count)
 
     def clear(self) -> None:
-        """Forgets the call (its backward is over)."""
+        """Forgets the call (its backward is over); what stage 1's function has yet to hand over stays for
+        :meth:`take`."""
         self.first.clear()
         self.keys.clear()
         self.recorded.clear()

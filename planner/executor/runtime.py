@@ -60,7 +60,6 @@ class _Run:
         self.done: set[int] = set()
         self.raw: Any = None  # the first run's full result (tuple, ModelOutput), handed to the wrapper
         self.carried = CarriedGrads()  # the carried tensors' gradients, added up as plain autograd adds them
-        self.carried_grads: dict[int, list[torch.Tensor | None]] = {}  # what the stage's function hands autograd
         self.secondary: dict[int, list[Recorded]] = {}  # what F_all(l) recorded its secondary outputs as
         self.secondary_grads: dict[int, tuple[torch.Tensor | None, ...]] = {}  # their gradients, for B(l)
         self.transfers = (Transfers(executor.pool, executor.copiers, executor.min_offload_bytes)
@@ -268,9 +267,7 @@ class _Run:
         if grad is None and stage > 1:
             grad = torch.zeros_like(leaf)  # the stage's output does not depend on its input
         self.delta = grad
-        handed = self.carried.hand_over(stage)
-        if handed is not None:
-            self.carried_grads[stage] = handed
+        if self.carried.hand_over(stage):
             self.calls[stage].release()  # nothing runs this stage again: its carried inputs may go
         if self.transfers is not None:
             self.transfers.done(stage)
@@ -313,7 +310,7 @@ class _StageFunction(torch.autograd.Function):
             grad = torch.zeros(shape, dtype=dtype, device=device)
         delta = run.backward(ctx.stage, grad, secondary)
         ctx.run = None
-        carried = run.carried_grads.pop(ctx.stage, [None] * ctx.carried)
+        carried = run.carried.take(ctx.stage, ctx.carried)
         if delta is not None and ctx.needs_input_grad[2]:
             return None, None, delta.reshape(ctx.input_shape), None, *carried
         return None, None, None, None, *carried
