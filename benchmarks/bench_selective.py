@@ -54,6 +54,9 @@ from torch.utils.flop_counter import FlopCounterMode
 from memprof.units import format_bytes
 from planner.chain import Chain
 from planner.compile_baseline import COMPILE_BUDGETS, CountingBackend, memory_events, running_peak
+from planner.schedule import Schedule
+
+HELD_FRACTIONS = (0.5, 0.3, 0.2, 0.15, 0.12, 0.1, 0.08)
 
 
 @dataclass(frozen=True)
@@ -120,6 +123,29 @@ def hooks_saved_bytes(forward: Callable[[], torch.Tensor], model: nn.Module) -> 
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
         loss = forward()
+    loss.backward()
+    return sum(seen.values())
+
+
+def loss_saved_bytes(forward: Callable[[], torch.Tensor], model: nn.Module, head: nn.Module) -> int:
+    """Bytes of the distinct storages autograd saves after ``head``'s forward returns: the loss's (GPT-2's
+    log-softmax over the vocabulary), which every method here keeps as plain autograd does."""
+    seen: dict[int, int] = {}
+    after = [False]
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        if after[0] and storage.data_ptr() not in params:
+            seen[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    handle = head.register_forward_hook(lambda *_: after.__setitem__(0, True))
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            loss = forward()
+    finally:
+        handle.remove()
     loss.backward()
     return sum(seen.values())
 
@@ -207,11 +233,10 @@ def activations_chain(chain: Chain) -> Chain:
     return replace(chain.activations_only(), stages=stages)
 
 
-def planned_points(work: Workload, repeats: int, budgets: int, out: Path) -> list[Point]:
-    """memprof rotor and selective at ``budgets`` whole-step budgets, planned from one profiled step."""
+def profiled_chains(work: Workload, out: Path) -> dict[str, Chain]:
+    """The chain of one profiled step with op records, its options weighed by time and by FLOPs."""
     from memprof import MemoryProfiler, load_trace
-    from planner import chain_from_trace, min_feasible_budget, solve, store_all_budget
-    from planner.executor import apply_schedule, remove_schedule
+    from planner import chain_from_trace
 
     with MemoryProfiler(work.model, None, out_dir=out, print_period=0, background=False, ops=True) as prof:
         for _ in range(2):
@@ -222,6 +247,25 @@ def planned_points(work: Workload, repeats: int, budgets: int, out: Path) -> lis
     chains = {cost: activations_chain(chain_from_trace(trace, recompute_cost=cost)) for cost in ("time", "flops")}
     print(f"  chain: {chains['time'].length} stages, {sum(len(s.options) for s in chains['time'].stages)} options "
           f"by time, {sum(len(s.options) for s in chains['flops'].stages)} by FLOPs", flush=True)
+    return chains
+
+
+def _measure_applied(work: Workload, schedule: Schedule, method: str, setting: str, repeats: int) -> Point:
+    from planner.executor import apply_schedule, remove_schedule
+
+    apply_schedule(work.model, schedule)
+    try:
+        return measure(method, setting, work.forward, repeats,
+                       note=f"predicted chain peak {format_bytes(schedule.predicted_peak_bytes or 0)}")
+    finally:
+        remove_schedule(work.model)
+        work.model.zero_grad(set_to_none=True)
+
+
+def planned_points(work: Workload, chains: dict[str, Chain], repeats: int, budgets: int) -> list[Point]:
+    """memprof rotor and selective at ``budgets`` peak budgets on the chain's activations."""
+    from planner import min_feasible_budget, solve, store_all_budget
+
     points: list[Point] = []
     for algorithm, cost in (("rotor", "time"), ("selective", "time"), ("selective", "flops")):
         chain = chains[cost]
@@ -231,30 +275,45 @@ def planned_points(work: Workload, repeats: int, budgets: int, out: Path) -> lis
         for i in range(budgets):
             budget = low + (high - low) * i // max(budgets - 1, 1)
             schedule = solve(chain, budget, algorithm)
-            if schedule.ops in seen:
-                continue
-            seen.add(schedule.ops)
-            apply_schedule(work.model, schedule)
-            try:
-                points.append(measure(method, f"activations budget {format_bytes(budget)}", work.forward, repeats,
-                                      note=f"predicted chain peak {format_bytes(schedule.predicted_peak_bytes or 0)}"))
-            finally:
-                remove_schedule(work.model)
-            work.model.zero_grad(set_to_none=True)
+            if schedule.ops not in seen:
+                seen.add(schedule.ops)
+                points.append(_measure_applied(work, schedule, method, f"activations budget {format_bytes(budget)}",
+                                               repeats))
     return points
 
 
-def table(points: list[Point]) -> str:
-    """The Markdown table, ratios against plain autograd (the first point)."""
+def held_points(work: Workload, chains: dict[str, Chain], repeats: int, fractions: tuple[float, ...]) -> list[Point]:
+    """memprof ``solve_held`` at ``fractions`` of what the chain's blocks hold keeping everything."""
+    from planner import solve_held
+    from planner.solvers.held import store_all_held_bytes
+
+    points: list[Point] = []
+    for cost in ("time", "flops"):
+        chain = chains[cost]
+        seen: set[tuple] = set()
+        for fraction in fractions:
+            budget = int(fraction * store_all_held_bytes(chain))
+            schedule = solve_held(chain, budget)
+            if schedule.ops not in seen:
+                seen.add(schedule.ops)
+                points.append(_measure_applied(work, schedule, f"memprof held ({cost})",
+                                               f"held budget {format_bytes(budget)} ({fraction:.2f}x)", repeats))
+    return points
+
+
+def table(points: list[Point], loss_bytes: int) -> str:
+    """The Markdown table, ratios against plain autograd (the first point); *model only* leaves out the
+    loss's ``loss_bytes``."""
     base = points[0]
-    lines = ["| method | setting | activations held | x store-all | saved (hooks) | fwd+bwd peak | x store-all | "
-             "fwd+bwd GFLOP | FLOPs vs store-all | step ms | time vs store-all |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| method | setting | activations held | x store-all | model only | x store-all | saved (hooks) | "
+             "fwd+bwd peak | x store-all | fwd+bwd GFLOP | FLOPs vs store-all | step ms | time vs store-all |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for p in points:
         hooks = format_bytes(p.hooks_bytes) if p.hooks_bytes is not None else "-"
+        model = p.held_bytes - loss_bytes
         lines.append(
             f"| {p.method} | {p.setting} | {format_bytes(p.held_bytes)} | {p.held_bytes / base.held_bytes:.2f}x | "
-            f"{hooks} | "
+            f"{format_bytes(model)} | {model / (base.held_bytes - loss_bytes):.3f}x | {hooks} | "
             f"{format_bytes(p.peak_bytes)} | {p.peak_bytes / base.peak_bytes:.2f}x | "
             f"{p.flops / 1e9:.1f} | {100 * (p.flops / base.flops - 1):+.1f}% | {p.step_ms:.0f} | "
             f"{100 * (p.step_ms / base.step_ms - 1):+.1f}% |"
@@ -274,6 +333,8 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--budgets", type=int, default=8)
     parser.add_argument("--compile-budgets", type=_fractions, default=(*COMPILE_BUDGETS, 0.0),
                         help="torch.compile's activation_memory_budget values, comma-separated")
+    parser.add_argument("--held-fractions", type=_fractions, default=HELD_FRACTIONS,
+                        help="solve_held budgets as fractions of what the blocks hold keeping everything")
     parser.add_argument("--quick", action="store_true", help="a 4-layer, 256-wide GPT-2 (smoke run)")
     args = parser.parse_args(argv)
     if args.quick:
@@ -283,12 +344,16 @@ def main(argv: list[str] | None = None) -> str:
     print(f"GPT-2 {args.layers} layers x {args.width} ({params / 1e6:.0f}M parameters), batch {args.batch} x "
           f"{args.seq} tokens, fp32, {torch.get_num_threads()} threads", flush=True)
     points = [measure("plain autograd", "store all", work.forward, args.repeats, hooks_of=work.model)]
+    loss_bytes = loss_saved_bytes(work.forward, work.model, work.model.lm_head)
+    print(f"  the loss saves {format_bytes(loss_bytes)} for its backward", flush=True)
     with every_other_block_checkpointed(work.model.transformer.h):
         points.append(measure("torch.utils.checkpoint", "every other block", work.forward, args.repeats))
     points += compiled_points(work, args.repeats, args.compile_budgets)
     with tempfile.TemporaryDirectory() as tmp:
-        points += planned_points(work, args.repeats, args.budgets, Path(tmp))
-    text = table(points)
+        chains = profiled_chains(work, Path(tmp))
+    points += planned_points(work, chains, args.repeats, args.budgets)
+    points += held_points(work, chains, args.repeats, args.held_fractions)
+    text = table(points, loss_bytes)
     print(text)
     return text
 
@@ -299,7 +364,7 @@ def _fractions(text: str) -> tuple[float, ...]:
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected fractions like 1.0,0.5,0.1, found {text!r}") from None
     if not all(0.0 <= v <= 1.0 for v in values):
-        raise argparse.ArgumentTypeError(f"activation_memory_budget values lie in [0, 1], found {text!r}")
+        raise argparse.ArgumentTypeError(f"fractions lie in [0, 1], found {text!r}")
     return values
 
 

@@ -23,7 +23,7 @@ from planner.simulator import Prediction, TimelinePoint, simulate
 
 # Eager, and it must stay so: the function ``solve`` shares its name with its module, and importing the
 # module later (``planner.solve.solver``) would otherwise leave the module where the function belongs.
-from planner.solve import ALGORITHMS, min_feasible_budget, solve, store_all_budget
+from planner.solve import ALGORITHMS, min_feasible_budget, solve, solve_held, store_all_budget
 from planner.step import StepCosts
 from planner.transfer import DEFAULT_TRANSFER, TransferCosts
 from planner.weights import WeightCosts
@@ -99,5 +99,6 @@ __all__ = [
     "remove_schedule",
     "simulate",
     "solve",
+    "solve_held",
     "store_all_budget",
 ]

@@ -14,6 +14,7 @@ from planner.simulator import predict_with_host
 from planner.solvers import (
     binomial,
     exact,
+    held,
     offload,
     periodic,
     revolve,
@@ -23,6 +24,7 @@ from planner.solvers import (
     sqrt,
     store_all,
 )
+from planner.solvers.common import Plan
 from planner.step import step_infeasible
 
 ALGORITHMS = (
@@ -116,14 +118,41 @@ def solve(chain: Chain, budget_bytes: int, algorithm: str = "rotor", slots: int 
             plan = module.plan(chain, inner, slots)
     except InfeasibleBudgetError as exc:
         raise _as_step_error(chain, exc, budget, algorithm) from None
+    schedule = _predicted(chain, plan, algorithm, budget)
+    if (schedule.predicted_peak_bytes or 0) > inner:
+        raise AssertionError(f"{schedule.algorithm} returned a schedule peaking at {schedule.predicted_peak_bytes} "
+                             f"bytes over its budget {inner}")
+    return schedule
+
+
+def solve_held(chain: Chain, held_budget_bytes: int, slots: int = held.DEFAULT_HELD_SLOTS) -> Schedule:
+    """The schedule that recomputes least while the forward holds at most ``held_budget_bytes`` for the
+    backward, with its simulated prediction (:mod:`planner.solvers.held`).
+
+    Every stage runs once with one of its recomputation options (``Stage.options``); the budget bounds
+    what stages 1..L keep until their backward, the chain's input and the loss stage not counted (a
+    pipeline stage's stash per micro-batch; what torch.compile's ``activation_memory_budget`` is a
+    fraction of). The peak is not bounded: it is predicted (``predicted_peak_bytes``). The schedule's
+    ``params`` hold ``held_bytes`` (what the chosen options keep) and ``options`` (one per stage).
+
+    Raises:
+        InfeasibleBudgetError: the budget is below what the stages' lightest options hold (named).
+        TypeError: ``held_budget_bytes`` is not a whole number.
+        ValueError: ``slots`` is not a whole number >= 1.
+    """
+    budget = check_budget(held_budget_bytes)
+    return _predicted(chain, held.plan(chain, budget, slots), held.NAME, budget)
+
+
+def _predicted(chain: Chain, plan: Plan, algorithm: str, budget: int) -> Schedule:
+    """``plan`` as a :class:`Schedule` with the simulator's prediction (a fallback names the algorithm
+    that ran)."""
     peak, makespan, host_peak = predict_with_host(chain, plan.ops)
     if chain.carried:
         peak = carried.peak_bytes(chain, plan.ops)
-    produced_by = plan.algorithm or algorithm  # a fallback names the algorithm that ran
-    if peak > inner:
-        raise AssertionError(f"{produced_by} returned a schedule peaking at {peak} bytes over its budget {inner}")
     step_peak = chain.step.step_peak_bytes(peak) if chain.step is not None else None
-    return Schedule(produced_by, budget, plan.ops, chain, peak, makespan, dict(plan.params), step_peak, host_peak)
+    return Schedule(plan.algorithm or algorithm, budget, plan.ops, chain, peak, makespan, dict(plan.params),
+                    step_peak, host_peak)
 
 
 def _solve_streaming(chain: Chain, budget: int, algorithm: str, module: ModuleType, slots: int) -> Schedule:

@@ -11,12 +11,14 @@ import pytest
 import torch
 
 from memprof import MemoryProfiler, load_trace
-from planner import chain_from_trace, min_feasible_budget, solve, store_all_budget
+from planner import chain_from_trace, min_feasible_budget, solve, solve_held, store_all_budget
+from planner.compile_baseline import memory_events, running_peak
 from planner.executor import apply_schedule, remove_schedule
 from planner.export import export_python
 from planner.measure import measure_schedule
 from planner.schedule import Op, OpKind, Schedule
 from planner.simulator import predict
+from planner.solvers import held
 from tests.planner import real_models
 from tests.planner.real_models import gpt2
 
@@ -123,6 +125,35 @@ def test_dp_schedules_with_options_on_several_blocks_give_plain_gradients(name: 
     predicted = comparison.predicted_step_peak_bytes
     assert abs(comparison.measured_step_peak_bytes - predicted) <= 0.05 * predicted + MIB
 
+
+def _forward_held_bytes(real, batch) -> int:  # noqa: ANN001
+    """What the forward leaves allocated for the backward (the CPU allocator's events), after a warm-up."""
+    real.model.zero_grad(set_to_none=True)
+    real.loss(real.model, batch).backward()
+    loss, events = memory_events(lambda: real.loss(real.model, batch))
+    loss.backward()
+    return running_peak(events)[1]
+
+
+def test_held_budgets_hold_what_they_predict_and_give_plain_gradients(tmp_path: Path) -> None:
+    """``solve_held``: at a tenth of store-all's held bytes (or the least the options allow), the forward
+    holds what the options keep, to the allocator's byte counts, and the gradients are plain autograd's."""
+    real, _, chain = _profiled(gpt2, tmp_path)
+    batch = real.make_batch(BATCH)
+    plain = _grads(real, batch)
+    plain_held = _forward_held_bytes(real, batch)
+    store_all = held.store_all_held_bytes(chain)
+    budget = max(held.min_held_bytes(chain), store_all // 10)
+    schedule = solve_held(chain, budget)
+    assert sum(1 for op in schedule.ops if op.option) >= 2, "several blocks keep less than everything"
+    apply_schedule(real.model, schedule)
+    try:
+        assert all(torch.equal(a, b) for a, b in zip(plain, _grads(real, batch), strict=True))
+        measured_cut = plain_held - _forward_held_bytes(real, batch)
+    finally:
+        remove_schedule(real.model)
+    predicted_cut = store_all - schedule.params["held_bytes"]
+    assert abs(measured_cut - predicted_cut) <= 0.02 * store_all, (measured_cut, predicted_cut, store_all)
 
 def with_prediction(schedule: Schedule) -> Schedule:
     peak, makespan = predict(schedule.chain, schedule.ops)
