@@ -8,6 +8,8 @@ every method measured the same way on the same model and batch:
   (torch.profiler's ``[memory]`` events summed over the forward, the loss included); it counts the saved
   tensors of plain autograd, of ``torch.utils.checkpoint`` (inputs, cached outputs of selective policies) and
   of compiled graphs alike, where ``saved_tensors_hooks`` miss what a checkpoint holds;
+- *model only*: the same less what the loss saves after the LM head (its log-softmax, measured once by a
+  pack hook), which every method keeps as plain autograd does: the model's own activations;
 - *saved (hooks)*: the issue's measure, for the methods that keep no checkpoint (plain autograd,
   torch.compile): the distinct storages a ``torch.autograd.graph.saved_tensors_hooks`` pack hook sees
   during the forward, parameters left out (they are the model's, not activations); a check that
@@ -27,10 +29,12 @@ Methods: plain autograd (store all); eager ``torch.utils.checkpoint`` of every o
 op records; options weighed by the ops' recorded times, and by their FLOPs as the min-cut partitioner
 weighs them) at ``--budgets`` whole-step budgets from the lowest feasible to
 store-all's, planned from one profiled step with op records (``MemoryProfiler(..., ops=True)``). The budgets
-count the chain's activations alone (:func:`activations_chain`).
+count the chain's activations alone (:func:`activations_chain`). memprof ``held`` (``solve_held``, options
+weighed by time and by FLOPs) bounds what the forward holds instead of the peak, at ``--held-fractions`` of
+what the blocks hold keeping everything.
 
 Run ``python -m benchmarks.bench_selective [--layers 12 --width 768 --heads 12] [--repeats 3] [--budgets 8]
-[--compile-budgets 1.0,0.5,0.3,0.1,0.0]``
+[--compile-budgets 1.0,0.5,0.3,0.1,0.0] [--held-fractions 0.5,0.3,0.2,0.15,0.12,0.1,0.08]``
 (``--quick``: a 4-layer, 256-wide model for a smoke run).
 """
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from cli.common import OptionError, load_chain, positive_int, write_output
 from memprof.units import format_bytes, parse_bytes
 from planner.schedule import OpKind, Schedule
+from planner.solvers import held
 from planner.step import StepCosts
 from planner.transfer import TransferCosts
 
@@ -39,7 +40,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     budgets.add_argument("--activation-budget", default=None, metavar="SIZE",
                          help="memory of the chain alone (its activations, their gradients and overheads; the "
                               "ROTOR paper's M), e.g. 512MiB")
-    plan.add_argument("--algorithm", default="rotor", help="solver (default rotor; see planner.ALGORITHMS)")
+    budgets.add_argument("--held-budget", default=None, metavar="SIZE",
+                         help="what the forward may hold for the backward (the stages' saved activations, the "
+                              "loss's left out: a pipeline stage's stash per micro-batch), e.g. 256MiB; each stage "
+                              "keeps one of its recomputation options (runs with op records) and the peak is "
+                              "predicted, not bounded")
+    plan.add_argument("--algorithm", default=None,
+                      help="solver (default rotor; see planner.ALGORITHMS; not with --held-budget)")
     plan.add_argument("--container", default=None,
                       help="run directories only: the module whose children form the chain (default: found)")
     plan.add_argument("--checkpoints", default=None, metavar="A,B,...",
@@ -52,7 +59,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       help="run directories with op records only: what a selective checkpoint adds per op, paid by "
                            "every block option (default: measured by the planning pass; 0 where large GPU kernels "
                            "hide it)")
-    plan.add_argument("--slots", default="500", help="memory slots of the dynamic programs (default 500)")
+    plan.add_argument("--slots", default=None,
+                      help="memory slots of the dynamic programs (default 500; 10000 with --held-budget)")
     plan.add_argument("--host-cap", default=None, metavar="SIZE",
                       help="offload only: the most host memory offloaded activations may take, e.g. 64GiB "
                            "(default: the chain's, else no cap)")
@@ -75,15 +83,24 @@ def run_plan(args: argparse.Namespace) -> int:
         MemprofError: an unknown algorithm, an unreadable source, an infeasible budget.
     """
     from planner.carried import peak_bytes as carried_peak_bytes
+    from planner.discretize import DEFAULT_SLOTS
     from planner.export import export_json
     from planner.simulator import simulate
-    from planner.solve import solve, solver
+    from planner.solve import solve, solve_held, solver
+    from planner.solvers.held import DEFAULT_HELD_SLOTS
     from planner.solvers.store_all import store_all_ops
 
     activations_only = args.activation_budget is not None
-    budget_bytes = parse_bytes(args.activation_budget if activations_only else args.budget)
-    slots = positive_int(args.slots, "--slots")
-    solver(args.algorithm)  # an unknown name fails before the chain is read
+    by_held = args.held_budget is not None
+    if by_held and (args.algorithm is not None or getattr(args, "stream_weights", False)):
+        raise OptionError("--held-budget picks each stage's recomputation option itself; drop --algorithm and "
+                          "--stream-weights, or give --budget instead")
+    budget_bytes = parse_bytes(args.held_budget if by_held else args.activation_budget if activations_only
+                               else args.budget)
+    slots = positive_int(args.slots, "--slots") if args.slots is not None else \
+        DEFAULT_HELD_SLOTS if by_held else DEFAULT_SLOTS
+    algorithm = args.algorithm or "rotor"
+    solver(algorithm)  # an unknown name fails before the chain is read
     host_cap = parse_bytes(args.host_cap) if args.host_cap is not None else None
     gbps = _bandwidth(args.bandwidth)
     checkpoints = [name.strip() for name in args.checkpoints.split(",")] if args.checkpoints else None
@@ -91,8 +108,11 @@ def run_plan(args: argparse.Namespace) -> int:
                                   args.selective_overhead_us), host_cap, gbps)
     step = chain.step
     solved = chain.activations_only() if activations_only else chain
-    schedule = solve(solved, budget_bytes, algorithm=args.algorithm, slots=slots,
-                     stream_weights=bool(getattr(args, "stream_weights", False)))
+    if by_held:
+        schedule = solve_held(solved, budget_bytes, slots)
+    else:
+        schedule = solve(solved, budget_bytes, algorithm=algorithm, slots=slots,
+                         stream_weights=bool(getattr(args, "stream_weights", False)))
     prediction = simulate(solved, schedule)
     streamed = schedule.streamed_weights
     peak = carried_peak_bytes(solved, schedule.ops, streamed) if solved.carried else prediction.peak_bytes
@@ -124,6 +144,9 @@ def summary(schedule: Schedule, store_all_peak_bytes: int, store_all_makespan_ms
     recomputations = forwards - (schedule.chain.length + 1)
     if schedule.budget_bytes is None:
         budget = "none"
+    elif schedule.algorithm == held.NAME:
+        budget = (f"{format_bytes(schedule.budget_bytes)} held for the backward (the stages' saved activations; "
+                  f"the peak is predicted, not bounded)")
     elif whole_step and step is not None:
         budget = (f"{format_bytes(schedule.budget_bytes)} for the whole step (leaves the chain "
                   f"{format_bytes(max(step.chain_budget_bytes(schedule.budget_bytes), 0))})")
@@ -152,6 +175,11 @@ def summary(schedule: Schedule, store_all_peak_bytes: int, store_all_makespan_ms
         f"{_change(makespan, store_all_makespan_ms)})",
         f"  operations       {len(schedule.ops)} ({recomputations} recomputed forwards)",
     ]
+    if schedule.algorithm == held.NAME:
+        kept, full = int(schedule.params["held_bytes"]), held.store_all_held_bytes(schedule.chain)
+        chosen = sum(1 for k in schedule.params["options"] if k)
+        lines.append(f"  held             {format_bytes(kept)} for the backward (store-all {format_bytes(full)}, "
+                     f"{_change(kept, full)}); {chosen} of {schedule.chain.length} stages keep less than everything")
     if schedule.algorithm == "offload" or schedule.has_transfers:
         offloaded = sorted({op.stage for op in schedule.ops if op.kind is OpKind.OFFLOAD})
         host = int(schedule.predicted_host_peak_bytes or 0)

@@ -114,8 +114,11 @@ def rebuild(table: HeldTable, held_budget_bytes: int) -> tuple[int, ...]:
         return (0,) * len(table.weights)
     m = min(held_budget_bytes // table.slot_bytes, table.width)
     if m < 0 or not np.isfinite(table.cost[0, m]):
-        raise infeasible(NAME, held_budget_bytes, table.min_held_bytes(),
-                         f"held memory, {table.width} slots of {format_bytes(table.slot_bytes)}")
+        detail = f"held memory, {table.width} slots of {format_bytes(table.slot_bytes)}"
+        if all(len(w) == 1 for w in table.weights):
+            detail += ("; no stage has recomputation options: record the ops of a step (MemoryProfiler(..., "
+                       "ops=True) or memprof profile-ops) to get some")
+        raise infeasible(NAME, held_budget_bytes, table.min_held_bytes(), detail)
     chosen = []
     for s, (weights, recompute) in enumerate(zip(table.weights, table.recompute_ms, strict=True)):
         fits = [(recompute[k] + table.cost[s + 1, m - w], w, k) for k, w in enumerate(weights) if w <= m]

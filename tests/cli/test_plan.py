@@ -129,7 +129,9 @@ def test_plan_infeasible_step_budget_names_the_minimum(tmp_path: Path, capsys: p
 
 @pytest.mark.parametrize(("extra", "fragment"), [
     (["--budget", "1GiB", "--activation-budget", "1GiB"], "not allowed with argument"),
-    ([], "one of the arguments --budget --activation-budget is required"),
+    ([], "one of the arguments --budget --activation-budget --held-budget is required"),
+    (["--held-budget", "1GiB", "--algorithm", "rotor"], "drop --algorithm"),
+    (["--held-budget", "1KiB"], "minimum feasible budget for held"),
     (["--activation-budget", "1KiB"], "minimum"),
 ])
 def test_plan_budget_options(tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str],

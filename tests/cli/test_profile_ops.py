@@ -95,3 +95,29 @@ def test_plan_prices_the_selective_overhead_the_run_measured_or_the_one_given(
     capsys.readouterr()
     assert exit_code(["plan", str(run), "--budget", "1GiB", "--selective-overhead-us", "-1"]) == 2
     one_line_error(capsys, "--selective-overhead-us", "microseconds >= 0")
+
+
+def test_plan_held_budget_picks_options_within_what_the_forward_may_hold(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from planner.schedule import Schedule
+    from planner.solvers import held
+
+    assert exit_code(["profile-ops", f"{FACTORIES}:blocks", "--batch-size", "8", "--out", str(tmp_path),
+                      "--run-id", "blocks", "--optimizer", "sgd"]) == 0
+    run, out = tmp_path / "blocks", tmp_path / "held.json"
+    plan = ["plan", str(run), "--checkpoints", "0,1,2,3", "--out", str(out)]
+    assert exit_code([*plan, "--held-budget", "1GiB"]) == 0
+    chain = Schedule.from_json(out).chain
+    assert not any(op.option for op in Schedule.from_json(out).ops)  # everything fits: nothing recomputed
+    lowest = held.min_held_bytes(chain)
+    assert lowest < held.store_all_held_bytes(chain)
+    capsys.readouterr()
+    assert exit_code([*plan, "--held-budget", str(lowest)]) == 0
+    schedule = Schedule.from_json(out)
+    assert schedule.algorithm == "held" and schedule.params["held_bytes"] <= lowest
+    assert sum(1 for op in schedule.ops if op.option) == sum(1 for s in chain.stages[:-1] if s.options)
+    text = capsys.readouterr().out
+    assert "held for the backward (the stages' saved activations; the peak is predicted" in text
+    assert "stages keep less than everything" in text
+    assert exit_code([*plan, "--held-budget", str(lowest - 1)]) == 2
+    one_line_error(capsys, "minimum feasible budget for held", str(lowest))

@@ -105,3 +105,10 @@ def test_bad_budgets_and_slots_say_what_was_expected() -> None:
         solve_held(chain, "64MiB")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="slots must be a whole number >= 1"):
         solve_held(chain, 10**9, slots=0)
+
+
+def test_a_chain_without_options_says_how_to_get_some() -> None:
+    chain = random_option_chain(2, 4, 0)
+    assert held.min_held_bytes(chain) == held.store_all_held_bytes(chain)
+    with pytest.raises(InfeasibleBudgetError, match="no stage has recomputation options: record the ops"):
+        solve_held(chain, held.store_all_held_bytes(chain) - 1)
