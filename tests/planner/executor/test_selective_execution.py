@@ -137,8 +137,9 @@ def _forward_held_bytes(real, batch) -> int:  # noqa: ANN001
 
 def test_held_budgets_hold_what_they_predict_and_give_plain_gradients(tmp_path: Path) -> None:
     """``solve_held``: at a tenth of store-all's held bytes (or the least the options allow), the forward
-    holds what the options keep, to the allocator's byte counts, and the gradients are plain autograd's."""
-    real, _, chain = _profiled(gpt2, tmp_path)
+    holds what the options keep, to the allocator's byte counts, the gradients are plain autograd's, and
+    the whole step's peak is within 5% + 1 MiB of the prediction."""
+    real, optimizer, chain = _profiled(gpt2, tmp_path)
     batch = real.make_batch(BATCH)
     plain = _grads(real, batch)
     plain_held = _forward_held_bytes(real, batch)
@@ -154,6 +155,14 @@ def test_held_budgets_hold_what_they_predict_and_give_plain_gradients(tmp_path: 
         remove_schedule(real.model)
     predicted_cut = store_all - schedule.params["held_bytes"]
     assert abs(measured_cut - predicted_cut) <= 0.02 * store_all, (measured_cut, predicted_cut, store_all)
+    try:
+        _, comparison = measure_schedule(real.model, real.make_batch, schedule, tmp_path / "measured", steps=3,
+                                         batch_size=BATCH, loss=real.loss, optimizer=optimizer)
+    finally:
+        remove_schedule(real.model)
+    predicted = comparison.predicted_step_peak_bytes
+    assert abs(comparison.measured_step_peak_bytes - predicted) <= 0.05 * predicted + MIB
+
 
 def with_prediction(schedule: Schedule) -> Schedule:
     peak, makespan = predict(schedule.chain, schedule.ops)
