@@ -206,6 +206,24 @@ def _why_not_one_run(tree: ModuleTree, container: str, sequence: list[str],
     return f"the blocks of {container!r} form {len(runs)} separate runs"
 
 
+def _what_it_reads(tree: ModuleTree, name: str) -> str:
+    """``"; it reads the output of 'm' (...)"`` for the outermost modules that made ``name``'s inputs (its own
+    enclosing modules left out), those that ran more than once (never a checkpoint, nor inside one) said so;
+    ``""`` when none is known."""
+    made: dict[str, str] = {}
+    for storage in sorted(tree.nodes[name].inputs):
+        makers = [n for n in tree.nodes.values()
+                  if n.module and storage in n.outputs and not f"{name}.".startswith(f"{n.module}.")]
+        if makers:
+            outer = min(makers, key=lambda n: (n.module.count("."), n.order))
+            made.setdefault(outer.module, "" if outer.calls == 1 else
+                            f" (run {outer.calls} times per step: it cannot be a checkpoint, nor lie inside one)")
+    if not made:
+        return ""
+    ordered = sorted(made, key=lambda m: tree.nodes[m].order)
+    return "; it reads the output of " + ", ".join(f"{m!r}{made[m]}" for m in ordered)
+
+
 def named_candidate(tree: ModuleTree, names: list[str]) -> Candidate:
     """The chain whose stages are the named modules, in the order they ran (the user's checkpoints).
 
@@ -231,7 +249,7 @@ def named_candidate(tree: ModuleTree, names: list[str]) -> Candidate:
         if not tree.nodes[name].inputs & tree.nodes[previous].outputs:
             raise NotAChainError(
                 f"checkpoint {name!r} does not cut the graph after {previous!r}: it does not read {previous!r}'s "
-                "output; name every block between two checkpoints, in the order they run")
+                f"output{_what_it_reads(tree, name)}; name every block between two checkpoints, in the order they run")
     groups = tuple((name,) for name in ordered)
     outside = _read_outside(tree, groups)
     if outside is not None:

@@ -133,12 +133,31 @@ def test_named_checkpoints_plan_the_encoder_decoder_block_by_block(tmp_path) -> 
 
 def test_checkpoints_that_do_not_cut_the_graph_are_refused(tmp_path) -> None:
     _, trace, _, _ = _profile("unet", tmp_path)
-    with pytest.raises(NotAChainError, match=r"'up3' does not cut the graph after 'down1'"):
+    with pytest.raises(NotAChainError, match=r"'up3' does not cut the graph after 'down1': it does not read "
+                                             r"'down1''s output; it reads the output of 'inc', 'up2';"):
         chain_from_trace(trace, checkpoints=["inc", "down1", "up3", "outc"])
     with pytest.raises(NotAChainError, match="'nope' is not a module that ran"):
         chain_from_trace(trace, checkpoints=["inc", "nope"])
     with pytest.raises(NotAChainError, match="lies inside checkpoint 'down1'"):
         chain_from_trace(trace, checkpoints=["down1", "down1.maxpool_conv"])
+
+
+def test_a_link_through_a_module_run_twice_is_named(tmp_path) -> None:
+    """T5 as one chain: the decoder's first block reads the decoder's embedding through the stack's dropout,
+    which each stack runs twice (on its embeddings and on its output), so no checkpoint can lie between."""
+    from tests.planner.real_models import t5
+
+    real = t5()
+    optimizer = torch.optim.SGD(real.model.parameters(), lr=1e-3)
+    with MemoryProfiler(real.model, optimizer, out_dir=tmp_path, print_period=0, background=False) as profiler:
+        for _ in range(2):
+            _train(real, real.model, optimizer, real.make_batch(BATCH))
+            profiler.record_stats()
+    names = [*(f"encoder.block.{i}" for i in range(3)), "encoder.final_layer_norm", "decoder.block.0"]
+    with pytest.raises(NotAChainError, match=r"'decoder.block.0' does not cut the graph after "
+                                             r"'encoder.final_layer_norm'.*'decoder.dropout' \(run 2 times per "
+                                             r"step: it cannot be a checkpoint, nor lie inside one\)"):
+        chain_from_trace(load_trace(profiler.run_dir), checkpoints=names)
 
 
 def test_parallel_branches_cannot_be_segmented_and_say_why(tmp_path) -> None:
