@@ -169,9 +169,13 @@ def with_prediction(schedule: Schedule) -> Schedule:
     return schedule.with_prediction(peak, makespan)
 
 
-def test_the_exported_file_carries_the_policies(tmp_path: Path) -> None:
+@pytest.mark.parametrize("objective", ["peak", "held"])
+def test_the_exported_file_carries_the_policies(tmp_path: Path, objective: str) -> None:
     real, _, chain = _profiled(gpt2, tmp_path)
-    schedule = _selective_schedules(chain)[0]
+    if objective == "peak":
+        schedule = _selective_schedules(chain)[0]
+    else:
+        schedule = solve_held(chain, held.min_held_bytes(chain))
     path = tmp_path / "schedule.py"
     path.write_text(export_python(schedule))
     assert "POLICIES = {" in path.read_text() and "F_all[" in path.read_text()
