@@ -113,43 +113,27 @@ def held_and_peak_bytes(forward: Callable[[], torch.Tensor]) -> tuple[int, int]:
     return held, max(forward_peak, backward_peak)
 
 
-def hooks_saved_bytes(forward: Callable[[], torch.Tensor], model: nn.Module) -> int:
+def hooks_saved_bytes(forward: Callable[[], torch.Tensor], model: nn.Module, after: nn.Module | None = None) -> int:
     """Bytes of the distinct non-parameter storages autograd saves during the forward, as a
-    ``saved_tensors_hooks`` pack hook sees them (checkpoints' own hooks hide what they keep from it)."""
+    ``saved_tensors_hooks`` pack hook sees them (checkpoints' own hooks hide what they keep from it); with
+    ``after``, only those first saved once ``after``'s forward has returned."""
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     seen: dict[int, int] = {}
+    counting = [after is None]
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
         storage = tensor.untyped_storage()
-        if storage.data_ptr() not in params:
+        if counting[0] and storage.data_ptr() not in params:
             seen[storage.data_ptr()] = storage.nbytes()
         return tensor
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        loss = forward()
-    loss.backward()
-    return sum(seen.values())
-
-
-def loss_saved_bytes(forward: Callable[[], torch.Tensor], model: nn.Module, head: nn.Module) -> int:
-    """Bytes of the distinct storages autograd saves after ``head``'s forward returns: the loss's (GPT-2's
-    log-softmax over the vocabulary), which every method here keeps as plain autograd does."""
-    seen: dict[int, int] = {}
-    after = [False]
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-
-    def pack(tensor: torch.Tensor) -> torch.Tensor:
-        storage = tensor.untyped_storage()
-        if after[0] and storage.data_ptr() not in params:
-            seen[storage.data_ptr()] = storage.nbytes()
-        return tensor
-
-    handle = head.register_forward_hook(lambda *_: after.__setitem__(0, True))
+    handle = after.register_forward_hook(lambda *_: counting.__setitem__(0, True)) if after is not None else None
     try:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
             loss = forward()
     finally:
-        handle.remove()
+        if handle is not None:
+            handle.remove()
     loss.backward()
     return sum(seen.values())
 
@@ -348,7 +332,8 @@ def main(argv: list[str] | None = None) -> str:
     print(f"GPT-2 {args.layers} layers x {args.width} ({params / 1e6:.0f}M parameters), batch {args.batch} x "
           f"{args.seq} tokens, fp32, {torch.get_num_threads()} threads", flush=True)
     points = [measure("plain autograd", "store all", work.forward, args.repeats, hooks_of=work.model)]
-    loss_bytes = loss_saved_bytes(work.forward, work.model, work.model.lm_head)
+    # what the loss saves after the LM head (its log-softmax): every method keeps it as plain autograd does
+    loss_bytes = hooks_saved_bytes(work.forward, work.model, after=work.model.lm_head)
     print(f"  the loss saves {format_bytes(loss_bytes)} for its backward", flush=True)
     with every_other_block_checkpointed(work.model.transformer.h):
         points.append(measure("torch.utils.checkpoint", "every other block", work.forward, args.repeats))

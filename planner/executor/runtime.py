@@ -274,7 +274,7 @@ class _Run:
 
 
 def _carried_value(where: int | str, call: StageCall) -> torch.Tensor:
-    """Carried input ``where`` of ``call``, without history."""
+    """Carried input ``where`` of ``call`` (:meth:`CarriedGrads.views` reads it without its history)."""
     value = call.args[where] if isinstance(where, int) else call.kwargs[where]
     assert isinstance(value, torch.Tensor), "a carried input was released before its stage's last recording"
     return value
