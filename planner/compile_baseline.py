@@ -15,6 +15,7 @@ shows them with the planner's predictions (``memprof profile-ops --compile-basel
 from __future__ import annotations
 
 import functools
+import gc
 import json
 import statistics
 import time
@@ -98,11 +99,22 @@ class CountingBackend:
 
 
 def memory_events(call: Callable[[], Any]) -> tuple[Any, list[int]]:
-    """``call()``'s result and the CPU allocator's events during it, in time order (sizes; frees negative)."""
+    """``call()``'s result and the CPU allocator's events during it, in time order (sizes; frees negative).
+
+    Python's cycle collector is run before and held off during the call: a collection inside it would free
+    tensors of earlier work there, which would read as a fall in ``call``'s own memory.
+    """
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        result = call()
+    gc.collect()
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            result = call()
+    finally:
+        if collecting:
+            gc.enable()
     events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
                     key=lambda e: e.start_ns())
     return result, [e.nbytes() for e in events]

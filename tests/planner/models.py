@@ -221,20 +221,6 @@ def _held_before(ops: list[Op], position: int) -> set[int]:
     return plain | saved
 
 
-def peak_cpu_bytes(step) -> int:
-    """The highest CPU memory allocated above the start while ``step()`` runs (torch.profiler's events)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        step()
-    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
-    live = peak = 0
-    for event in sorted(events, key=lambda e: e.start_ns()):
-        live += event.nbytes()
-        peak = max(peak, live)
-    return peak
-
-
 def measured_mlp(batch: int = 512, width: int = 32, depth: int = 8):
     """Linear+ReLU blocks with their exact chain: (model, chain, input, target for ``(out * target).sum()``).
 

@@ -11,6 +11,7 @@ import torch
 from planner.executor import CheckpointedSequential
 from planner.simulator import simulate
 from planner.solve import ALGORITHMS, min_feasible_budget, solve, store_all_budget
+from tests.allocator_truth import allocator_rise_bytes
 from tests.planner import models as M
 from tests.planner.executor.helpers import assert_same_step, run_step, stochastic_net
 
@@ -25,7 +26,7 @@ def test_measured_peak_matches_the_simulator() -> None:
         scheduled = CheckpointedSequential(copy.deepcopy(model), schedule)
         (scheduled(x) * target).sum().backward()  # creates the .grad tensors, outside the budget
         scheduled.zero_grad(set_to_none=False)
-        measured = M.peak_cpu_bytes(lambda net=scheduled: (net(x) * target).sum().backward()) + a  # + the input
+        measured = allocator_rise_bytes(lambda net=scheduled: (net(x) * target).sum().backward()) + a  # + the input
         predicted = simulate(chain, schedule).peak_bytes
         assert abs(measured - predicted) <= 0.02 * predicted, (name, measured, predicted)
         peaks[name] = measured
@@ -43,7 +44,7 @@ def test_every_algorithm_runs_with_plain_gradients_and_its_predicted_memory(algo
         scheduled = CheckpointedSequential(copy.deepcopy(model), schedule)
         assert_same_step(reference, run_step(scheduled, x, lambda out: (out * target).sum()))
         scheduled.zero_grad(set_to_none=False)
-        measured = M.peak_cpu_bytes(lambda net=scheduled: (net(x) * target).sum().backward()) + chain.input_bytes
+        measured = allocator_rise_bytes(lambda net=scheduled: (net(x) * target).sum().backward()) + chain.input_bytes
         # the executor frees delta^l once the stage's first backward operation used it, as plain autograd does;
         # the paper's rules hold it through B(l), so the prediction may be a little high, never low
         assert 0.95 * schedule.predicted_peak_bytes <= measured <= 1.02 * schedule.predicted_peak_bytes
