@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # The CPU build of torch; override with TORCH_SPEC="torch" to take your own.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: setup demo test lint bench
+.PHONY: setup demo test lint bench mutants
 
 $(BIN)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -23,14 +23,20 @@ demo: setup
 	$(BIN)/memprof demo $(ARGS)
 
 lint: setup
-	$(BIN)/ruff check memprof planner dashboard cli tests benchmarks
+	$(BIN)/ruff check memprof planner dashboard cli tests benchmarks scripts
 	$(BIN)/mypy
 
 test: setup
 	bash scripts/install_browser.sh
-	$(BIN)/ruff check memprof planner dashboard cli tests benchmarks
+	$(BIN)/ruff check memprof planner dashboard cli tests benchmarks scripts
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q $(ARGS)
+	@# deliberate breakages the tests must catch (scripts/mutants.py; a few minutes)
+	$(BIN)/python scripts/mutants.py
+
+# The mutation check alone: each breakage of scripts/mutants.py applied to a copy of the tree, its tests run.
+mutants: setup
+	$(BIN)/python scripts/mutants.py $(ARGS)
 
 bench: setup
 	$(BIN)/python -m benchmarks $(ARGS)

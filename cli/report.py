@@ -4,6 +4,7 @@ the planner's answer in whole-step memory (what the step needs, which schedule f
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cli.common import whole_number
@@ -15,8 +16,10 @@ if TYPE_CHECKING:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Adds ``memprof report`` to the ``memprof`` command."""
-    parser = subparsers.add_parser("report", help="print a run's memory summary (its peak iteration)")
-    parser.add_argument("run_dir", help="a run directory written by MemoryProfiler")
+    parser = subparsers.add_parser("report", help="print a run's memory summary (its peak iteration; every rank's "
+                                   "peak for a distributed run)")
+    parser.add_argument("run_dir", help="a run directory written by MemoryProfiler (or a distributed run's, holding "
+                                        "rank=<r>/ folders)")
     parser.add_argument("--iteration", type=int, default=None, help="iteration to show (default: the peak one)")
     parser.add_argument("--top", type=whole_number(0), default=10, help="how many layers to list (default 10)")
     parser.set_defaults(func=run_report)
@@ -30,8 +33,11 @@ def run_report(args: argparse.Namespace) -> int:
     """
     from memprof.analysis import format_failure, format_report  # the reader needs pandas: only when run
     from memprof.trace import load_trace
+    from memprof.trace.ranks import rank_dirs
     from planner.advice import planner_advice
 
+    if not (Path(args.run_dir) / "meta.json").exists() and rank_dirs(args.run_dir):
+        return run_rank_report(args)
     trace = load_trace(args.run_dir)
     iterations = trace.iterations
     if iterations.empty:
@@ -55,6 +61,45 @@ def run_report(args: argparse.Namespace) -> int:
     if trace.meta.get("failure"):
         print(format_failure(trace.meta["failure"]))
         print("\n".join(planner_advice(trace, trace.meta["failure"])))
+    return 0
+
+
+def run_rank_report(args: argparse.Namespace) -> int:
+    """Prints a distributed run's ranks side by side: each rank's peak, the imbalance, the worst rank's breakdown.
+
+    Raises:
+        TraceError: a rank's trace cannot be read.
+    """
+    from memprof.analysis import format_report
+    from memprof.trace import load_trace
+    from memprof.trace.ranks import peak_imbalance, rank_dirs, rank_summary
+    from memprof.units import format_bytes
+
+    summary = rank_summary(args.run_dir)
+    imbalance = peak_imbalance(summary)
+    run = Path(args.run_dir)
+    if imbalance is None:
+        print(f"run {run.name}: {len(rank_dirs(run))} ranks, no iteration recorded yet")
+        return 0
+    worst = load_trace(run / f"rank={imbalance.highest_rank}")
+    print(f"run {run.name} | model {worst.meta['model']} | {len(summary)} ranks "
+          f"(world size {worst.meta.get('world_size', len(summary))})")
+    rows = [[str(int(r.rank)), format_bytes(int(r.peak_allocated_bytes)), str(int(r.peak_iteration)),
+             str(r.peak_phase), str(r.peak_module) or "-", str(int(r.iterations))] for r in summary.itertuples()]
+    headers = ["rank", "peak allocated", "at iteration", "phase", "module", "iterations"]
+    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(headers)]
+    for line in (headers, *rows):
+        print("  " + "  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip())
+    print(f"imbalance: rank {imbalance.highest_rank} peaks at "
+          f"{format_bytes(imbalance.peak_by_rank_bytes[imbalance.highest_rank])}, {imbalance.ratio:.2f}x rank "
+          f"{imbalance.lowest_rank}'s {format_bytes(imbalance.peak_by_rank_bytes[imbalance.lowest_rank])} "
+          f"({format_bytes(imbalance.spread_bytes)} more); every rank needs the highest")
+    iterations = worst.iterations
+    row = iterations.loc[iterations.peak_allocated_bytes.idxmax()]
+    layers = worst.read("layers", iterations=[int(row.iteration)])
+    print(f"\nthe highest rank, {imbalance.highest_rank} (memprof report {run / f'rank={imbalance.highest_rank}'} "
+          "for its details):")
+    print(format_report(row.to_dict(), layers.to_dict("records"), worst.meta["device"], top=args.top))
     return 0
 
 

@@ -178,3 +178,37 @@ def container_candidate(tree: ModuleTree, container: str) -> tuple[list[tuple[tu
     sequence = tree.flattened(container)
     runs = [piece for run in linked_runs(tree, sequence) for piece in split_at_skips(tree, run)]
     return runs, sequence
+
+
+def runs_per_step(tree: ModuleTree, module: str) -> str:
+    """``"'m' runs N times per step"``: how the finders say why a module cannot be a stage or a checkpoint."""
+    return f"{module!r} runs {tree.nodes[module].calls} times per step"
+
+
+def repeated(tree: ModuleTree) -> list[str]:
+    """The outermost modules below the model that ran more than once per step, in call order.
+
+    A block called again in a loop, or a module whose weights are shared between calls, runs several times
+    in one forward: it cannot be one stage of a chain (and modules inside it run as often).
+    """
+    several = [name for name, node in tree.nodes.items() if name and node.calls > 1]
+    return [name for name in several if not any(name.startswith(f"{other}.") for other in several)]
+
+
+def why_no_chain(tree: ModuleTree) -> str:
+    """What keeps every module's children from forming a chain, when modules ran more than once; else ``""``."""
+    root = tree.nodes.get("")
+    if root is not None and root.calls > 1:
+        return (f"the model's forward runs {root.calls} times per step with no backward after each (memprof divides "
+                "a step into micro-batches only when each forward is followed by its own backward, as in gradient "
+                "accumulation; a trace written before memprof recognised accumulation is summed over them: "
+                "profile it again), so every module runs as often and none can be one stage of a chain; profile "
+                "a step that calls the model once per backward")
+    found = repeated(tree)
+    if not found:
+        return ""
+    named = ", ".join(runs_per_step(tree, name) for name in found[:5])
+    more = f" and {len(found) - 5} more" if len(found) > 5 else ""
+    return (f"{named}{more}: a module that runs more than once in one step (a block called again in a loop, "
+            "weights shared between calls) cannot be one stage of a chain; name a container whose blocks each run "
+            "once (container=...), or give each call a module of its own")

@@ -118,12 +118,18 @@ def activation_peak_bytes(trace: Trace, skip_first: bool = True) -> int:
 def compute_ms(trace: Trace, skip_first: bool = True) -> float:
     """Median time from the first forward enter to the end of backward, per iteration.
 
+    An iteration that accumulated gradients is timed from its last micro-batch's forward (the root's last
+    forward enter): one micro-batch's forward and backward, what a schedule's makespan predicts.
     NaN when no iteration has both (e.g. no ``backward end`` event).
     """
-    events = trace.read("events", columns=["iteration", "time_ns", "phase", "event"])
+    events = trace.read("events", columns=["iteration", "time_ns", "phase", "module", "event"])
     if skip_first and events.iteration.nunique() > 1:
         events = events[events.iteration != events.iteration.min()]
-    starts = events[(events.phase == Phase.FORWARD) & (events.event == "enter")].groupby("iteration").time_ns.min()
+    enters = events[(events.phase == Phase.FORWARD) & (events.event == "enter")]
+    starts = enters.groupby("iteration").time_ns.min()
+    split = trace.iterations.set_index("iteration").micro_batches
+    last = enters[(enters.module == "") & enters.iteration.map(split).gt(1)].groupby("iteration").time_ns.max()
+    starts.update(last)
     ends = events[(events.phase == "backward") & (events.event == "end")].groupby("iteration").time_ns.max()
     return float(((ends - starts) / 1e6).median())
 

@@ -166,7 +166,7 @@ def apply_schedule(model, container="", min_offload_bytes=MIN_OFFLOAD_BYTES):
     if len(groups) != SCHEDULE["stages"]:
         raise ValueError(f"this schedule has {SCHEDULE['stages']} stages; the model offers {len(groups)}")
     policies = {tuple(int(v) for v in key.split(":")): value for key, value in POLICIES.items()}
-    executor = ScheduleExecutor(groups, [tuple(op) for op in OPS], min_offload_bytes, policies, STREAMED)
+    executor = ScheduleExecutor(groups, [tuple(op) for op in OPS], min_offload_bytes, policies, STREAMED, root=model)
     executor.install()
     object.__setattr__(model, "_memprof_schedule", (executor, SCHEDULE))
     return model

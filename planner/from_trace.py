@@ -5,7 +5,7 @@ default the one whose step can save the most memory (the widest range between it
 store-all budgets) is kept. Costs are medians over the recorded iterations (the first is dropped when there
 are more, since it includes one-off allocations and warm-up), over the latest iterations that kept their
 detail; the step around the chain (:mod:`planner.step_costs`) comes from the last complete detailed
-iteration's timeline.
+iteration's timeline (from its last micro-batch on when it accumulated gradients: :mod:`planner.accumulation`).
 """
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ import pandas as pd
 
 from memprof.trace import Trace
 from planner import step_costs
+from planner.accumulation import last_micro_batch
 from planner.carried import Carried
 from planner.chain import Chain, Stage
-from planner.chain_finder import Candidate, ModuleTree, candidates, container_candidate
+from planner.chain_finder import Candidate, ModuleTree, candidates, container_candidate, why_no_chain
 from planner.errors import ChainError, NotAChainError
 from planner.graph_finder import (
     articulation_points,
@@ -42,8 +43,13 @@ MEDIAN_ITERATIONS = 32
 
 
 def _usable(trace: Trace) -> list[int]:
-    """The detailed iterations a chain is costed from: all but the partial one of a failed run."""
+    """The detailed iterations a chain is costed from: all but the partial one of a failed run, and of a
+    compiled model only those it ran eagerly (``meta.json``'s ``eager_iterations``: a compiled iteration
+    runs no module hook, so its layers are empty; see :mod:`memprof.capture.eager_pass`)."""
     detailed = trace.detail_iterations
+    eager = set(trace.meta.get("eager_iterations") or ())
+    if eager and eager & set(detailed):
+        detailed = [i for i in detailed if i in eager]
     failure = trace.meta.get("failure") or {}
     if "iteration" in failure and len(detailed) > 1:
         detailed = [i for i in detailed if i != failure["iteration"]]
@@ -61,7 +67,11 @@ def _structure(trace: Trace) -> pd.DataFrame:
 
 def _candidates(trace: Trace, tree: ModuleTree, container: str | None) -> list[Candidate]:
     if container is None:
-        found = [c for c in [*candidates(tree), *graph_candidates(tree)] if len(c.groups) >= 2] or candidates(tree)
+        found = [c for c in [*candidates(tree), *graph_candidates(tree)] if len(c.groups) >= 2]
+        why = why_no_chain(tree) if not found else ""
+        if why:  # modules run several times per step broke every run: say so rather than plan one stage
+            raise NotAChainError(f"no chain of blocks found in run {trace.run_id}: {why}")
+        found = found or candidates(tree)
         if not found:
             raise NotAChainError(f"no sequential chain found in run {trace.run_id}: no module has children that "
                                  "consume each other's outputs")
@@ -95,7 +105,11 @@ def _medians(trace: Trace) -> pd.DataFrame:
 
 
 def _timeline(trace: Trace) -> step_costs.Timeline:
-    return step_costs.Timeline(trace.read("events", iterations=_usable(trace)[-1:]))
+    iteration = _usable(trace)[-1:]
+    events = trace.read("events", iterations=iteration)
+    split = trace.read("iterations", columns=["iteration", "micro_batches"], iterations=iteration).micro_batches
+    # gradient accumulation: the step around the chain is the last micro-batch's (planner.accumulation)
+    return step_costs.Timeline(last_micro_batch(events, int(split.max()) if len(split) else 1))
 
 
 def _stages(candidate: Candidate, costs: pd.DataFrame, fresh_grads: bool, freed: tuple[int, ...]) -> list[Stage]:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.chain_finder import CONTAINER_KINDS, Candidate, ModuleTree
+from planner.chain_finder import CONTAINER_KINDS, Candidate, ModuleTree, runs_per_step
 from planner.errors import NotAChainError
 
 
@@ -197,7 +197,7 @@ def _why_not_one_run(tree: ModuleTree, container: str, sequence: list[str],
     for previous, name in zip(sequence, sequence[1:]):
         node = tree.nodes[name]
         if node.calls > 1:
-            return (f"the blocks of {container!r} cannot be segmented: {name!r} runs {node.calls} times per step "
+            return (f"the blocks of {container!r} cannot be segmented: {runs_per_step(tree, name)} "
                     "(a shared module cannot be one stage)")
         if not node.inputs & tree.nodes[previous].outputs:
             return (f"the blocks of {container!r} cannot be segmented: {name!r} does not read the output of "
@@ -238,8 +238,7 @@ def named_candidate(tree: ModuleTree, names: list[str]) -> Candidate:
             known = ", ".join(repr(m) for m in tree.nodes if m)[:300]
             raise NotAChainError(f"checkpoint {name!r} is not a module that ran; modules: {known}")
         if tree.nodes[name].calls != 1:
-            raise NotAChainError(f"checkpoint {name!r} ran {tree.nodes[name].calls} times per step; a checkpoint must "
-                                 "run once")
+            raise NotAChainError(f"checkpoint {runs_per_step(tree, name)}; a checkpoint must run once")
     ordered = sorted(dict.fromkeys(names), key=lambda n: tree.nodes[n].order)
     for outer in ordered:
         inner = [n for n in ordered if n.startswith(f"{outer}.")]

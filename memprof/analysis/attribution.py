@@ -54,6 +54,8 @@ class Call:
     outputs: tuple = ()
     input_bytes: int = 0
     output_bytes: int = 0
+    # index in Sweep.marks of the mark that began the call: which micro-batch it ran in (micro_batches.py)
+    start_mark: int = -1
 
 
 @dataclass
@@ -181,7 +183,7 @@ class _Walker:
         if module == 0:
             self.phase = PHASE_FORWARD
             self.fwd_blocks = []
-        call = Call(module, len(self.s.change_block), time_ns)
+        call = Call(module, len(self.s.change_block), time_ns, start_mark=len(self.s.marks))
         call.inputs, call.input_bytes = self._ids(payload)
         self.fwd_stack.append(call)
 
@@ -235,7 +237,8 @@ class _Walker:
         inner = self.bwd_stack[position:]
         start = min([len(self.s.change_block)] + [c.start_change for c in inner])
         start_ns = min([time_ns] + [c.start_ns for c in inner])
-        self.bwd_stack.insert(position, Call(module, start, start_ns))
+        start_mark = min([len(self.s.marks)] + [c.start_mark for c in inner])
+        self.bwd_stack.insert(position, Call(module, start, start_ns, start_mark=start_mark))
 
     def _bwd_exit(self, time_ns: int, module: int, payload: Any) -> None:
         if not any(c.module == module for c in self.bwd_stack):

@@ -35,6 +35,10 @@ def format_report(iteration: Mapping[str, Any], layers: Sequence[Mapping[str, An
         + (f" in '{it['peak_module']}'" if it["peak_module"] else "")
         + f" | current {format_bytes(int(it['allocated_bytes']))}",
     ]
+    micro = int(it.get("micro_batches", 1) or 1)
+    if micro > 1:  # gradient accumulation: say what the layer rows below are
+        lines.append(f"  {micro} micro-batches (gradient accumulation): the peak is the whole step's; layers "
+                     "show one micro-batch's calls (the last)")
     if int(it.get("peak_reserved_bytes", 0) or 0) > 0:
         cache = int(it["peak_reserved_bytes"]) - int(it["peak_allocated_bytes"])
         lines.append(f"  peak reserved {format_bytes(int(it['peak_reserved_bytes']))} (cache {format_bytes(cache)})")

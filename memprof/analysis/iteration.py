@@ -17,6 +17,7 @@ from memprof.analysis.attribution import sweep
 from memprof.analysis.console import format_report
 from memprof.analysis.failure import failure_details
 from memprof.analysis.layers import layer_rows, subtree_bytes
+from memprof.analysis.micro_batches import micro_batches
 from memprof.analysis.records import CarriedState, IterationRecord, LiveBlock, Mark, RunSpec
 from memprof.analysis.timeline import event_table, peak_summary, series
 from memprof.trace.schema import EVENTS_SCHEMA
@@ -104,6 +105,7 @@ class IterationProcessor:
         for call in sorted(sw.forward_calls, key=lambda c: c.start_ns):
             order.setdefault(call.module, len(order))
         summary = peak_summary(sw, s, list(spec.names))
+        split = micro_batches(sw.marks)  # gradient accumulation: the layers rows are one micro-batch's
         peak = int(s.total.max())
         policy = spec.detail
         detail = (forced or record.detail or record.failed or policy.scheduled(record.iteration)
@@ -117,6 +119,7 @@ class IterationProcessor:
             "num_events": len(sw.marks) + 2,
             "num_allocations": int(sum(1 for a in sw.alloc_change if a >= 0)),
             "detail": detail,
+            "micro_batches": split.count,
             **summary,
         }
         report_due = report and spec.print_period > 0 and record.iteration % spec.print_period == 0
@@ -124,7 +127,7 @@ class IterationProcessor:
         if detail or report_due:  # the console report shows the layers
             grads = {**record.grads, **record.param_grads}
             layers = layer_rows(sw, s, list(spec.infos), record.iteration, order, list(spec.weight_bytes),
-                                subtree_bytes(list(spec.infos), grads))
+                                subtree_bytes(list(spec.infos), grads), split)
         table = self._empty_events
         if detail:
             table = event_table(sw, s, record.iteration, record.start_ns, record.end_ns, list(spec.names),

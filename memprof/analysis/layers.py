@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from memprof.analysis.attribution import FEATURE, MODEL_STATE_CODES, Call, Sweep
+from memprof.analysis.micro_batches import MicroBatches, in_last
 from memprof.analysis.records import ModuleInfo
 from memprof.analysis.timeline import Series
 
@@ -100,9 +101,16 @@ def call_costs_reference(sw: Sweep, activations: np.ndarray, calls: list[Call]) 
 
 
 def layer_rows(sw: Sweep, s: Series, infos: list[ModuleInfo], iteration: int, order: dict[int, int],
-               weight_bytes: list[int], weight_grad_bytes: list[int]) -> list[dict]:
-    """One row per module that ran (or holds weights) in this iteration, as the layers table wants."""
+               weight_bytes: list[int], weight_grad_bytes: list[int],
+               split: MicroBatches | None = None) -> list[dict]:
+    """One row per module that ran (or holds weights) in this iteration, as the layers table wants.
+
+    When the iteration accumulated gradients over micro-batches (``split``), the calls are those of the
+    last micro-batch (:mod:`memprof.analysis.micro_batches`); weight and gradient bytes are the step's.
+    """
     stats: dict[int, dict] = {}
+    forward_calls = in_last(sw.forward_calls, split) if split is not None else sw.forward_calls
+    backward_calls = in_last(sw.backward_calls, split) if split is not None else sw.backward_calls
 
     def row(module: int) -> dict:
         if module not in stats:
@@ -112,8 +120,8 @@ def layer_rows(sw: Sweep, s: Series, infos: list[ModuleInfo], iteration: int, or
                              "input_ids": [], "output_ids": []}
         return stats[module]
 
-    forward = call_costs(sw, s.activations, sw.forward_calls)
-    for call, kept, features, overhead in zip(sw.forward_calls, forward.kept, forward.features, forward.overhead):
+    forward = call_costs(sw, s.activations, forward_calls)
+    for call, kept, features, overhead in zip(forward_calls, forward.kept, forward.features, forward.overhead):
         r = row(call.module)
         if r["calls"] == 0:
             r["input_ids"], r["output_ids"] = list(call.inputs), list(call.outputs)
@@ -124,8 +132,8 @@ def layer_rows(sw: Sweep, s: Series, infos: list[ModuleInfo], iteration: int, or
         r["feature_map_bytes"] += features
         r["output_bytes"] += call.output_bytes
         r["forward_overhead_bytes"] = max(r["forward_overhead_bytes"], overhead)
-    backward = call_costs(sw, s.activations, sw.backward_calls)
-    for call, kept, overhead in zip(sw.backward_calls, backward.kept, backward.overhead):
+    backward = call_costs(sw, s.activations, backward_calls)
+    for call, kept, overhead in zip(backward_calls, backward.kept, backward.overhead):
         r = row(call.module)
         r["backward_ms"] += (call.end_ns - call.start_ns) / 1e6
         r["grad_input_bytes"] += kept

@@ -99,7 +99,10 @@ class HookRecorder:
     def attach(self) -> None:
         """Registers every hook."""
         for index, module in enumerate(self.modules):
-            self._handles.append(module.register_forward_pre_hook(partial(self._forward_pre, index)))
+            if index == 0:  # the root also sees keyword arguments: model(input_ids=..., labels=...) is a batch too
+                self._handles.append(module.register_forward_pre_hook(self._root_forward_pre, with_kwargs=True))
+            else:
+                self._handles.append(module.register_forward_pre_hook(partial(self._forward_pre, index)))
             self._handles.append(module.register_forward_hook(partial(self._forward_post, index)))
         for index, param in enumerate(self.params):
             if param.requires_grad:
@@ -156,6 +159,9 @@ class HookRecorder:
         return self.marks[-1] if self.marks else None
 
     # ----------------------------------------------------------------- forward
+    def _root_forward_pre(self, module: nn.Module, args: Any, kwargs: dict[str, Any]) -> None:
+        self._forward_pre(0, module, (*args, *kwargs.values()) if kwargs else args)
+
     def _forward_pre(self, index: int, module: nn.Module, args: Any) -> None:
         if not self.enabled or _compiling():
             return
@@ -283,9 +289,28 @@ class HookRecorder:
             self.guard(self._owner.get(index, -1), _BWD_EXIT)
 
     # ----------------------------------------------------------------- optimizer
-    def _optimizer_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    def _optimizer_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> Any:
+        if not self.enabled:
+            return None
+        # torch passes the step's own arguments with the optimizer first: (optimizer, closure)
+        first = 1 if args and args[0] is optimizer else 0
+        closure = kwargs.get("closure") if "closure" in kwargs else (
+            args[first] if len(args) == first + 1 else None)
+        if not callable(closure):
+            self.marks.append((time_ns(), Mark.OPT_ENTER, -1, ()))
+            return None
+        # step(closure) runs the closure's forward and backward inside the step (Lightning does, and
+        # LBFGS): the optimizer's own work starts when the closure returns, so that is where it is marked.
+        marked = partial(self._after_closure, closure)
+        if "closure" in kwargs:
+            return args, {**kwargs, "closure": marked}
+        return (*args[:first], marked), kwargs
+
+    def _after_closure(self, closure: Callable[[], Any]) -> Any:
+        loss = closure()
         if self.enabled:
             self.marks.append((time_ns(), Mark.OPT_ENTER, -1, ()))
+        return loss
 
     def _optimizer_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if not self.enabled:

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
+import functools
 import os
+import shutil
 import sys
 import uuid
 import warnings
 import weakref
+from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Concatenate, ParamSpec
 
 import numpy as np
 import torch
@@ -22,8 +26,10 @@ from memprof.analysis.records import CAT, CarriedState, IterationRecord, LiveBlo
 from memprof.capture.dispatch_cost import selective_overhead_us
 from memprof.capture.hooks import HookRecorder, now_ns
 from memprof.capture.kineto import SLOT_TAKEN
+from memprof.capture.kv_cache import CacheWatcher
 from memprof.capture.oom_snapshot import OomSnapshot
 from memprof.capture.op_recorder import OpPass
+from memprof.capture.optimizers import unwrap_optimizer
 from memprof.capture.sinks import BackgroundSink, InlineSink, Outcome
 from memprof.capture.streams import open_stream
 from memprof.capture.tensor_walk import describe_modules, module_tree, optimizer_state, pointers, storages
@@ -69,6 +75,37 @@ def _model_device(model: nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
+def _first_missing(path: Path) -> Path | None:
+    """The outermost folder of ``path`` that does not exist yet (``None``: ``path`` exists)."""
+    missing = None
+    for folder in (path, *path.parents):
+        if folder.exists():
+            break
+        missing = folder
+    return missing
+
+
+_P = ParamSpec("_P")
+
+
+def _undone_on_failure(
+        init: Callable[Concatenate[MemoryProfiler, _P], None]) -> Callable[Concatenate[MemoryProfiler, _P], None]:
+    """Makes a failing ``__init__`` leave nothing behind: no hook, no profiler slot, no run directory.
+
+    A half-started profiler has no owner to ``close()`` it (the constructor raised), and a run directory
+    left marked "running" would read as a crashed run.
+    """
+    @functools.wraps(init)
+    def start(self: MemoryProfiler, *args: _P.args, **kwargs: _P.kwargs) -> None:
+        try:
+            init(self, *args, **kwargs)
+        except BaseException:
+            self._abandon_start()
+            raise
+
+    return start
+
+
 class MemoryProfiler:
     """Profiles the memory of a model's training steps, layer by layer, from the allocator's own events.
 
@@ -85,8 +122,12 @@ class MemoryProfiler:
     or ``with MemoryProfiler(model, optimizer) as profiler: ...``.
 
     Args:
-        model: the model; every module in its tree is hooked.
-        optimizer: its optimizer, so its state is attributed and its step timed (optional).
+        model: the model; every module in its tree is hooked. Tensors passed to it, by position or by
+            keyword (``model(input_ids=..., labels=...)``), are the iteration's ``inputs``.
+        optimizer: its optimizer, so its state is attributed and its step timed (optional). A wrapper
+            that holds the ``torch.optim.Optimizer`` as ``.optimizer`` or ``._optimizer`` (accelerate's
+            ``AcceleratedOptimizer``, DeepSpeed's, Lightning's ``LightningOptimizer``) is unwrapped
+            (:func:`memprof.capture.optimizers.unwrap_optimizer`); ``meta.json`` names both.
         out_dir: folder for traces; the run is written to ``out_dir/run_id`` (``/rank=<r>`` when distributed).
         run_id: name of the run; default ``<model class>-<UTC time>-<random>``.
         print_period: print the console report every this many iterations (0: never).
@@ -128,9 +169,12 @@ class MemoryProfiler:
             whose times are not those of first calls).
 
     Raises:
-        ProfilerError: the model already has a live profiler, or another torch.profiler is running.
+        ProfilerError: the model already has a live profiler, or another torch.profiler is running, or
+            ``optimizer`` holds no ``torch.optim.Optimizer``. A constructor that raises leaves no hook
+            and no run directory behind.
     """
 
+    @_undone_on_failure
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
                  out_dir: str | Path = "traces", run_id: str | None = None, print_period: int = 1,
                  stream: IO[str] | None = None, extra_meta: dict[str, Any] | None = None,
@@ -147,7 +191,9 @@ class MemoryProfiler:
                 f"a MemoryProfiler is already attached to this {type(model).__name__}; close() it before "
                 "attaching another (nested profilers would count every allocation twice)"
             )
-        self.model, self.optimizer = model, optimizer
+        self.model, self.optimizer = model, unwrap_optimizer(optimizer)
+        # the wrapper's class (accelerate's, Lightning's), for meta.json; None when given the optimizer itself
+        self._optimizer_wrapper = type(optimizer).__name__ if optimizer is not self.optimizer else None
         self.print_period, self.stream = print_period, stream
         self.device = torch.device(allocation_stream.device) if allocation_stream is not None else _model_device(model)
         self._measures_dispatch = allocation_stream is None  # an estimate's ops run on fake tensors: nothing to time
@@ -178,10 +224,11 @@ class MemoryProfiler:
         weight_bytes = subtree_bytes(self._infos, {i: s[0] for i, p in enumerate(self._params) if (s := storages(p))})
         self.iteration, self.epoch = 0, 0
         self._closed = False
+        self._created_dir = _first_missing(self.run_dir)  # what a failed start removes again
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._meta = {**self._initial_meta(), **(extra_meta or {})}
         write_meta(self.run_dir, self._meta)
-        self._recorder = HookRecorder(self._modules, self._params, optimizer)
+        self._recorder = HookRecorder(self._modules, self._params, self.optimizer)
         self._recorder.watch_inputs = not self._cuda
         if budget_bytes is not None:
             self._recorder.guard = self._guard
@@ -193,6 +240,7 @@ class MemoryProfiler:
         self._sink = self._open_sink(spec, CarriedState(-1, self._baseline(), 1), background and budget_bytes is None)
         self._stream.start()
         self._recorder.attach()
+        self._cache_watcher = CacheWatcher(model)
         self._op_pass = OpPass(model, ops_iteration, lambda: self.iteration) if ops else None
         _ATTACHED.add(model)
         self._oom_snapshot = OomSnapshot(self.device) if snapshot_on_oom else None
@@ -201,6 +249,31 @@ class MemoryProfiler:
         self._iteration_start_ns = now_ns()
 
     # ------------------------------------------------------------------ set-up
+    def _abandon_start(self) -> None:
+        """Undoes whatever a failed ``__init__`` had set up (each step on its own: the first error is the one raised)."""
+        self._closed = True
+        steps: list[Callable[[], Any]] = []
+        for name, method in (("_recorder", "detach"), ("_cache_watcher", "remove"), ("_op_pass", "detach"),
+                             ("_oom_snapshot", "stop"), ("_sink", "finish")):
+            part = getattr(self, name, None)
+            if part is not None:
+                steps.append(getattr(part, method))
+        stream = getattr(self, "_stream", None)
+        if stream is not None and getattr(stream, "active", False):
+            steps.insert(0, stream.close)  # frees the profiler slot before anything else
+        for step in steps:
+            with contextlib.suppress(Exception):
+                step()
+        model = getattr(self, "model", None)
+        if model is not None:
+            _ATTACHED.discard(model)
+        created = getattr(self, "_created_dir", None)
+        if created is not None:
+            shutil.rmtree(created, ignore_errors=True)
+        elif hasattr(self, "_created_dir"):  # the run's folder was there already, without a trace: keep it as it was
+            with contextlib.suppress(OSError):
+                (self.run_dir / "meta.json").unlink()
+
     def _shared_run_id(self, model: nn.Module) -> str:
         run_id = _default_run_id(model)
         if self.world_size > 1:  # every rank must write under the same run directory
@@ -228,6 +301,7 @@ class MemoryProfiler:
             "torch_version": torch.__version__,
             "model": type(self.model).__name__,
             "optimizer": type(self.optimizer).__name__ if self.optimizer is not None else None,
+            **({"optimizer_wrapper": self._optimizer_wrapper} if self._optimizer_wrapper else {}),
             "rank": self.rank,
             "world_size": self.world_size,
             "truth": "cuda-caching-allocator" if self._cuda else "cpu-allocator-events",
@@ -295,13 +369,28 @@ class MemoryProfiler:
                                  detail=detail)
         self._handle(self._sink.submit(record))
         if self.iteration == 0 and not root_forward_ran(record) and len(events) and self._failure is None:
-            warnings.warn(
-                "memprof saw memory allocated but no module hook fired: the model's forward did not run "
-                "through its nn.Module hooks (torch.compile'd or scripted?). Totals and categories are "
-                "still exact, but per-layer numbers are empty; profile the eager model (for torch.compile, "
-                "model._orig_mod) to get them.", RuntimeWarning, stacklevel=3)
+            self._warn_root_silent(record)
         self.iteration += 1
         self._iteration_start_ns = now_ns()
+
+    def _warn_root_silent(self, record: IterationRecord) -> None:
+        """Says why the first iteration never saw the model's forward begin, and what to profile instead."""
+        called = sorted({m[2] for m in record.marks if m[1] == Mark.FWD_ENTER and m[2] > 0})
+        if called:
+            # e.g. a LightningModule whose training_step calls self.model(x): the hooks fired, the root's did not
+            names = ", ".join(repr(self._names[i]) for i in called[:3])
+            warnings.warn(
+                f"memprof saw the forward of submodules ({names}) but never the forward of the profiled "
+                f"{type(self.model).__name__} itself, so it cannot tell the forward phase or feature maps (they "
+                "read as 'other'). Profile the module whose forward the training step calls (e.g. "
+                "MemoryProfiler(lit_module.model, ...); memprof.integrations.lightning finds it).",
+                RuntimeWarning, stacklevel=4)
+            return
+        warnings.warn(
+            "memprof saw memory allocated but no module hook fired: the model's forward did not run "
+            "through its nn.Module hooks (torch.compile'd or scripted?). Totals and categories are "
+            "still exact, but per-layer numbers are empty; profile the eager model (for torch.compile, "
+            "model._orig_mod) to get them.", RuntimeWarning, stacklevel=4)
 
     def _write_ops(self) -> bool:
         """Writes the planning pass's records of this iteration; says whether there were any."""
@@ -349,8 +438,8 @@ class MemoryProfiler:
     def mark_inputs(self, batch: Any) -> None:
         """Marks the tensors of ``batch`` as this iteration's inputs.
 
-        The root module's positional arguments are marked by its forward hook; call this for what the
-        hook cannot see: inputs passed by keyword (``model(input_ids=...)``) and targets only the loss reads.
+        The root module's arguments, positional and keyword (``model(input_ids=...)``), are marked by its
+        forward hook; call this for what the hook cannot see, such as targets only the loss reads.
         """
         self._check_open()
         self._recorder.mark_inputs(batch)
@@ -371,6 +460,7 @@ class MemoryProfiler:
             if self._oom_snapshot is not None:
                 self._oom_snapshot.stop()
             self._recorder.detach()
+            self._cache_watcher.remove()
             self._close_op_pass()
             _ATTACHED.discard(self.model)
             try:

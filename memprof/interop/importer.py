@@ -163,6 +163,7 @@ def analyse(history: Replay, plan: Plan) -> tuple[list[ProcessedIteration], dict
         row = {"iteration": step.iteration, "epoch": 0, "step_ms": (step.end_ns - step.start_ns) / 1e6,
                "peak_reserved_bytes": max(reserved), "reserved_bytes": reserved[-1], "num_events": len(rows),
                "num_allocations": sum(1 for e in step.entries if e.action == "alloc"), "detail": True,
+               "micro_batches": 1,  # each run of forward entries is one root forward: a step is never split
                **peak_summary(sw, s, table.names)}
         processed.append(ProcessedIteration(step.iteration, row, layers, frame))
         if step.oom is not None:

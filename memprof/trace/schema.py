@@ -68,14 +68,15 @@ ITERATIONS_SCHEMA = pa.schema(
         pa.field("num_events", pa.int64()),
         pa.field("num_allocations", pa.int64()),
         pa.field("detail", pa.bool_()),
+        pa.field("micro_batches", pa.int64()),  # parts written before it existed read as 1 (LATER_COLUMNS)
         *_category_fields(),
     ]
 )
 #: Columns a version 1 trace lacks, with the value they take when it is read.
 V1_DEFAULTS: dict[str, dict[str, object]] = {"iterations": {"detail": True}}
-#: Columns added to an optional table after its first parts were written (no schema version change: older
-#: parts lack them and read with these values).
-LATER_COLUMNS: dict[str, dict[str, object]] = {"ops": {"writes": None}}
+#: Columns added to a table after its first parts were written (no schema version change: older parts lack
+#: them and read with these values; an older reader sees one more column and misreads nothing).
+LATER_COLUMNS: dict[str, dict[str, object]] = {"ops": {"writes": None}, "iterations": {"micro_batches": 1}}
 
 LAYERS_SCHEMA = pa.schema(
     [

@@ -60,7 +60,7 @@ def apply_schedule(model: nn.Module, schedule: Schedule, container: str | None =
     groups = stage_modules(model, schedule, container)
     remove_schedule(model)
     executor = ScheduleExecutor(groups, runtime_ops(schedule), min_offload_bytes, policies(schedule),
-                                schedule.streamed_weights)
+                                schedule.streamed_weights, root=model)
     try:
         executor.install()
     except ValueError as exc:

@@ -9,6 +9,7 @@ activation among its arguments, keeps the others for recomputations, and runs it
 
 from __future__ import annotations
 
+import warnings
 import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -35,6 +36,8 @@ class ScheduleExecutor:
             ``(aten overload name, occurrence)`` pairs.
         streamed: the stages whose weights live in host memory and are streamed to the device around their
             computations (:mod:`planner.executor.weights`); parameters shared by several stages stay put.
+        root: the model the stages live in; a Hugging Face config of it with ``use_cache=True`` is turned off
+            while the schedule is installed (see :func:`training_without_cache`).
 
     Raises:
         ValueError: the operations cannot be run in the model's forward (see :class:`Program`).
@@ -43,8 +46,10 @@ class ScheduleExecutor:
     def __init__(self, stages: Sequence[Sequence[nn.Module]], ops: Sequence[tuple[str, int]],
                  min_offload_bytes: int = MIN_OFFLOAD_BYTES,
                  policies: Mapping[tuple[int, int], Sequence[Sequence[Any]]] | None = None,
-                 streamed: Sequence[int] = ()) -> None:
+                 streamed: Sequence[int] = (), root: nn.Module | None = None) -> None:
         self.program = Program(ops, len(stages))
+        self.root = root
+        self.caches: list[tuple[Any, bool]] = []  # the configs whose use_cache the schedule turned off
         # (stage, option) -> the ops F_all(stage)[option] keeps, by name and occurrence (see selective.py)
         self.policies = {(int(s), int(o)): tuple((str(n), int(c)) for n, c in kept)
                          for (s, o), kept in (policies or {}).items()}
@@ -68,6 +73,8 @@ class ScheduleExecutor:
             group[0].forward = _StageForward(self, index + 1, forwards[0])
             for module, forward in zip(group[1:], forwards[1:]):
                 module.forward = _FoldedForward(self, forward)
+        if self.root is not None:
+            self.caches = training_without_cache(self.root)
 
     def remove(self) -> None:
         """Gives every module its own ``forward`` back (and streamed parameters their device)."""
@@ -79,6 +86,9 @@ class ScheduleExecutor:
                 if isinstance(module.__dict__.get("forward"), (_StageForward, _FoldedForward)):
                     del module.forward
         self.stages.clear()
+        for config, value in self.caches:
+            config.use_cache = value
+        self.caches = []
 
     def active(self, x: object) -> bool:
         """Whether a call on ``x`` is a training forward the schedule runs (else the modules just run)."""
@@ -87,6 +97,36 @@ class ScheduleExecutor:
         if not self.modules[0][0].training:
             return False
         return x.requires_grad or any(p.requires_grad for g in self.modules for m in g for p in m.parameters())
+
+
+def training_without_cache(model: nn.Module) -> list[tuple[Any, bool]]:
+    """Turns off the key/value cache of a Hugging Face model's configs that have ``use_cache=True``.
+
+    With the cache on (the default of ``GPT2Config()``, ``LlamaConfig()``), a training forward hands every
+    block a cache that each run of the block extends, so a recomputed block would attend to its own keys
+    twice, and the cache holds memory a training step never reads. Hugging Face's own
+    ``gradient_checkpointing_enable()`` turns it off in training, with a warning; so does this. Calls that
+    pass ``use_cache=True`` explicitly (``generate()`` does) still get a cache (and are refused by a
+    recomputed stage).
+
+    Returns:
+        ``(config, previous value)`` for each config changed, for :meth:`ScheduleExecutor.remove`.
+    """
+    seen: dict[int, Any] = {}
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        for candidate in (config, getattr(config, "text_config", None), getattr(config, "decoder", None)):
+            if getattr(candidate, "use_cache", None) is True:
+                seen.setdefault(id(candidate), candidate)
+    for config in seen.values():
+        config.use_cache = False
+    if seen:
+        warnings.warn(
+            f"{type(model).__name__}'s config has use_cache=True, which hands every block a key/value cache in "
+            "training (memory a training step never reads, and a recomputed block would extend it twice); the "
+            "schedule sets model.config.use_cache = False while it is installed, as Hugging Face's "
+            "gradient_checkpointing_enable() does, and remove_schedule puts it back", UserWarning, stacklevel=4)
+    return [(config, True) for config in seen.values()]
 
 
 def _streamer(groups: Sequence[Sequence[nn.Module]], streamed: Sequence[int], program: Program, pool: HostPool,
@@ -112,12 +152,25 @@ def _streamer(groups: Sequence[Sequence[nn.Module]], streamed: Sequence[int], pr
     return WeightStreamer(params, program.computations, pool, copiers)
 
 
+def _eager(method: Any) -> Any:
+    """Keeps ``torch.compile`` out of a wrapper: the stage runs eagerly between compiled graphs.
+
+    Dynamo would trace the runtime's Python state (the schedule's position, the tensors it keeps) once, at
+    compile time, and replay the graph without it, so a compiled model would silently skip the schedule's
+    bookkeeping and get wrong gradients. Run eagerly, the stage follows the schedule exactly; the code
+    around the chain (embeddings, head, loss) is still compiled.
+    """
+    disable = getattr(getattr(torch, "compiler", None), "disable", None)
+    return method if disable is None else disable(method)
+
+
 class _StageForward:
     """The wrapper ``forward`` of a stage's first module."""
 
     def __init__(self, executor: ScheduleExecutor, stage: int, original: Any) -> None:
         self.executor, self.stage, self.original = executor, stage, original
 
+    @_eager
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         executor = self.executor
         run = executor.current
@@ -165,6 +218,7 @@ class _FoldedForward:
     def __init__(self, executor: ScheduleExecutor, original: Any) -> None:
         self.executor, self.original = executor, original
 
+    @_eager
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         last = self.executor.last_output() if self.executor.last_output is not None else None
         if last is not None and args and args[0] is last:

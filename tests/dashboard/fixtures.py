@@ -108,7 +108,8 @@ def iteration_row(iteration: int, events: list[dict]) -> dict:
             "peak_allocated_bytes": peak["peak_bytes"], "peak_reserved_bytes": max(r["reserved_bytes"] for r in events),
             "allocated_bytes": events[-1]["allocated_bytes"], "reserved_bytes": events[-1]["reserved_bytes"],
             "peak_phase": peak["phase"], "peak_module": peak["module"], "num_events": len(events),
-            "num_allocations": len(events), "detail": True, **{c: peak[c] for c in CATEGORY_COLUMNS}}
+            "num_allocations": len(events), "detail": True, "micro_batches": 1,
+            **{c: peak[c] for c in CATEGORY_COLUMNS}}
 
 
 def layer_rows(iteration: int) -> list[dict]:
@@ -243,7 +244,8 @@ def write_big_events(run_dir: Path, num_events: int, seed: int = 0) -> None:
                                 int(allocated[peak_at]) + TRANSIENT_BYTES, "peak_reserved_bytes": int(allocated.max()) + 1024,
                                 "allocated_bytes": int(allocated[-1]), "reserved_bytes": int(allocated[-1]) + 1024,
                                 "peak_phase": str(phase[peak_at]), "peak_module": str(module[peak_at]),
-                                "num_events": n, "num_allocations": n, "detail": True, **summary}])
+                                "num_events": n, "num_allocations": n, "detail": True, "micro_batches": 1,
+                                **summary}])
     writer.append(LAYERS, layer_rows(0))
     write_meta(run_dir, meta(run_dir.name))
 

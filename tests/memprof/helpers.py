@@ -33,3 +33,24 @@ def forward_exit(trace: Trace, iteration: int):
     rows = ev[(ev.iteration == iteration) & (ev.module == "") & (ev.phase == "forward") & (ev.event == "exit")]
     assert len(rows) == 1
     return rows.iloc[0]
+
+
+#: ``nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))``'s parameters, by hand: (8*16 + 16 + 16*4 + 4) * 4 B.
+TINY_MLP_WEIGHT_BYTES = (8 * 16 + 16 + 16 * 4 + 4) * 4
+
+
+def assert_exact_model_bytes(trace: Trace, weight_bytes: int, steady: bool = True) -> None:
+    """What a trace that went through the journal, the worker, a crash or a recovery must still say.
+
+    Every events row and every iteration holds the model's weights to the byte (computed by hand from the
+    shapes, not read from memprof), no category is ever negative, and with ``steady`` every iteration after
+    the first (identical steps of a deterministic model, the optimizer's state made in the first) peaks at the
+    same bytes: a row torn, garbled, shifted or taken from another iteration breaks one of these, where
+    "the categories sum to ``allocated_bytes``" held by construction.
+    """
+    events, iterations = trace.events, trace.iterations
+    assert (events.weights == weight_bytes).all() and (iterations.weights == weight_bytes).all()
+    assert (events[CATEGORIES] >= 0).all().all() and (iterations[CATEGORIES] >= 0).all().all()
+    if steady:
+        later = iterations[iterations.iteration >= 1].peak_allocated_bytes
+        assert later.nunique() <= 1, later.tolist()

@@ -9,7 +9,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ["memprof", "memprof.capture", "memprof.analysis", "memprof.trace", "memprof.interop",
-            "memprof.estimation"]
+            "memprof.estimation", "memprof.integrations"]
 
 
 @pytest.mark.parametrize("name", PACKAGES)

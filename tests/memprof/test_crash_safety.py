@@ -29,7 +29,7 @@ from torch import nn
 
 import memprof.trace.writer
 from memprof import MemoryProfiler, load_trace, zoo
-from tests.memprof.helpers import CATEGORIES
+from tests.memprof.helpers import TINY_MLP_WEIGHT_BYTES, assert_exact_model_bytes
 
 KILLS = 40
 SEED = 20240606
@@ -153,10 +153,7 @@ class ForkServer:
 
 
 def _check_sums(trace) -> None:
-    events, iterations = trace.events, trace.iterations
-    np.testing.assert_array_equal(events[CATEGORIES].sum(axis=1).to_numpy(), events.allocated_bytes.to_numpy())
-    np.testing.assert_array_equal(iterations[CATEGORIES].sum(axis=1).to_numpy(),
-                                  iterations.peak_allocated_bytes.to_numpy())
+    assert_exact_model_bytes(trace, TINY_MLP_WEIGHT_BYTES)
 
 
 def _detailed(iteration: int) -> bool:

@@ -19,7 +19,7 @@ import pyarrow.dataset as ds
 import pytest
 import torch
 
-from memprof import TraceNotFoundError, list_runs, load_trace
+from memprof import TraceNotFoundError, format_bytes, list_runs, load_trace
 from tests.memprof.helpers import CATEGORIES
 
 REPO = Path(__file__).resolve().parents[2]
@@ -116,8 +116,12 @@ def check_reads_as_one_table(run: Path) -> None:
     frame = ds.dataset(sorted(str(p) for p in run.glob("rank=*/iterations.parquet/*.parquet")), format="parquet",
                        partitioning="hive", partition_base_dir=str(run)).to_table().to_pandas()
     assert len(frame) == 2 * STEPS
-    sums = frame[CATEGORIES].sum(axis=1)
-    assert (sums == frame.peak_allocated_bytes).all()
+    # the dataset's numbers are each rank's own, row for row (not only as many rows)
+    columns = ["iteration", "peak_allocated_bytes", *CATEGORIES]
+    for rank in (0, 1):
+        own = load_trace(run / f"rank={rank}").iterations[columns].reset_index(drop=True)
+        read = frame[frame["rank"] == rank].sort_values("iteration")[columns].reset_index(drop=True)
+        assert read.astype("int64").equals(own.astype("int64")), rank
     peaks = frame.groupby("rank").peak_allocated_bytes.max()
     assert peaks[1] > peaks[0]  # rank 1's batch is four times as large: the imbalance is visible
     check_duckdb_reads_the_ranks(run, frame)
@@ -183,3 +187,17 @@ def test_fsdp2_writes_one_trace_per_rank(tmp_path):
     run = check_one_trace_per_rank(out_dir, results)
     check_reads_as_one_table(run)
     check_layers(run, "0")
+
+
+@pytest.mark.slow
+def test_report_summarises_the_ranks_of_a_ddp_run(tmp_path, capsys):
+    from cli.main import main
+
+    out_dir, results = torchrun(tmp_path, "ddp")
+    run = check_one_trace_per_rank(out_dir, results)
+    peaks = {r: int(load_trace(run / f"rank={r}").iterations.peak_allocated_bytes.max()) for r in (0, 1)}
+    assert main(["report", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "2 ranks (world size 2)" in out
+    assert f"rank 1 peaks at {format_bytes(peaks[1])}, {peaks[1] / peaks[0]:.2f}x rank 0's {format_bytes(peaks[0])}" in out
+    assert "the highest rank, 1" in out and f"peak allocated {format_bytes(peaks[1])}" in out

@@ -41,3 +41,9 @@ def test_snapshot_interop_imports_no_torch() -> None:
     # memprof import-snapshot and export-snapshot run where torch (or CUDA) is not installed
     modules = ["memprof.interop.importer", "memprof.interop.exporter", "memprof.interop.snapshot_file"]
     assert _loaded_after(modules, ("torch",)) == []
+
+
+def test_the_trainer_integrations_are_not_imported_by_memprof() -> None:
+    # transformers and lightning are optional extras: only memprof.integrations.<framework> imports them
+    heavy = ("torch", "transformers", "accelerate", "lightning")
+    assert _loaded_after(["memprof", "memprof.integrations"], heavy) == []

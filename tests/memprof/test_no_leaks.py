@@ -19,7 +19,7 @@ from torch import nn
 from torch.autograd import _profiler_enabled
 
 from memprof import MemoryProfiler, ProfilerError, load_trace, zoo
-from tests.memprof.helpers import CATEGORIES
+from tests.memprof.helpers import TINY_MLP_WEIGHT_BYTES, assert_exact_model_bytes
 
 STEPS = 100
 ATTACH_CYCLES = 1000
@@ -208,11 +208,8 @@ def _assert_like_first_iteration(trace, iteration: int, marks: bool = True) -> N
 
 
 def _assert_consistent(trace) -> None:
-    events, iterations = trace.events, trace.iterations
-    np.testing.assert_array_equal(events[CATEGORIES].sum(axis=1).to_numpy(), events.allocated_bytes.to_numpy())
-    np.testing.assert_array_equal(iterations[CATEGORIES].sum(axis=1).to_numpy(),
-                                  iterations.peak_allocated_bytes.to_numpy())
-    assert (events[CATEGORIES] >= 0).all().all()
+    # Failed iterations differ from the others, so only the model's exact bytes are compared, not the peaks.
+    assert_exact_model_bytes(trace, TINY_MLP_WEIGHT_BYTES, steady=False)
 
 
 @pytest.mark.parametrize("record_failed_iteration", [False, True])
@@ -358,15 +355,18 @@ def _profile_compiled(tmp_path, backend: str, compile_first: bool, fullgraph: bo
 
 
 def _assert_profiled_or_said_so(trace, said: list[str]) -> None:
-    """Per-layer numbers equal the eager model's (exact bytes), or a warning says how to get them."""
+    """A compiled graph runs no module hooks: the per-layer numbers are empty, never wrong (the eager ones would
+    be Linear(8, 16)'s 4x16 float32 = 256 B output and Linear(16, 4)'s 64 B), a warning names the eager model
+    to profile, and the totals still come from the allocator: the weights to the byte, every step alike.
+
+    Today every compiled case takes this branch (the profiler warns for each); should per-layer numbers of a
+    compiled model become exact, this test must change with them rather than accept either outcome.
+    """
     layers = trace.layers[trace.layers.kind == "Linear"]
-    # Eager numbers: Linear(8, 16) outputs 4x16 float32 = 256 B, Linear(16, 4) outputs 4x4 = 64 B.
-    exact = (len(layers) > 0 and sorted(set(layers.output_bytes)) == [64, 256] and (layers.forward_ms > 0).all()
-             and (layers.backward_ms > 0).all())
-    assert exact or any("eager" in s and "_orig_mod" in s for s in said), (
-        f"per-layer numbers are wrong and nothing said so:\n{layers}")
-    assert (trace.iterations.peak_allocated_bytes > 0).all()  # totals come from the allocator either way
-    _assert_consistent(trace)
+    assert len(layers) > 0 and (layers.output_bytes == 0).all(), f"per-layer numbers that are not empty:\n{layers}"
+    assert any("eager" in s and "_orig_mod" in s for s in said), said
+    assert_exact_model_bytes(trace, TINY_MLP_WEIGHT_BYTES)
+    assert (trace.iterations.peak_allocated_bytes > TINY_MLP_WEIGHT_BYTES).all()
 
 
 @pytest.mark.slow

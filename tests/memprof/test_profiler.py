@@ -99,15 +99,18 @@ def test_weight_grads_seen_with_either_zero_grad(tmp_path, set_to_none):
     assert (trace.layers[trace.layers.module == ""].weight_grad_bytes == grad_bytes).all()
 
 
-@pytest.mark.parametrize("name", ["mlp", "cnn", "lstm", "transformer"])
-def test_categories_sum_to_allocated_at_every_event(tmp_path, name):
+def test_the_one_identity_allocated_is_the_sum_of_the_categories(tmp_path):
+    """An identity, not a measurement: ``allocated_bytes`` is defined as the sum of the categories
+    (``analysis/timeline.py``; on CUDA the gap to the allocator goes into ``other``), and the iterations
+    table's peak is read from the same series as the events table's. Kept once, on one model, to guard a
+    refactoring that computed them apart; whether the numbers are right is checked against the allocator in
+    :func:`test_allocated_bytes_are_the_allocators` and category by category in ``test_category_oracles.py``."""
     torch.manual_seed(0)
-    model, make_batch = zoo.ZOO[name]()
+    model, make_batch = zoo.mlp(blocks=2, width=32, in_features=16)
     trace = profile_steps(model, make_batch, tmp_path, optimizer=torch.optim.Adam(model.parameters()))
     events, iterations = trace.events, trace.iterations
     assert (events[CATEGORIES].sum(axis=1) == events.allocated_bytes).all()
     assert (iterations[CATEGORIES].sum(axis=1) == iterations.peak_allocated_bytes).all()
-    assert (events.peak_bytes >= events.allocated_bytes).all()
     for _, row in iterations.iterrows():
         assert row.peak_allocated_bytes == events[events.iteration == row.iteration].peak_bytes.max()
 
@@ -142,11 +145,16 @@ def test_functional_ops_between_modules(tmp_path):
             self.a, self.b = nn.Linear(12, 12), nn.Linear(12, 3)
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return self.b(torch.nn.functional.gelu(self.a(x)) * 2)
+            return self.b(torch.tanh(torch.nn.functional.gelu(self.a(x))))
 
-    trace = profile_steps(Net(), lambda n: (torch.randn(n, 12), torch.randint(0, 3, (n,))), tmp_path)
+    torch.manual_seed(0)
+    model = Net()
+    make_batch = lambda n: (torch.randn(n, 12), torch.randint(0, 3, (n,)))  # noqa: E731
+    # The functional ops' tensors are no module's output: gelu saves a's output, tanh its own (b's input).
+    expected = _saved_activation_bytes(model, make_batch(8)[0])
+    trace = profile_steps(model, make_batch, tmp_path)
     assert set(trace.layers.module) == {"", "a", "b"}
-    assert (trace.events[CATEGORIES].sum(axis=1) == trace.events.allocated_bytes).all()
+    assert [forward_exit(trace, i).feature_maps for i in range(3)] == [expected] * 3
 
 
 def _memory_events(step) -> list[int]:
@@ -165,8 +173,12 @@ def _peak_of(sizes: list[int]) -> int:
     return peak
 
 
-@pytest.mark.parametrize("name", ["mlp", "cnn"])
-def test_measured_peak_equals_torch_profiler(tmp_path, name):
+@pytest.mark.parametrize("name", ["mlp", "cnn", "lstm", "transformer"])
+def test_allocated_bytes_are_the_allocators(tmp_path, name):
+    """What is allocated when a steady step starts is the storages alive then (the test reads them from the
+    tensors: parameters, their gradients, buffers, the model's input), and the peak rises above it by exactly
+    what torch.profiler's raw allocator events rise in the same step: memprof's ``allocated_bytes`` against two
+    measurements it does not make itself."""
     torch.manual_seed(0)
     model, make_batch = zoo.ZOO[name]()
     model.eval() if name == "cnn" else None  # no dropout: the same allocations every step
@@ -186,6 +198,10 @@ def test_measured_peak_equals_torch_profiler(tmp_path, name):
     start = trace.events[trace.events.event == "start"].allocated_bytes.to_numpy()
     measured = trace.iterations.peak_allocated_bytes.to_numpy() - start
     assert measured.tolist() == [expected, expected]
+    # The targets were made before profiling and are no input of the model: on a CPU memprof cannot see them.
+    alive = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+             for t in (*model.parameters(), *(p.grad for p in model.parameters()), *model.buffers(), batch[0])}
+    assert start.tolist() == [sum(alive.values())] * 2
 
 
 def _hook_counts(model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
@@ -282,7 +298,7 @@ def test_epochs_and_run_directory(tmp_path):
 
 
 @pytest.mark.gpu
-def test_cuda_categories_sum_to_the_caching_allocator(tmp_path):
+def test_cuda_allocated_bytes_are_the_caching_allocators(tmp_path):
     torch.manual_seed(0)
     model, make_batch = zoo.cnn()
     model = model.cuda()
@@ -294,10 +310,13 @@ def test_cuda_categories_sum_to_the_caching_allocator(tmp_path):
             zoo.train_step(model, optimizer, batch)
             profiler.record_stats()
             peak = torch.cuda.max_memory_allocated()
+            allocated = torch.cuda.memory_allocated()
     trace = load_trace(profiler.run_dir)
     last = trace.iterations.iloc[-1]
     assert last.peak_allocated_bytes == peak
-    assert (trace.events[CATEGORIES].sum(axis=1) == trace.events.allocated_bytes).all()
+    # the caching allocator's own totals, not the categories' sum: at the end of the step too
+    assert int(trace.events[trace.events.event == "end"].allocated_bytes.iloc[-1]) == allocated
+    assert last.weights == sum(p.numel() * 4 for p in model.parameters())
     assert last.peak_reserved_bytes >= last.peak_allocated_bytes
 
 
@@ -317,4 +336,6 @@ def test_gru_with_hidden_state_input(tmp_path):
     gru = _layer(trace, 1, "gru")
     assert gru.input_bytes == 8 * 5 * 6 * 4 + 8 * 12 * 4  # the sequence and the initial hidden state
     assert gru.output_bytes >= 8 * 5 * 12 * 4 and gru.backward_ms > 0
-    assert (trace.events[CATEGORIES].sum(axis=1) == trace.events.allocated_bytes).all()
+    torch.manual_seed(0)
+    expected = _saved_activation_bytes(GRUNet(), torch.randn(8, 5, 6))  # what autograd saves, the output
+    assert [forward_exit(trace, i).feature_maps for i in range(3)] == [expected] * 3

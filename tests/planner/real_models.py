@@ -55,14 +55,15 @@ def _lm_loss(model: nn.Module, batch: tuple) -> torch.Tensor:
     return model(input_ids=input_ids, labels=labels).loss
 
 
-def gpt2(seed: int = 0) -> RealModel:
-    """GPT2LMHeadModel, 4 blocks, dropout everywhere (so recomputing a block must replay the RNG)."""
+def gpt2(seed: int = 0, dropout: float = 0.1) -> RealModel:
+    """GPT2LMHeadModel, 4 blocks, dropout everywhere (so recomputing a block must replay the RNG; ``dropout=0``
+    for none)."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(seed)
     config = GPT2Config(
         vocab_size=_VOCAB, n_positions=64, n_embd=64, n_layer=4, n_head=4,
-        resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.1, use_cache=False, attn_implementation="eager",
+        resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout, use_cache=False, attn_implementation="eager",
         bos_token_id=_VOCAB - 1, eos_token_id=_VOCAB - 1,  # inside the small vocabulary (else a warning)
     )
     model = GPT2LMHeadModel(config)  # lm_head is tied to transformer.wte

@@ -1,9 +1,11 @@
 """The planner on models written by others: Hugging Face transformers and torchvision-style CNNs.
 
 For each model: the chain is found at block level in its trace, schedules are applied in place (the model's
-own forward keeps calling its blocks), gradients are bitwise those of plain autograd, the whole training
-step's peak measured with the allocator (torch.profiler's raw memory events) is within 5% + 1 MiB of the
-prediction, and at the minimum feasible budget the activations are at most half of store-all's.
+own forward keeps calling its blocks) and run (each stage's forward calls counted: the schedule's
+recomputations happen), gradients are bitwise those of plain autograd, the whole training step's peak measured
+with the allocator (torch.profiler's raw memory events) is within the band of ``prediction_band.py`` around the
+prediction, and at the minimum feasible budget the step saves what was predicted (on five models, half the
+activations or more).
 """
 
 from __future__ import annotations
@@ -27,12 +29,13 @@ from planner import (
 from planner.executor import remove_schedule
 from planner.measure import measure_schedule
 from tests.allocator_truth import allocator_rise_bytes
+from tests.planner.prediction_band import assert_near_prediction, assert_saving_as_predicted
 from tests.planner.real_models import ALL_BUILDERS, RealModel
+from tests.planner.schedule_probe import ScheduleProbe
 
 pytestmark = pytest.mark.slow
 
 BATCH = 2
-MIB = 2**20
 EXPECTED_CHAINS = {
     "gpt2": ["transformer.drop", *(f"transformer.h.{i}" for i in range(4)), "transformer.ln_f"],
     "bert": [f"bert.encoder.layer.{i}" for i in range(8)],
@@ -117,6 +120,7 @@ def test_schedules_give_plain_gradients_and_the_predicted_step_peak(profiled, al
     assert schedule.predicted_step_peak_bytes is not None and schedule.predicted_step_peak_bytes <= budget
     reference = copy.deepcopy(model)
     ref_loss, ref_grads = _grads(real, reference, batch)
+    probe = ScheduleProbe(model, schedule)
     apply_schedule(model, schedule)
     try:
         loss, grads = _grads(real, model, batch)
@@ -124,36 +128,48 @@ def test_schedules_give_plain_gradients_and_the_predicted_step_peak(profiled, al
         assert grads.keys() == ref_grads.keys()
         assert all(torch.equal(grads[name], ref_grads[name]) for name in grads)
         measured = allocator_step_peak(real, model, optimizer, batch)
+        probe.assert_ran(steps=3)  # the executor ran the schedule in the three steps, recomputations counted
     finally:
         remove_schedule(model)
+        probe.remove()
     predicted = schedule.predicted_step_peak_bytes
-    assert abs(measured - predicted) <= 0.05 * predicted + MIB, (measured, predicted)
+    assert_near_prediction(measured, predicted, real.name, algorithm)
 
 
 # On llama and resnet at these test sizes the step's minimum is set by what no schedule lowers (every parameter
 # gradient allocated at the end of backward beside the first stages' activations; the convolutions' backward
 # workspace), and the fastest schedule at that minimum has no reason to keep fewer than half the activations.
+# There the minimum is checked to sit on that floor instead.
 HALVED = ("bert", "gpt2", "mobilenet", "t5", "vit")
 
 
-def test_minimum_budget_halves_the_activations(profiled, tmp_path) -> None:
+def test_minimum_budget_saves_what_was_predicted(profiled, tmp_path) -> None:
     real, chain, extra = profiled
-    if real.name not in HALVED:
-        pytest.skip(f"{real.name}: the step's minimum is set outside the chain at this size")
     optimizer = extra["optimizer"]
-    peaks = {}
+    activations, measured, predicted = {}, {}, {}
     for name, budget in (("store_all", store_all_budget(chain)), ("rotor", min_feasible_budget(chain))):
         schedule = solve(chain, budget, name)
         model = real.model
+        probe = ScheduleProbe(model, schedule)
         try:
             _, comparison = measure_schedule(model, real.make_batch, schedule, tmp_path / name, steps=3,
                                              batch_size=BATCH, loss=real.loss, optimizer=optimizer)
+            probe.assert_ran(steps=3)
         finally:
             remove_schedule(model)
-        peaks[name] = comparison.measured_activation_peak_bytes
-        predicted = comparison.predicted_step_peak_bytes
-        assert abs(comparison.measured_step_peak_bytes - predicted) <= 0.05 * predicted + MIB
-    assert peaks["rotor"] <= 0.5 * peaks["store_all"], peaks
+            probe.remove()
+        activations[name] = comparison.measured_activation_peak_bytes
+        measured[name], predicted[name] = comparison.measured_step_peak_bytes, comparison.predicted_step_peak_bytes
+        assert_near_prediction(measured[name], predicted[name], real.name, name)
+    # below store-all's peak by what was predicted
+    assert_saving_as_predicted(measured["store_all"] - measured["rotor"], predicted["store_all"] - predicted["rotor"],
+                               predicted["store_all"], real.name)
+    if real.name in HALVED:
+        assert activations["rotor"] <= 0.5 * activations["store_all"], activations
+    else:  # the floor outside the chain is most of the minimum: over 85% of it (measured 88% and 99%)
+        floor = chain.step.floor_bytes
+        assert "no schedule changes" in chain.step.explain_floor()
+        assert floor <= predicted["rotor"] and floor >= 0.85 * predicted["rotor"], (floor, predicted)
 
 
 def test_exported_file_applies_to_a_fresh_copy(profiled, tmp_path) -> None:
@@ -162,12 +178,10 @@ def test_exported_file_applies_to_a_fresh_copy(profiled, tmp_path) -> None:
     from planner.export import export_python
 
     real, chain, extra = profiled
-    if real.name != "gpt2":
-        pytest.skip("one Hugging Face model is enough for the standalone file")
     schedule = solve(chain, min_feasible_budget(chain), "rotor")
-    path = tmp_path / "apply_gpt2.py"
+    path = tmp_path / f"apply_{real.name}.py"
     path.write_text(export_python(schedule))
-    spec = importlib.util.spec_from_file_location("apply_gpt2", path)
+    spec = importlib.util.spec_from_file_location(f"apply_{real.name}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     fresh = copy.deepcopy(real.model)
@@ -190,16 +204,19 @@ def test_offload_schedules_between_the_extremes_run_as_predicted(profiled) -> No
     if real.name != "resnet":
         assert schedule.has_transfers and schedule.predicted_host_peak_bytes > 0
     ref_loss, ref_grads = _grads(real, copy.deepcopy(model), batch)
+    probe = ScheduleProbe(model, schedule)
     apply_schedule(model, schedule)
     try:
         loss, grads = _grads(real, model, batch)
         assert torch.equal(loss, ref_loss) and grads.keys() == ref_grads.keys()
         assert all(torch.equal(grads[name], ref_grads[name]) for name in grads)
         measured = allocator_step_peak(real, model, optimizer, batch)
+        probe.assert_ran(steps=3)
     finally:
         remove_schedule(model)
+        probe.remove()
     predicted = schedule.predicted_step_peak_bytes
-    assert abs(measured - predicted) <= 0.05 * predicted + MIB, (measured, predicted)
+    assert_near_prediction(measured, predicted, real.name)
 
 
 def test_t5_decoder_blocks_with_the_encoders_output_carried(tmp_path) -> None:
@@ -225,4 +242,4 @@ def test_t5_decoder_blocks_with_the_encoders_output_carried(tmp_path) -> None:
         assert torch.equal(loss, ref_loss) and grads.keys() == ref_grads.keys()
         assert all(torch.equal(grads[name], ref_grads[name]) for name in grads), algorithm
         predicted = schedule.predicted_step_peak_bytes
-        assert abs(measured - predicted) <= 0.05 * predicted + MIB, (algorithm, measured, predicted)
+        assert_near_prediction(measured, predicted, "t5", algorithm)

@@ -1,5 +1,5 @@
-"""``MemoryProfiler.mark_inputs``: what the root's forward hook cannot see (keyword inputs, targets only the
-loss reads) is counted as the step's inputs."""
+"""``MemoryProfiler.mark_inputs``: what the root's forward hook cannot see (targets only the loss reads) is
+counted as the step's inputs; what it sees, by position or keyword, needs no marking."""
 
 from __future__ import annotations
 
@@ -41,5 +41,5 @@ def test_marked_inputs_are_counted_as_inputs(tmp_path) -> None:
     batch_bytes = 64 * 32 * 4 + 64 * 8
     unmarked, peak = _inputs_at_peak(tmp_path / "a", mark=False)
     marked, marked_peak = _inputs_at_peak(tmp_path / "b", mark=True)
-    assert unmarked == 0  # passed by keyword and read by the loss: the forward hook never sees them
+    assert unmarked == 64 * 32 * 4  # features by keyword: the root's hook sees them; targets only the loss reads
     assert marked == batch_bytes and marked_peak == peak  # the same bytes, now in their category

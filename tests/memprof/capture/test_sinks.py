@@ -7,7 +7,6 @@ import signal
 import time
 import warnings
 
-import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -15,7 +14,7 @@ from torch import nn
 from memprof import MemoryProfiler, load_trace, zoo
 from memprof.trace.journal import JOURNAL_DIR, STATE_FILE
 from memprof.trace.reader import read_meta, table_parts
-from tests.memprof.helpers import CATEGORIES
+from tests.memprof.helpers import CATEGORIES, TINY_MLP_WEIGHT_BYTES, assert_exact_model_bytes
 
 
 def _model() -> tuple[nn.Module, torch.optim.Optimizer]:
@@ -32,8 +31,7 @@ def _train(profiler: MemoryProfiler, model: nn.Module, optimizer, steps: int) ->
 
 def _check(trace, iterations: int) -> None:
     assert trace.iterations.iteration.tolist() == list(range(iterations))
-    ev = trace.events
-    np.testing.assert_array_equal(ev[CATEGORIES].sum(axis=1).to_numpy(), ev.allocated_bytes.to_numpy())
+    assert_exact_model_bytes(trace, TINY_MLP_WEIGHT_BYTES)
     assert trace.layers.groupby("iteration").size().nunique() == 1  # every iteration once, whole
 
 

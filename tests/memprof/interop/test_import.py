@@ -70,7 +70,6 @@ def test_two_training_steps_exact(tmp_path):
     assert int(first.peak_reserved_bytes) == int(second.reserved_bytes) == SEGMENT
     events = trace.events
     assert events.reserved_bytes.tolist()[:2] == [0, SEGMENT] and set(events.reserved_bytes[1:]) == {SEGMENT}
-    assert (events[list(CATEGORY_COLUMNS)].sum(axis=1) == events.allocated_bytes).all()
     # the forward's rows name the module calls its frames show, in order
     forward = events[(events.iteration == 1) & (events.phase == "forward")]
     assert list(zip(forward.module, forward.event))[:5] == [

@@ -21,7 +21,7 @@ from memprof import (
     list_runs,
     load_trace,
 )
-from memprof.trace.schema import SCHEMAS, TABLES
+from memprof.trace.schema import LATER_COLUMNS, SCHEMAS, TABLES
 from tests.bad_input import (
     CASES,
     FUZZ,
@@ -126,12 +126,22 @@ def _rewrite(part: Path, change) -> None:
     pq.write_table(change(table), part)
 
 
-@pytest.mark.parametrize("table,column", [(t, c) for t in TABLES for c in SCHEMAS[t].names])
+@pytest.mark.parametrize("table,column", [(t, c) for t in TABLES for c in SCHEMAS[t].names
+                                          if c not in LATER_COLUMNS.get(t, {})])
 def test_missing_columns_are_named(work, table, column):
     _rewrite(parts(work, table)[-1], lambda t: t.drop_columns([column]))
     error = api_error("missing column", lambda: load_trace(work), CorruptTraceError)
     assert column in str(error)
     cli_fails("missing column", ["report", str(work)], work)
+
+
+@pytest.mark.parametrize("table,column", [(t, c) for t in TABLES for c in LATER_COLUMNS.get(t, {})])
+def test_columns_added_later_read_with_their_default_where_a_part_lacks_them(work, table, column):
+    """A part written before a column existed (``iterations.micro_batches``) is read, the column filled in."""
+    _rewrite(parts(work, table)[-1], lambda t: t.drop_columns([column]))
+    frame = getattr(load_trace(work), table)
+    assert (frame[column] == LATER_COLUMNS[table][column]).all()
+    assert run_cli(["report", str(work)])[0] == 0
 
 
 @pytest.mark.parametrize("table", TABLES)

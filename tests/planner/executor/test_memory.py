@@ -64,6 +64,11 @@ def test_on_cuda_dropout_masks_and_memory_follow_the_schedule() -> None:
             torch.testing.assert_close(found, expected, rtol=1e-5, atol=1e-6)  # a wrong mask is far off
     model, chain, x, target = M.measured_mlp(batch=1024, width=64)
     model, x, target = model.to(device), x.to(device), target.to(device)
+    # On the CPU these three schedules measure 0.6% to 0.9% below their predictions (2.90, 1.85 and 1.85 MB);
+    # the caching allocator rounds each block to 512 B. The band, 2% + 64 KiB (a quarter of one 256 KiB
+    # activation), keeps each schedule's peak away from store-all's: a schedule the executor did not run fails.
+    store_all = simulate(chain, M.schedule(M.store_all(chain.length), chain)).peak_bytes
+    measured_peaks = {}
     for ops in (M.store_all(chain.length), M.periodic(chain.length, 3), M.revolve(chain.length)):
         schedule = M.schedule(ops, chain)
         scheduled = CheckpointedSequential(copy.deepcopy(model), schedule)
@@ -76,5 +81,10 @@ def test_on_cuda_dropout_masks_and_memory_follow_the_schedule() -> None:
         torch.cuda.synchronize()
         measured = torch.cuda.max_memory_allocated() - base + chain.input_bytes
         predicted = simulate(chain, schedule).peak_bytes
-        assert abs(measured - predicted) <= 0.05 * predicted + 2**20, (measured, predicted)
+        slack = 0.02 * predicted + 64 * 2**10
+        assert abs(measured - predicted) <= slack, (measured, predicted)
+        if ops != M.store_all(chain.length):
+            assert predicted + slack < store_all  # the band cannot hold store-all's peak
+        measured_peaks[len(measured_peaks)] = measured
+    assert measured_peaks[2] < 0.7 * measured_peaks[0]  # revolve: below store-all's measured peak (0.64 predicted)
 

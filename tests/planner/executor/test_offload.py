@@ -138,25 +138,9 @@ def test_the_offloaded_storages_are_freed_and_small_ones_stay(monkeypatch) -> No
 
 def test_offloading_lowers_the_measured_peak_as_predicted() -> None:
     # Linear, Tanh, Linear: the stage records its output and the tanh's (a-bar = 2a); offloading moves the tanh's.
-    torch.manual_seed(0)
-    batch, width, depth = 512, 32, 6
-    a = batch * width * 4
-    model = nn.Sequential(*[nn.Sequential(nn.Linear(width, width), nn.Tanh(), nn.Linear(width, width))
-                            for _ in range(depth)])
-    stages = [Stage(1.0, 2.0, a, 2 * a, a, a, 2 * a + 8 * width * (width + 1), modules=(str(i),)) for i in range(depth)]
-    chain = Chain("tanh", a, (*stages, Stage(0.5, 0.5, 4, 4, 4, a, 0)))
-    x, target = torch.randn(batch, width), torch.randn(batch, width)
-    measured, predicted = {}, {}
-    for name, ops in (("store_all", M.store_all(depth)), ("offload", offload_all(depth))):
-        schedule = M.schedule(ops, chain)
-        scheduled = CheckpointedSequential(copy.deepcopy(model), schedule, min_offload_bytes=0)
-        (scheduled(x) * target).sum().backward()  # the .grad tensors and the pool's buffers, outside the peak
-        scheduled.zero_grad(set_to_none=False)
-        measured[name] = allocator_rise_bytes(lambda net=scheduled: (net(x) * target).sum().backward())
-        predicted[name] = simulate(chain, schedule).peak_bytes
-    saving = predicted["store_all"] - predicted["offload"]
-    assert saving >= 3 * a
-    assert abs((measured["store_all"] - measured["offload"]) - saving) <= 0.02 * predicted["store_all"]
+    saving, predicted_saving, store_all = _offload_saving(torch.device("cpu"))
+    assert predicted_saving >= 3 * 512 * 32 * 4
+    assert abs(saving - predicted_saving) <= 0.02 * store_all
 
 
 def test_schedules_the_executor_cannot_run_are_refused() -> None:
@@ -225,3 +209,42 @@ def test_on_cuda_offloads_are_bitwise_pinned_and_free_device_memory() -> None:
             assert pool.outstanding == 0
             assert all(buffer.is_pinned() for stack in pool.free.values() for buffer, _ in stack)
     assert peaks["offload"] < peaks["store_all"]
+    # Against the prediction: the Tanh chain of test_offloading_lowers_the_measured_peak_as_predicted, whose
+    # costs are exact. On the CPU the measured saving is the predicted one to the byte (4a = 256 KiB of
+    # 1.1 MB); on CUDA the offloaded copies go to pinned host memory the device allocator does not count, and a
+    # copy on the side stream may be retired one operation late: one activation a of slack.
+    saving, predicted_saving, store_all = _offload_saving(device)
+    a = 512 * 32 * 4
+    assert predicted_saving >= 3 * a
+    assert abs(saving - predicted_saving) <= 0.02 * store_all + a, (saving, predicted_saving)
+
+
+def _offload_saving(device: torch.device) -> tuple[int, int, int]:
+    """On the Tanh chain with exact costs: (measured saving of offloading every stage, predicted saving,
+    predicted store-all peak), on ``device``."""
+    torch.manual_seed(0)
+    batch, width, depth = 512, 32, 6
+    a = batch * width * 4
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(width, width), nn.Tanh(), nn.Linear(width, width))
+                            for _ in range(depth)]).to(device)
+    stages = [Stage(1.0, 2.0, a, 2 * a, a, a, 2 * a + 8 * width * (width + 1), modules=(str(i),)) for i in range(depth)]
+    chain = Chain("tanh", a, (*stages, Stage(0.5, 0.5, 4, 4, 4, a, 0)))
+    x, target = torch.randn(batch, width, device=device), torch.randn(batch, width, device=device)
+    measured, predicted = {}, {}
+    for name, ops in (("store_all", M.store_all(depth)), ("offload", offload_all(depth))):
+        schedule = M.schedule(ops, chain)
+        scheduled = CheckpointedSequential(copy.deepcopy(model), schedule, min_offload_bytes=0)
+        (scheduled(x) * target).sum().backward()  # the .grad tensors and the pool's buffers, outside the peak
+        scheduled.zero_grad(set_to_none=False)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            (scheduled(x) * target).sum().backward()
+            torch.cuda.synchronize()
+            measured[name] = torch.cuda.max_memory_allocated() - base
+        else:
+            measured[name] = allocator_rise_bytes(lambda net=scheduled: (net(x) * target).sum().backward())
+        predicted[name] = simulate(chain, schedule).peak_bytes
+    return (measured["store_all"] - measured["offload"], predicted["store_all"] - predicted["offload"],
+            predicted["store_all"])

@@ -17,6 +17,7 @@ from planner.errors import InvalidScheduleError
 from planner.executor import CheckpointedSequential, apply_schedule
 from planner.executor import weights as executor_weights
 from planner.schedule import Op, Schedule
+from planner.simulator import simulate
 from planner.weights import WeightCosts
 from tests.planner import models as M
 from tests.planner import real_models
@@ -190,7 +191,18 @@ def test_on_cuda_streamed_weights_are_bitwise_pinned_and_lower_the_peak() -> Non
         run_step(scheduled, x, lambda out: out.square().sum())
         torch.cuda.synchronize()
         peaks[name] = torch.cuda.max_memory_allocated()
-    assert peaks["streamed"] < peaks["resident"]
+    # Against the prediction, in bytes computed by hand: each block holds P bytes of parameters (two Linears
+    # and a LayerNorm), resident on the device throughout. Streamed, the simulator predicts at most
+    # `in_flight` of them on the device at once (parameters and gradients of the stage computing and of the
+    # one copied ahead: 4P); the activations are the same schedule's either way. So streaming saves at least
+    # the six resident blocks less what it keeps in flight, 2P (16.8 MB); "streamed < resident" alone would
+    # pass a streamer that kept five of the six blocks on the device.
+    p_bytes = (512 * 2048 + 2048 + 2048 * 512 + 512 + 2 * 512) * 4
+    assert sum(p.numel() * 4 for p in model.parameters()) == 6 * p_bytes
+    exact = chain.with_weights(WeightCosts((p_bytes,) * 6, (p_bytes,) * 6, (0,) * 6))
+    in_flight = simulate(exact, streamed(M.store_all(6), exact, [1, 2, 3, 4, 5, 6])).peak_bytes
+    assert 2 * p_bytes <= in_flight <= 4 * p_bytes + 2**20
+    assert peaks["resident"] - peaks["streamed"] >= 6 * p_bytes - in_flight, (peaks, in_flight, p_bytes)
 
 
 def test_a_planned_streaming_schedule_of_a_profiled_llama_trains_as_plain_autograd(tmp_path) -> None:

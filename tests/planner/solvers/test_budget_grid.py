@@ -26,8 +26,9 @@ from planner.solvers.budget_grid import (
 from tests.planner.chain_strategies import random_chain, small_chains
 
 # Store-all peaks at 661 bytes. On store-all's grid (500 slots of 2 bytes, the old solve and today's
-# slider) a 500-byte budget gets 124.48 ms; on the budget's own grid (500 slots of 1 byte) 123.83 ms,
-# the optimum over every valid sequence (exhaustive search, below).
+# slider) a 500-byte budget got 124.48 ms; on the budget's own grid (500 slots of 1 byte) 123.83 ms,
+# the optimum over every valid sequence (exhaustive search, below). The tests hold these against
+# their oracles (the exhaustive search; the DP on 1-byte slots) rather than against the numbers.
 ISSUE_661 = Chain("issue-661", 183, (
     Stage(3.3, 25.43, 58, 60, 58, 8, 0),
     Stage(5.0, 18.39, 29, 49, 29, 17, 16),
@@ -43,19 +44,25 @@ def test_issue_661_budget_is_divided_into_its_own_slots() -> None:
     chain = ISSUE_661
     assert store_all_budget(chain) == 661
     old = pareto_front(chain).schedule_at(500)  # one table on store-all's grid
-    assert old.params["slot_bytes"] == 2 and old.predicted_makespan_ms == pytest.approx(124.48, abs=1e-9)
     schedule = solve(chain, 500, "rotor")
-    assert schedule.params == {"slots": 500, "slot_bytes": 1}
-    assert schedule.predicted_makespan_ms == pytest.approx(123.83, abs=1e-9)
-    assert schedule.predicted_peak_bytes == 498 and old.predicted_peak_bytes == 489
-    exact_grid = rotor.compute_table(chain, grid=discretize(chain, 661, 661))  # 1-byte slots up to the peak
-    assert simulate(chain, rotor.rebuild(exact_grid, 500)).makespan_ms == pytest.approx(123.83, abs=1e-9)
-    assert solve(chain, 500, "rotor_optimal").predicted_makespan_ms == pytest.approx(123.83, abs=1e-9)
+    assert old.params["slot_bytes"] == 2 and schedule.params == {"slots": 500, "slot_bytes": 1}
+    assert schedule.predicted_peak_bytes <= 500 and old.predicted_peak_bytes <= 500
+    # The budget's own grid is 1-byte slots, on which the DP is exact (the hypothesis test below holds it
+    # against exhaustive search): the same time as the DP on a 1-byte grid up to store-all's peak.
+    exact_grid = rotor.compute_table(chain, grid=discretize(chain, 661, 661))
+    optimum = simulate(chain, rotor.rebuild(exact_grid, 500)).makespan_ms
+    assert schedule.predicted_makespan_ms == pytest.approx(optimum, abs=1e-9)
+    assert solve(chain, 500, "rotor_optimal").predicted_makespan_ms == pytest.approx(optimum, abs=1e-9)
+    assert old.predicted_makespan_ms > optimum + 0.5  # store-all's coarser grid gives away time (0.65 ms)
 
 
 @pytest.mark.slow
 def test_issue_661_exhaustive_search_agrees() -> None:
-    assert exact.search(ISSUE_661, 500).makespan_ms == pytest.approx(123.83, abs=1e-9)  # a few seconds
+    """The optimum over every valid sequence (a few seconds of exhaustive search) is what solve finds."""
+    best = exact.search(ISSUE_661, 500)
+    assert best is not None and best.peak_bytes <= 500
+    assert solve(ISSUE_661, 500, "rotor").predicted_makespan_ms == pytest.approx(best.makespan_ms, abs=1e-9)
+    assert pareto_front(ISSUE_661).schedule_at(500).predicted_makespan_ms > best.makespan_ms + 0.5
 
 
 @given(chain=small_chains(max_length=3, max_size=4), slots=st.integers(4, 30))

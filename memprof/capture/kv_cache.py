@@ -1,0 +1,91 @@
+"""Noticing a key/value cache that a training step builds and never reads.
+
+Hugging Face configs default to ``use_cache=True`` (``GPT2Config()``, ``LlamaConfig()``); a training
+forward then fills a cache with every layer's keys and values and returns it as ``past_key_values``. The
+profiler counts that memory (it is allocated), but a user looking at the step should know it is there and
+that it is not needed: one warning, with its size, the first time a training forward returns one.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+from memprof.units import format_bytes
+
+__all__ = ["CacheWatcher", "cache_bytes"]
+
+_MAX_DEPTH = 4  # a cache object holds its tensors a few attributes deep (cache.layers[i].keys)
+
+
+def _tensors(obj: Any, depth: int = 0) -> Iterator[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif depth >= _MAX_DEPTH or obj is None or isinstance(obj, (str, bytes, int, float, bool)):
+        return
+    elif isinstance(obj, (list, tuple)):
+        for item in obj:
+            yield from _tensors(item, depth + 1)
+    elif isinstance(obj, dict):
+        for item in obj.values():
+            yield from _tensors(item, depth + 1)
+    elif hasattr(obj, "__dict__") and not isinstance(obj, (nn.Module, type)):
+        for item in vars(obj).values():
+            yield from _tensors(item, depth + 1)
+
+
+def cache_bytes(output: Any) -> tuple[str, int] | None:
+    """The class name and storage bytes of the ``past_key_values`` a model returned, if it returned one.
+
+    Args:
+        output: what the model's forward returned (a ``ModelOutput``, a dict or anything else).
+
+    Returns:
+        ``(class name, bytes)`` of a non-empty cache, else ``None``.
+    """
+    cache = output.get("past_key_values") if isinstance(output, dict) else getattr(output, "past_key_values", None)
+    if cache is None:
+        return None
+    seen: dict[int, int] = {}
+    for tensor in _tensors(cache):
+        storage = tensor.untyped_storage()
+        seen[storage.data_ptr()] = storage.nbytes()
+    total = sum(seen.values())
+    return (type(cache).__name__, total) if total else None
+
+
+class CacheWatcher:
+    """Warns once when a training forward of ``model`` returns a key/value cache, saying how large it is.
+
+    Args:
+        model: the profiled model (its root module's output is checked).
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self._handle: RemovableHandle | None = model.register_forward_hook(self._check)
+
+    def _check(self, module: nn.Module, args: Any, output: Any) -> None:
+        if not (module.training and torch.is_grad_enabled()):
+            return
+        found = cache_bytes(output)
+        if found is None:
+            return
+        name, nbytes = found
+        warnings.warn(
+            f"this training step's forward returned a key/value cache ({name}, {format_bytes(nbytes)}), memory "
+            "the step holds but never reads (memprof counts it in the step's memory). Train with "
+            "model.config.use_cache = False (or pass use_cache=False) to leave it out, as Hugging Face's "
+            "gradient_checkpointing_enable() does", UserWarning, stacklevel=2)
+        self.remove()  # once is enough, and later steps pay nothing
+
+    def remove(self) -> None:
+        """Removes the hook (idempotent)."""
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None

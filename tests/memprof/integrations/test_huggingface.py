@@ -1,0 +1,121 @@
+"""``MemprofCallback`` in the real Hugging Face ``Trainer`` (with accelerate) on a tiny GPT-2, held to numbers."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from memprof import Trace, load_trace
+from tests.allocator_truth import allocator_rise_bytes
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("accelerate")
+
+# Importing transformers' Trainer and accelerate takes about 5 s of CPU here, paid by the first test
+pytestmark = pytest.mark.slow
+
+from memprof.integrations.huggingface import MemprofCallback  # noqa: E402 - after the skips
+
+BATCH, SEQ, STEPS = 4, 16, 3
+#: The Trainer passes the loss's token count to the model as a float32 scalar (``num_items_in_batch``).
+NUM_ITEMS_BYTES = 4
+
+
+class _Tokens(torch.utils.data.Dataset):
+    """Random token ids, the same for every run (seeded by index)."""
+
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        ids = torch.randint(0, 128, (SEQ,), generator=torch.Generator().manual_seed(index))
+        return {"input_ids": ids, "labels": ids.clone()}
+
+
+def _trainer(out: Path, callbacks: list[Any], accumulation: int = 1, steps: int = STEPS) -> Any:
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=128, n_positions=32)
+    model = transformers.GPT2LMHeadModel(config)
+    args = transformers.TrainingArguments(
+        output_dir=str(out / "trainer"), per_device_train_batch_size=BATCH, max_steps=steps, report_to=[],
+        use_cpu=True, save_strategy="no", logging_strategy="no", disable_tqdm=True, optim="adamw_torch",
+        gradient_accumulation_steps=accumulation)
+    return transformers.Trainer(model=model, args=args, train_dataset=_Tokens(), callbacks=callbacks)
+
+
+def _param_bytes(model: torch.nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters())  # tied weights once
+
+
+@pytest.fixture(scope="module")
+def profiled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Trace, Any, list[str]]:
+    out = tmp_path_factory.mktemp("hf")
+    callback = MemprofCallback(out_dir=out / "traces", print_period=0)
+    trainer = _trainer(out, [callback])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.train()
+    assert callback.profiler is None and callback.run_dir is not None  # closed at train end
+    return load_trace(callback.run_dir), trainer, [str(w.message) for w in caught]
+
+
+def test_every_optimizer_step_is_an_iteration_and_the_run_is_closed(profiled) -> None:
+    trace, trainer, messages = profiled
+    assert trace.iterations.iteration.tolist() == list(range(STEPS))
+    meta = trace.meta
+    assert (meta["status"], meta["iterations"], meta["integration"]) == ("closed", STEPS, "huggingface")
+    assert (meta["model"], meta["optimizer"], meta["optimizer_wrapper"]) == (
+        "GPT2LMHeadModel", "AdamW", "AcceleratedOptimizer")
+    assert meta["gradient_accumulation_steps"] == 1
+    assert not [m for m in messages if "hook fired" in m or "never the forward" in m]
+    model = trainer.model
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())  # hooks removed
+
+
+def test_the_keyword_batch_is_inputs_and_model_state_is_exact(profiled) -> None:
+    trace, trainer, _ = profiled
+    model = trainer.model
+    weights = _param_bytes(model)
+    tensors = len(list(model.parameters()))
+    rows = trace.iterations.set_index("iteration")
+    # input_ids and labels, int64 batch x seq each, passed as model(input_ids=..., labels=...)
+    assert rows.inputs.tolist() == [2 * BATCH * SEQ * 8 + NUM_ITEMS_BYTES] * STEPS
+    assert rows.weights.tolist() == [weights] * STEPS
+    # AdamW: exp_avg and exp_avg_sq per parameter and a float32 step counter per tensor, from its first step on
+    assert rows.optimizer_state.loc[1:].tolist() == [2 * weights + 4 * tensors] * (STEPS - 1)
+    assert set(rows.peak_phase) <= {"forward", "backward"}
+    assert (rows.feature_maps > 0).all()
+
+
+def test_the_peak_matches_the_allocator(profiled, tmp_path) -> None:
+    trace, _, _ = profiled
+    ev = trace.events
+    start = int(ev[(ev.iteration == 0) & (ev.event == "start")].allocated_bytes.iloc[0])
+    measured = int(trace.iterations.peak_allocated_bytes.max()) - start  # the rise since train begin
+    truth = allocator_rise_bytes(_trainer(tmp_path, []).train)  # the same training, unprofiled
+    # measured 913,208 B against 913,212 B: the Trainer's loss accumulator (4 B) is made before train begin
+    assert abs(measured - truth) <= 0.001 * truth, (measured, truth)
+
+
+def test_gradient_accumulation_records_one_iteration_per_optimizer_step(tmp_path) -> None:
+    callback = MemprofCallback(out_dir=tmp_path / "traces", print_period=0)
+    _trainer(tmp_path, [callback], accumulation=2, steps=2).train()
+    trace = load_trace(callback.run_dir)
+    assert trace.iterations.iteration.tolist() == [0, 1]
+    assert trace.meta["gradient_accumulation_steps"] == 2
+    # the Trainer fetches both micro-batches before the first forward: both are alive at the peak
+    assert trace.iterations.inputs.tolist() == [2 * (2 * BATCH * SEQ * 8) + NUM_ITEMS_BYTES] * 2
+    forwards = trace.events[(trace.events.module == "") & (trace.events.event == "enter")
+                            & (trace.events.phase == "forward")]
+    assert forwards.groupby("iteration").size().tolist() == [2, 2]  # two micro-batches per iteration
+
+
+def test_callback_refuses_a_model_of_its_own() -> None:
+    from memprof import ProfilerError
+
+    with pytest.raises(ProfilerError, match="takes the model and optimizer from the Trainer"):
+        MemprofCallback(model=torch.nn.Linear(2, 2))
