@@ -326,6 +326,7 @@ class HookRecorder:
 # compiled graph then runs without them, which the profiler reports as a warning. Looked up once,
 # not on every module call.
 _compiling: Callable[[], bool] = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
+
 _grad_enabled = torch.is_grad_enabled
 
 

@@ -20,6 +20,7 @@ from memprof.units import format_bytes
 
 __all__ = ["CacheWatcher", "cache_bytes"]
 
+_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
 _MAX_DEPTH = 4  # a cache object holds its tensors a few attributes deep (cache.layers[i].keys)
 
 
@@ -71,7 +72,7 @@ class CacheWatcher:
         self._handle: RemovableHandle | None = model.register_forward_hook(self._check)
 
     def _check(self, module: nn.Module, args: Any, output: Any) -> None:
-        if not (module.training and torch.is_grad_enabled()):
+        if _compiling() or not (module.training and torch.is_grad_enabled()):  # traced: nothing to look at
             return
         found = cache_bytes(output)
         if found is None:

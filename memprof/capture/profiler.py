@@ -24,6 +24,7 @@ from memprof.analysis.iteration import IterationProcessor, root_forward_ran
 from memprof.analysis.layers import subtree_bytes
 from memprof.analysis.records import CAT, CarriedState, IterationRecord, LiveBlock, Mark, RunSpec
 from memprof.capture.dispatch_cost import selective_overhead_us
+from memprof.capture.eager_pass import EagerPass, unwrap_compiled
 from memprof.capture.hooks import HookRecorder, now_ns
 from memprof.capture.kineto import SLOT_TAKEN
 from memprof.capture.kv_cache import CacheWatcher
@@ -59,14 +60,6 @@ def _distributed() -> tuple[int, int]:
 def _is_memory_error(exc: BaseException) -> bool:
     oom = getattr(torch, "OutOfMemoryError", None) or getattr(torch.cuda, "OutOfMemoryError", ())
     return isinstance(exc, (MemoryBudgetExceeded, MemoryError) + ((oom,) if isinstance(oom, type) else ()))
-
-
-def _warn_if_compiled(model: nn.Module) -> None:
-    if hasattr(model, "_orig_mod") and type(model).__name__ == "OptimizedModule":
-        warnings.warn(
-            "this model is torch.compile'd: compiled graphs do not run module hooks, so memprof reports "
-            "exact totals and categories but per-layer numbers only for what runs eagerly. Profile "
-            "model._orig_mod (the eager model) for per-layer costs.", RuntimeWarning, stacklevel=3)
 
 
 def _model_device(model: nn.Module) -> torch.device:
@@ -184,6 +177,7 @@ class MemoryProfiler:
                  allocation_stream: Any = None, ops: bool = False, ops_iteration: int = 1) -> None:
         if not isinstance(model, nn.Module):
             raise ProfilerError(f"expected a torch.nn.Module to profile, found {type(model).__name__}")
+        model, wrapper = unwrap_compiled(model)  # layers are named as in the eager model
         if isinstance(print_period, bool) or not isinstance(print_period, int) or print_period < 0:
             raise ProfilerError(f"print_period must be a whole number >= 0, found {print_period!r}")
         if model in _ATTACHED:
@@ -216,7 +210,7 @@ class MemoryProfiler:
         self.budget_bytes = budget_bytes
         self.detail = DetailPolicy(first=detail_first, every=detail_every, peak_rise=detail_peak_rise)
         self._detailed: set[int] = set()
-        _warn_if_compiled(model)
+        self._eager = EagerPass(wrapper is not None)
         self._stream = allocation_stream if allocation_stream is not None else open_stream(self.device)
         self._names, self._modules = module_tree(model)
         self._params = list(dict.fromkeys(p for m in self._modules for p in m.parameters(recurse=False)))
@@ -228,7 +222,9 @@ class MemoryProfiler:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._meta = {**self._initial_meta(), **(extra_meta or {})}
         write_meta(self.run_dir, self._meta)
-        self._recorder = HookRecorder(self._modules, self._params, self.optimizer)
+        # a compiled model's root hooks go on its wrapper, which runs them outside the graph (eager_pass.py)
+        self._hooked = [wrapper, *self._modules[1:]] if wrapper is not None else self._modules
+        self._recorder = HookRecorder(self._hooked, self._params, self.optimizer)
         self._recorder.watch_inputs = not self._cuda
         if budget_bytes is not None:
             self._recorder.guard = self._guard
@@ -240,7 +236,7 @@ class MemoryProfiler:
         self._sink = self._open_sink(spec, CarriedState(-1, self._baseline(), 1), background and budget_bytes is None)
         self._stream.start()
         self._recorder.attach()
-        self._cache_watcher = CacheWatcher(model)
+        self._cache_watcher = CacheWatcher(self._hooked[0])
         self._op_pass = OpPass(model, ops_iteration, lambda: self.iteration) if ops else None
         _ATTACHED.add(model)
         self._oom_snapshot = OomSnapshot(self.device) if snapshot_on_oom else None
@@ -253,7 +249,7 @@ class MemoryProfiler:
         """Undoes whatever a failed ``__init__`` had set up (each step on its own: the first error is the one raised)."""
         self._closed = True
         steps: list[Callable[[], Any]] = []
-        for name, method in (("_recorder", "detach"), ("_cache_watcher", "remove"), ("_op_pass", "detach"),
+        for name, method in (("_recorder", "detach"), ("_eager", "end"), ("_cache_watcher", "remove"), ("_op_pass", "detach"),
                              ("_oom_snapshot", "stop"), ("_sink", "finish")):
             part = getattr(self, name, None)
             if part is not None:
@@ -363,6 +359,7 @@ class MemoryProfiler:
         seen = drained.param_grads
         grads = {i: found[0] for i, p in enumerate(self._params)
                  if i not in seen and p.grad is not None and (found := pointers(p.grad))}
+        detail = detail or self._eager.active  # a compiled model's per-layer costs come from these
         record = IterationRecord(iteration=self.iteration, epoch=self.epoch, start_ns=self._iteration_start_ns,
                                  end_ns=end_ns, events=events, **drained._asdict(), grads=grads,
                                  reserved_bytes=reserved, peak_reserved_bytes=peak_reserved, failed=failed,
@@ -370,13 +367,17 @@ class MemoryProfiler:
         self._handle(self._sink.submit(record))
         if self.iteration == 0 and not root_forward_ran(record) and len(events) and self._failure is None:
             self._warn_root_silent(record)
+        called = {m[2] for m in record.marks if m[1] == Mark.FWD_ENTER}
+        if self._eager.after_iteration(self.iteration, called, bool(len(events))):
+            self._meta.update(self._eager.meta())
+            write_meta(self.run_dir, self._meta)  # a killed run's planner still finds the eager iterations
         self.iteration += 1
         self._iteration_start_ns = now_ns()
 
     def _warn_root_silent(self, record: IterationRecord) -> None:
         """Says why the first iteration never saw the model's forward begin, and what to profile instead."""
         called = sorted({m[2] for m in record.marks if m[1] == Mark.FWD_ENTER and m[2] > 0})
-        if called:
+        if called:  # (with no hook at all, the model runs compiled: the eager pass says so, eager_pass.py)
             # e.g. a LightningModule whose training_step calls self.model(x): the hooks fired, the root's did not
             names = ", ".join(repr(self._names[i]) for i in called[:3])
             warnings.warn(
@@ -385,12 +386,6 @@ class MemoryProfiler:
                 "read as 'other'). Profile the module whose forward the training step calls (e.g. "
                 "MemoryProfiler(lit_module.model, ...); memprof.integrations.lightning finds it).",
                 RuntimeWarning, stacklevel=4)
-            return
-        warnings.warn(
-            "memprof saw memory allocated but no module hook fired: the model's forward did not run "
-            "through its nn.Module hooks (torch.compile'd or scripted?). Totals and categories are "
-            "still exact, but per-layer numbers are empty; profile the eager model (for torch.compile, "
-            "model._orig_mod) to get them.", RuntimeWarning, stacklevel=4)
 
     def _write_ops(self) -> bool:
         """Writes the planning pass's records of this iteration; says whether there were any."""
@@ -460,6 +455,7 @@ class MemoryProfiler:
             if self._oom_snapshot is not None:
                 self._oom_snapshot.stop()
             self._recorder.detach()
+            self._eager.end()
             self._cache_watcher.remove()
             self._close_op_pass()
             _ATTACHED.discard(self.model)
@@ -468,6 +464,7 @@ class MemoryProfiler:
             except OSError as exc:
                 self._write_error = self._write_error or str(exc)
             status = "failed" if self._failure else "closed"
+            self._meta.update(self._eager.meta())
             self._meta.update(status=status, iterations=self.iteration, epochs=self.epoch,
                               processing=self._sink.mode,
                               detail={**self.detail.to_json(), "iterations": sorted(self._detailed)})

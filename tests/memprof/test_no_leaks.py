@@ -333,7 +333,7 @@ def _compile_usable(backend: str) -> str | None:
 
 def _profile_compiled(tmp_path, backend: str, compile_first: bool, fullgraph: bool = False):
     model, optimizer = _tiny()
-    steps = 3
+    steps = 4  # compiled (and compiling), eager, eager, compiled
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         if compile_first:
@@ -354,43 +354,54 @@ def _profile_compiled(tmp_path, backend: str, compile_first: bool, fullgraph: bo
     return load_trace(profiler.run_dir), said
 
 
-def _assert_profiled_or_said_so(trace, said: list[str]) -> None:
-    """A compiled graph runs no module hooks: the per-layer numbers are empty, never wrong (the eager ones would
-    be Linear(8, 16)'s 4x16 float32 = 256 B output and Linear(16, 4)'s 64 B), a warning names the eager model
-    to profile, and the totals still come from the allocator: the weights to the byte, every step alike.
+def _assert_profiled_or_said_so(trace, said: list[str], compile_first: bool) -> None:
+    """A compiled graph runs no module hooks, so the profiler runs iterations 1 and 2 eagerly: their layers are
+    exact (Linear(8, 16)'s 4x16 float32 = 256 B output and Linear(16, 4)'s 64 B), the compiled iterations' are
+    empty, never wrong, ``meta.json`` says which ran eagerly, a warning says what the compiled iterations show,
+    and the totals come from the allocator: the weights to the byte, every step alike.
 
-    Today every compiled case takes this branch (the profiler warns for each); should per-layer numbers of a
-    compiled model become exact, this test must change with them rather than accept either outcome.
+    Handed the compiled model, the profiler hooks its wrapper, outside the graph: the compiled iteration keeps
+    its phases (feature maps apart from ``other``). Compiled after attaching, no hook runs in a compiled
+    iteration: its activations read as ``other``, as the warning says.
     """
+    assert trace.meta["compiled"] is True and trace.meta["eager_iterations"] == [1, 2]
     layers = trace.layers[trace.layers.kind == "Linear"]
-    assert len(layers) > 0 and (layers.output_bytes == 0).all(), f"per-layer numbers that are not empty:\n{layers}"
-    assert any("eager" in s and "_orig_mod" in s for s in said), said
+    eager = layers[layers.iteration.isin([1, 2])].groupby("iteration").output_bytes.apply(sorted)
+    assert [list(v) for v in eager] == [[64, 256], [64, 256]], eager
+    compiled = layers[layers.iteration.isin([0, 3])]
+    assert len(compiled) == 4 and (compiled.output_bytes == 0).all(), f"compiled per-layer rows:\n{compiled}"
     assert_exact_model_bytes(trace, TINY_MLP_WEIGHT_BYTES)
     assert (trace.iterations.peak_allocated_bytes > TINY_MLP_WEIGHT_BYTES).all()
+    last = trace.read("events", iterations=[3])  # compiled, and compiling no more
+    if compile_first:
+        assert any("torch.compile'd" in s and "eagerly" in s for s in said), said
+        assert last.feature_maps.max() > 0 and {"forward", "backward"} <= set(last.phase)
+    else:
+        assert any("no module hook fired" in s and "'other'" in s for s in said), said
+        assert last.feature_maps.max() == 0 and last.other.max() > 0
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("compile_first", [True, False], ids=["compiled-model", "compiled-after-attach"])
-def test_compiled_model_is_profiled_or_said_to_be_eager(tmp_path, compile_first):
+def test_compiled_model_gets_layers_from_its_eager_iterations(tmp_path, compile_first):
     reason = _compile_usable("aot_eager")
     if reason:
         pytest.skip(reason)
     trace, said = _profile_compiled(tmp_path, "aot_eager", compile_first)
-    _assert_profiled_or_said_so(trace, said)
-    if compile_first:  # handed an OptimizedModule: the profiler names the eager model to profile
-        assert any("_orig_mod" in s for s in said), said
+    _assert_profiled_or_said_so(trace, said, compile_first)
 
 
 @pytest.mark.slow
-def test_inductor_compiled_model_is_profiled_or_said_to_be_eager(tmp_path):
+def test_inductor_compiled_model_gets_layers_from_its_eager_iterations(tmp_path):
     reason = _compile_usable("inductor")
     if reason:
         pytest.skip(reason)
     trace, said = _profile_compiled(tmp_path, "inductor", compile_first=True)
-    _assert_profiled_or_said_so(trace, said)
+    _assert_profiled_or_said_so(trace, said, compile_first=True)
 
 
 @pytest.mark.slow
 def test_fullgraph_compile_is_not_broken_by_the_profiler(tmp_path):
-    trace, said = _profile_compiled(tmp_path, "aot_eager", compile_first=False, fullgraph=True)
-    _assert_profiled_or_said_so(trace, said)
+    for compile_first in (True, False):
+        trace, said = _profile_compiled(tmp_path / str(compile_first), "aot_eager", compile_first, fullgraph=True)
+        _assert_profiled_or_said_so(trace, said, compile_first)
