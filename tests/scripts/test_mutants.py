@@ -44,7 +44,6 @@ def test_the_issues_breakages_are_all_there() -> None:
 def test_each_mutation_applies_to_the_current_tree_exactly_once(mutation) -> None:  # noqa: ANN001
     text = mutants.check_applies(ROOT, mutation)
     assert mutation.new != mutation.old
-    assert not mutation.new.strip() or mutation.new not in text  # the mutated code is not there already
     mutated = text.replace(mutation.old, mutation.new, 1)
     assert mutated != text
     if mutation.path.endswith(".py"):
