@@ -24,8 +24,10 @@ CATEGORY_COLORS: dict[str, str] = {
     "buffers": "#9ecae9",
     "weight_grads": "#f58518",
     "feature_maps": "#54a24b",
+    "weight_copies": "#88d27a",  # a lighter feature-map green: copies of weights held around a module's compute
     "grads": "#e45756",
     "optimizer_state": "#b279a2",
+    "comm_buffers": "#eeca3b",
     "inputs": "#72b7b2",
     "other": "#bab0ac",
 }

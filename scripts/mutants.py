@@ -103,6 +103,15 @@ MUTATIONS: tuple[Mutation, ...] = (
         tests=("tests/memprof/trace/test_journal.py", "tests/memprof/capture/test_sinks.py"),
         claim="every recorded iteration reaches the journal and the trace",
     ),
+    Mutation(
+        name="stages-traced-by-compile",
+        path="planner/executor/install.py",
+        old="    return method if disable is None else disable(method)\n",
+        new="    return method\n",
+        tests=("tests/planner/executor/test_compile.py::"
+               "test_compiled_schedules_give_the_compiled_models_gradients_bitwise[gpt2-rotor]",),
+        claim="a compiled scheduled model gets the compiled model's gradients (dynamo must not trace the executor)",
+    ),
 )
 
 

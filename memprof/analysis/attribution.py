@@ -27,12 +27,17 @@ OTHER = CAT[Category.OTHER]
 FEATURE = CAT[Category.FEATURE_MAPS]
 GRADS = CAT[Category.GRADS]
 INPUTS = CAT[Category.INPUTS]
-#: Lower wins when a block is seen in several roles (a gradient stolen into .grad is a weight grad).
+WEIGHT_COPIES = CAT[Category.WEIGHT_COPIES]
+COMM_BUFFERS = CAT[Category.COMM_BUFFERS]
+#: Lower wins when a block is seen in several roles (a gradient stolen into .grad is a weight grad; a DDP bucket
+#: that the gradients are views of, ``gradient_as_bucket_view=True``, is the weight grads; a saved weight cast
+#: returned by a module is a weight copy).
 _RANK = {
     CAT[c]: r
     for r, c in enumerate([
         Category.WEIGHTS, Category.BUFFERS, Category.WEIGHT_GRADS, Category.OPTIMIZER_STATE,
-        Category.INPUTS, Category.GRADS, Category.FEATURE_MAPS, Category.OTHER,
+        Category.INPUTS, Category.COMM_BUFFERS, Category.WEIGHT_COPIES, Category.GRADS, Category.FEATURE_MAPS,
+        Category.OTHER,
     ])
 }
 MODEL_STATE_CODES = np.array([CAT[c] for c in MODEL_STATE])
@@ -117,6 +122,8 @@ class _Walker:
         self.bwd_stack: list[Call] = []
         self.fwd_blocks: list[int] = []  # blocks allocated during the current root forward
         self.observed: dict[int, int] = {}
+        # first change of DDP's bucket rebuild, while its window is open (see _buckets_rebuilt)
+        self.rebuild_change = -1
 
     def _new_block(self, block_id: int, ptr: int, size: int, category: int, change: int) -> int:
         s = self.s
@@ -163,6 +170,9 @@ class _Walker:
             self.s.categories[block] = code
 
     def mark(self, time_ns: int, kind: int, module: int, payload: Any) -> None:
+        if kind == Mark.BUCKETS_REBUILT:  # says what blocks are, not when something ran: no timeline row
+            self._buckets_rebuilt(payload)
+            return
         # The role a mark's storages play is implied by the mark, so the hooks do not record it
         # a second time as observations (that was most of what they appended on the training thread).
         role = _MARK_ROLES.get(kind)
@@ -178,8 +188,31 @@ class _Walker:
         handler(self, time_ns, module, payload)
         self.s.marks.append((time_ns, kind, module, len(self.s.change_block), self.phase))
 
+    def _buckets_rebuilt(self, payload: Any) -> None:
+        """DDP rebuilds its buckets at the start of its forward, before the module it wraps runs.
+
+        The mark is stamped with the wrapper's forward enter: the buckets that existed before profiling
+        (``payload``, stand-in addresses) are freed there, and what the wrapper allocates from there until
+        the next module's forward begins and is still alive then is the new buckets (:meth:`_close_rebuild`).
+        """
+        for ptr, _ in payload:
+            self.free(ptr, -1)
+        self.rebuild_change = len(self.s.change_block)
+
+    def _close_rebuild(self) -> None:
+        if self.rebuild_change < 0:
+            return
+        s = self.s
+        for block in self.fwd_blocks:
+            if s.alloc_change[block] >= self.rebuild_change and s.free_change[block] < 0:
+                current = s.categories[block]
+                if current < 0 or _RANK[COMM_BUFFERS] < _RANK[current]:
+                    s.categories[block] = COMM_BUFFERS
+        self.rebuild_change = -1
+
     # --- mark handlers
     def _fwd_enter(self, time_ns: int, module: int, payload: Any) -> None:
+        self._close_rebuild()
         if module == 0:
             self.phase = PHASE_FORWARD
             self.fwd_blocks = []
@@ -199,6 +232,7 @@ class _Walker:
             self._end_forward()
 
     def _end_forward(self) -> None:
+        self._close_rebuild()
         # What the forward allocated and is still alive when it returns is kept for backward.
         for block in self.fwd_blocks:
             if self.s.free_change[block] < 0 and self.s.categories[block] < 0:

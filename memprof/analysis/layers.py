@@ -6,20 +6,21 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from memprof.analysis.attribution import FEATURE, MODEL_STATE_CODES, Call, Sweep
+from memprof.analysis.attribution import FEATURE, MODEL_STATE_CODES, WEIGHT_COPIES, Call, Sweep
 from memprof.analysis.micro_batches import MicroBatches, in_last
 from memprof.analysis.records import ModuleInfo
 from memprof.analysis.timeline import Series
 
 
 def _block_arrays(sw: Sweep) -> tuple[np.ndarray, ...]:
-    """Blocks sorted by allocation change: (alloc, free, size, activation, feature)."""
+    """Blocks sorted by allocation change: (alloc, free, size, activation, feature, weight copy)."""
     alloc = np.asarray(sw.alloc_change, dtype=np.int64)
     order = np.argsort(alloc, kind="stable")
     free = np.asarray(sw.free_change, dtype=np.int64)[order]
     cats = np.asarray(sw.categories, dtype=np.int64)[order]
     return (alloc[order], np.where(free < 0, np.iinfo(np.int64).max, free),
-            np.asarray(sw.sizes, dtype=np.int64)[order], ~np.isin(cats, MODEL_STATE_CODES), cats == FEATURE)
+            np.asarray(sw.sizes, dtype=np.int64)[order], ~np.isin(cats, MODEL_STATE_CODES), cats == FEATURE,
+            cats == WEIGHT_COPIES)
 
 
 @dataclass(frozen=True)
@@ -30,11 +31,13 @@ class CallCosts:
         kept: activation bytes allocated during the call and still alive at its end.
         features: feature-map bytes allocated during the call.
         overhead: the call's transient peak of activations above its start and what it kept.
+        copies: weight-copy bytes allocated during the call (autocast's saved casts, FSDP's unsharded parameters).
     """
 
     kept: list[int]
     features: list[int]
     overhead: list[int]
+    copies: list[int]
 
 
 def call_costs(sw: Sweep, activations: np.ndarray, calls: list[Call]) -> CallCosts:
@@ -45,14 +48,16 @@ def call_costs(sw: Sweep, activations: np.ndarray, calls: list[Call]) -> CallCos
     were most of the background worker's time in :func:`layer_rows`.
     """
     if not calls:
-        return CallCosts([], [], [])
-    alloc, free, size, activation, feature = _block_arrays(sw)
+        return CallCosts([], [], [], [])
+    alloc, free, size, activation, feature, copy = _block_arrays(sw)
     starts = np.fromiter((c.start_change for c in calls), dtype=np.int64, count=len(calls))
     ends = np.maximum(np.fromiter((c.end_change for c in calls), dtype=np.int64, count=len(calls)), starts)
     lo, hi = np.searchsorted(alloc, starts), np.searchsorted(alloc, ends)
     counts = hi - lo  # ends >= starts, so never negative
     feature_prefix = np.concatenate(([0], np.cumsum(np.where(feature, size, 0))))
     features = feature_prefix[hi] - feature_prefix[lo]
+    copy_prefix = np.concatenate(([0], np.cumsum(np.where(copy, size, 0))))
+    copies = copy_prefix[hi] - copy_prefix[lo]
     # every (call, block) pair: the block is kept if it is an activation still alive at the call's end
     call_of_pair = np.repeat(np.arange(len(calls)), counts)
     first_pair = np.concatenate(([0], np.cumsum(counts)))
@@ -63,7 +68,7 @@ def call_costs(sw: Sweep, activations: np.ndarray, calls: list[Call]) -> CallCos
     kept = kept_prefix[first_pair[1:]] - kept_prefix[first_pair[:-1]]
     highest = _range_max(activations, starts, ends)
     overhead = np.maximum(0, highest - activations[starts] - kept)
-    return CallCosts(kept.tolist(), features.tolist(), overhead.tolist())
+    return CallCosts(kept.tolist(), features.tolist(), overhead.tolist(), copies.tolist())
 
 
 def _range_max(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
@@ -86,8 +91,8 @@ def _range_max(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray
 
 def call_costs_reference(sw: Sweep, activations: np.ndarray, calls: list[Call]) -> CallCosts:
     """The slow, obvious :func:`call_costs`: slices per call."""
-    alloc, free, size, activation, feature = _block_arrays(sw)
-    kept_all, features_all, overhead_all = [], [], []
+    alloc, free, size, activation, feature, copy = _block_arrays(sw)
+    kept_all, features_all, overhead_all, copies_all = [], [], [], []
     for call in calls:
         end = max(call.end_change, call.start_change)
         lo, hi = np.searchsorted(alloc, [call.start_change, end])
@@ -96,8 +101,9 @@ def call_costs_reference(sw: Sweep, activations: np.ndarray, calls: list[Call]) 
         window = activations[call.start_change: end + 1]
         kept_all.append(kept)
         features_all.append(int(size[lo:hi][feature[lo:hi]].sum()))
+        copies_all.append(int(size[lo:hi][copy[lo:hi]].sum()))
         overhead_all.append(max(0, int(window.max() - activations[call.start_change] - kept)))
-    return CallCosts(kept_all, features_all, overhead_all)
+    return CallCosts(kept_all, features_all, overhead_all, copies_all)
 
 
 def layer_rows(sw: Sweep, s: Series, infos: list[ModuleInfo], iteration: int, order: dict[int, int],
@@ -115,13 +121,15 @@ def layer_rows(sw: Sweep, s: Series, infos: list[ModuleInfo], iteration: int, or
     def row(module: int) -> dict:
         if module not in stats:
             stats[module] = {"calls": 0, "forward_ms": 0.0, "backward_ms": 0.0, "saved_bytes": 0,
-                             "feature_map_bytes": 0, "forward_overhead_bytes": 0, "backward_overhead_bytes": 0,
+                             "feature_map_bytes": 0, "weight_copy_bytes": 0, "forward_overhead_bytes": 0,
+                             "backward_overhead_bytes": 0,
                              "grad_input_bytes": 0, "input_bytes": 0, "output_bytes": 0,
                              "input_ids": [], "output_ids": []}
         return stats[module]
 
     forward = call_costs(sw, s.activations, forward_calls)
-    for call, kept, features, overhead in zip(forward_calls, forward.kept, forward.features, forward.overhead):
+    for call, kept, features, overhead, copies in zip(forward_calls, forward.kept, forward.features, forward.overhead,
+                                                      forward.copies):
         r = row(call.module)
         if r["calls"] == 0:
             r["input_ids"], r["output_ids"] = list(call.inputs), list(call.outputs)
@@ -130,6 +138,7 @@ def layer_rows(sw: Sweep, s: Series, infos: list[ModuleInfo], iteration: int, or
         r["forward_ms"] += (call.end_ns - call.start_ns) / 1e6
         r["saved_bytes"] += kept
         r["feature_map_bytes"] += features
+        r["weight_copy_bytes"] += copies
         r["output_bytes"] += call.output_bytes
         r["forward_overhead_bytes"] = max(r["forward_overhead_bytes"], overhead)
     backward = call_costs(sw, s.activations, backward_calls)

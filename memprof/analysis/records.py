@@ -41,6 +41,10 @@ class Mark(IntEnum):
     BWD_END = 4
     OPT_ENTER = 5
     OPT_EXIT = 6
+    #: DDP rebuilt its gradient buckets in the forward of the module (the DistributedDataParallel wrapper)
+    #: whose forward began at the mark's time; its storages are the buckets that existed before profiling,
+    #: freed by the rebuild. Not a row of the timeline (:mod:`memprof.analysis.attribution`).
+    BUCKETS_REBUILT = 7
 
 
 @dataclass(frozen=True)

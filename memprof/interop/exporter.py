@@ -34,8 +34,9 @@ from memprof.trace.reader import load_trace
 _FIRST_ADDRESS = 0x7F0000000000
 _ALIGN = 512
 #: Categories an iteration without detail gives back first on its way from its peak to its end.
-_RELEASE_ORDER = (Category.OTHER, Category.GRADS, Category.FEATURE_MAPS, Category.INPUTS, Category.OPTIMIZER_STATE,
-                  Category.WEIGHT_GRADS, Category.BUFFERS, Category.WEIGHTS)
+_RELEASE_ORDER = (Category.OTHER, Category.GRADS, Category.FEATURE_MAPS, Category.WEIGHT_COPIES, Category.INPUTS,
+                  Category.OPTIMIZER_STATE, Category.COMM_BUFFERS, Category.WEIGHT_GRADS, Category.BUFFERS,
+                  Category.WEIGHTS)
 _OTHER = CATEGORY_COLUMNS.index(Category.OTHER.value)
 Label = tuple[int, str, str, str]  # iteration, phase, module, event
 

@@ -34,7 +34,10 @@ from memprof.errors import CorruptTraceError
 JOURNAL_DIR = ".journal"
 SPEC_FILE = "spec.json"
 STATE_FILE = "state.bin"
-_MAGIC = b"MPRJ\x01\x00\x00\x00"
+# Version 2: the category codes of observations and carried blocks are those with weight_copies and
+# comm_buffers (a version 1 journal's codes name other categories, so it is refused, not misread).
+_MAGIC = b"MPRJ\x02\x00\x00\x00"
+_OLD_MAGIC = b"MPRJ\x01\x00\x00\x00"
 _HEAD = struct.Struct("<8sQ")
 _SEGMENT_SUFFIX = ".log"
 #: Records per segment file; the worker deletes a segment once all its iterations are in the tables.
@@ -84,9 +87,12 @@ def unpack(data: bytes | memoryview, what: str) -> tuple[dict[str, Any], dict[st
     Raises:
         CorruptTraceError: ``data`` is not a complete journal file (``what`` names it in the message).
     """
+    if bytes(data[:8]) == _OLD_MAGIC:
+        raise CorruptTraceError(f"{what} was written by an older memprof, whose category codes differ; the iterations "
+                                "its worker had written are readable, profile the run again for the others")
     if len(data) < _HEAD.size or data[:8] != _MAGIC:
         raise CorruptTraceError(f"{what} is not a memprof journal file (expected the {_MAGIC[:4].decode()} "
-                                f"version 1 header, found {bytes(data[:8])!r})")
+                                f"version 2 header, found {bytes(data[:8])!r})")
     _, length = _HEAD.unpack_from(data)
     try:
         header = json.loads(bytes(data[_HEAD.size:_HEAD.size + length]))

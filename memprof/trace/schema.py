@@ -74,9 +74,18 @@ ITERATIONS_SCHEMA = pa.schema(
 )
 #: Columns a version 1 trace lacks, with the value they take when it is read.
 V1_DEFAULTS: dict[str, dict[str, object]] = {"iterations": {"detail": True}}
+#: Categories added after the first traces were written: parts written before them read as 0 bytes (no memory
+#: was told apart as such then; it was in ``feature_maps`` and ``other``).
+LATER_CATEGORIES: dict[str, object] = {"weight_copies": 0, "comm_buffers": 0}
 #: Columns added to a table after its first parts were written (no schema version change: older parts lack
-#: them and read with these values; an older reader sees one more column and misreads nothing).
-LATER_COLUMNS: dict[str, dict[str, object]] = {"ops": {"writes": None}, "iterations": {"micro_batches": 1}}
+#: them and read with these values; an older reader sees more columns and misreads none of those it knows,
+#: though its categories then sum to less than the total where a run had weight copies or comm buffers).
+LATER_COLUMNS: dict[str, dict[str, object]] = {
+    "ops": {"writes": None},
+    "iterations": {"micro_batches": 1, **LATER_CATEGORIES},
+    "events": dict(LATER_CATEGORIES),
+    "layers": {"weight_copy_bytes": 0},
+}
 
 LAYERS_SCHEMA = pa.schema(
     [
@@ -91,6 +100,7 @@ LAYERS_SCHEMA = pa.schema(
         pa.field("weight_grad_bytes", pa.int64()),
         pa.field("buffer_bytes", pa.int64()),
         pa.field("feature_map_bytes", pa.int64()),
+        pa.field("weight_copy_bytes", pa.int64()),  # parts written before it existed read as 0 (LATER_COLUMNS)
         pa.field("input_bytes", pa.int64()),
         pa.field("output_bytes", pa.int64()),
         pa.field("saved_bytes", pa.int64()),

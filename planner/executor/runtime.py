@@ -33,6 +33,7 @@ from planner.executor.stage import (
     capture_rng,
     replay_rng,
     same_rng,
+    uncached_casts,
 )
 from planner.executor.transfers import Transfers
 
@@ -178,7 +179,7 @@ class _Run:
             self.secondary[stage] = [Recorded.of(t) for t in secondary_outputs(raw)]
             self.acts.pop(stage, None)
         else:
-            with torch.no_grad():
+            with torch.no_grad(), uncached_casts(self.autocast):
                 y, raw = self._call(stage, x, keep)
             if kind == F_NONE:
                 self.acts.pop(stage - 1, None)

@@ -207,6 +207,20 @@ def autocast_state(x: torch.Tensor) -> tuple[str, bool, torch.dtype] | None:
         return None
 
 
+def uncached_casts(state: tuple[str, bool, torch.dtype] | None) -> contextlib.AbstractContextManager:
+    """Within autocast, a run whose results are not recorded keeps no cast weights.
+
+    Autocast caches the low-precision copy of each weight it casts until the outermost autocast region ends,
+    so a stage run without recording (F_ck, F_none) would leave its weights' copies alive for the whole
+    forward: memory the schedule expects freed. A nested region with the cache off casts them for the run
+    alone (the values, and so the gradients, are the same).
+    """
+    if state is None or not state[1]:
+        return contextlib.nullcontext()
+    device_type, _, dtype = state
+    return torch.autocast(device_type=device_type, dtype=dtype, enabled=True, cache_enabled=False)
+
+
 def autocast_context(state: tuple[str, bool, torch.dtype] | None) -> contextlib.AbstractContextManager:
     """The context that restores a captured autocast setting (a no-op without one)."""
     if state is None:

@@ -31,6 +31,7 @@ from planner import (
 )
 from planner.executor import remove_schedule
 from tests.allocator_truth import allocator_rise_bytes
+from tests.planner.schedule_probe import ScheduleProbe
 
 pytestmark = pytest.mark.slow
 
@@ -105,10 +106,14 @@ def test_compiled_schedules_give_the_compiled_models_gradients_bitwise(planned, 
     model, chain, ids = planned
     plain_loss, plain = _compiled_grads(copy.deepcopy(model), ids, "aot_eager")
     scheduled = copy.deepcopy(model)
+    schedule = solve(chain, _budget(chain, algorithm), algorithm)
+    probe = ScheduleProbe(scheduled, schedule) if not any(op.option for op in schedule.ops) else None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        apply_schedule(scheduled, solve(chain, _budget(chain, algorithm), algorithm))
+        apply_schedule(scheduled, schedule)
     loss, grads = _compiled_grads(scheduled, ids, "aot_eager")
+    if probe is not None:
+        probe.assert_ran(steps=1)  # under compile, the executor ran every stage as the schedule says
     assert torch.equal(loss, plain_loss)
     assert grads.keys() == plain.keys()
     wrong = {name: (grads[name] - plain[name]).abs().max().item() for name in grads

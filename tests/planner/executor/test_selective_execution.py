@@ -190,14 +190,15 @@ def test_the_exported_file_carries_the_policies(tmp_path: Path, objective: str) 
 
 
 def test_a_key_value_cache_passed_to_recomputed_blocks_is_refused_with_the_fix(tmp_path: Path) -> None:
-    """Hugging Face models build a DynamicCache in training unless told not to; a recomputed block would append
-    its keys to it a second time. The executor says so instead of failing on a shape deep in attention."""
+    """Hugging Face models build a DynamicCache in training when asked to; a recomputed block would append its
+    keys to it a second time. The executor says so instead of failing on a shape deep in attention. (A config's
+    default ``use_cache=True`` is turned off by the schedule itself: tests/planner/executor/test_kv_cache.py.)"""
     real, _, chain = _profiled(gpt2, tmp_path)
-    real.model.config.use_cache = True
     schedule = solve(chain, min_feasible_budget(chain, "rotor"), "rotor")
     apply_schedule(real.model, schedule)
     try:
+        ids = real.make_batch(BATCH)[0]
         with pytest.raises(RuntimeError, match=r"key/value cache \(DynamicCache\).*use_cache=False"):
-            _grads(real, real.make_batch(BATCH))
+            real.model(input_ids=ids, labels=ids, use_cache=True).loss.backward()
     finally:
         remove_schedule(real.model)
