@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # The CPU build of torch; override with TORCH_SPEC="torch" to take your own.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: setup demo test lint bench mutants
+.PHONY: setup demo test lint bench mutants gpu-check
 
 $(BIN)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -40,3 +40,8 @@ mutants: setup
 
 bench: setup
 	$(BIN)/python -m benchmarks $(ARGS)
+
+# Every GPU test and benchmarks/bench_gpu.py on this machine's CUDA device, written to docs/gpu.md (docs/gpu.md says
+# how). No set-up step: it finds a Python with a CUDA torch itself; without CUDA it says so in one line, exit 0.
+gpu-check:
+	@$(PY) scripts/gpu_check.py --torch-spec "$(TORCH_SPEC)" $(ARGS)

@@ -39,12 +39,12 @@ RUN_COLUMNS: tuple[tuple[str, str], ...] = (
 LAYER_TABLE_COLUMNS: tuple[tuple[str, str], ...] = (
     ("module", "module"), ("kind", "class"), ("weight_bytes", "weights (B)"),
     ("weight_grad_bytes", "weight grads (B)"), ("feature_map_bytes", "feature maps (B)"),
-    ("output_bytes", "output (B)"), ("saved_bytes", "saved (B)"), ("forward_ms", "forward (ms)"),
+    ("weight_copy_bytes", "weight copies (B)"), ("output_bytes", "output (B)"), ("saved_bytes", "saved (B)"), ("forward_ms", "forward (ms)"),
     ("backward_ms", "backward (ms)"),
 )
 TREE_SIZES: tuple[tuple[str, str], ...] = (
     ("weight_bytes", "weights"), ("feature_map_bytes", "feature maps"), ("saved_bytes", "saved for backward"),
-    ("output_bytes", "outputs"), ("weight_grad_bytes", "weight grads"),
+    ("output_bytes", "outputs"), ("weight_grad_bytes", "weight grads"), ("weight_copy_bytes", "weight copies"),
 )
 _TABLE_STYLE = {"overflowX": "auto"}
 _CELL_STYLE = {"fontFamily": "monospace", "fontSize": "13px", "padding": "2px 8px", "textAlign": "left"}

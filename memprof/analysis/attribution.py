@@ -122,8 +122,10 @@ class _Walker:
         self.bwd_stack: list[Call] = []
         self.fwd_blocks: list[int] = []  # blocks allocated during the current root forward
         self.observed: dict[int, int] = {}
-        # first change of DDP's bucket rebuild, while its window is open (see _buckets_rebuilt)
+        # first change of DDP's bucket rebuild while its window is open, and the bytes the new buckets hold
+        # (0: not known); see _buckets_rebuilt
         self.rebuild_change = -1
+        self.rebuild_bytes = 0
 
     def _new_block(self, block_id: int, ptr: int, size: int, category: int, change: int) -> int:
         s = self.s
@@ -191,24 +193,38 @@ class _Walker:
     def _buckets_rebuilt(self, payload: Any) -> None:
         """DDP rebuilds its buckets at the start of its forward, before the module it wraps runs.
 
-        The mark is stamped with the wrapper's forward enter: the buckets that existed before profiling
-        (``payload``, stand-in addresses) are freed there, and what the wrapper allocates from there until
-        the next module's forward begins and is still alive then is the new buckets (:meth:`_close_rebuild`).
+        The mark is stamped with the wrapper's forward enter. Its storages are the buckets that existed before
+        profiling (stand-in addresses), freed there, and ``(0, bytes)``: what the new buckets hold. The new
+        buckets are among what the wrapper allocates from there until the next module's forward begins and is
+        still alive then (:meth:`_close_rebuild`).
         """
-        for ptr, _ in payload:
-            self.free(ptr, -1)
+        for ptr, nbytes in payload:
+            if ptr == 0:
+                self.rebuild_bytes = nbytes
+            else:
+                self.free(ptr, -1)
         self.rebuild_change = len(self.s.change_block)
 
     def _close_rebuild(self) -> None:
         if self.rebuild_change < 0:
             return
         s = self.s
-        for block in self.fwd_blocks:
-            if s.alloc_change[block] >= self.rebuild_change and s.free_change[block] < 0:
-                current = s.categories[block]
-                if current < 0 or _RANK[COMM_BUFFERS] < _RANK[current]:
-                    s.categories[block] = COMM_BUFFERS
-        self.rebuild_change = -1
+        alive = [b for b in self.fwd_blocks if s.alloc_change[b] >= self.rebuild_change and s.free_change[b] < 0]
+        if self.rebuild_bytes > 0:
+            # DDP's forward also allocates a few small tensors there (its logger's and the join context's, and
+            # one of them is at times freed by a communication thread, where no allocator event reaches this
+            # thread's stream): the buckets are the largest blocks, up to the bytes they hold.
+            chosen, room = [], self.rebuild_bytes
+            for block in sorted(alive, key=lambda b: -s.sizes[b]):
+                if s.sizes[block] <= room:
+                    chosen.append(block)
+                    room -= s.sizes[block]
+            alive = chosen
+        for block in alive:
+            current = s.categories[block]
+            if current < 0 or _RANK[COMM_BUFFERS] < _RANK[current]:
+                s.categories[block] = COMM_BUFFERS
+        self.rebuild_change, self.rebuild_bytes = -1, 0
 
     # --- mark handlers
     def _fwd_enter(self, time_ns: int, module: int, payload: Any) -> None:

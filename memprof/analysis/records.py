@@ -43,7 +43,8 @@ class Mark(IntEnum):
     OPT_EXIT = 6
     #: DDP rebuilt its gradient buckets in the forward of the module (the DistributedDataParallel wrapper)
     #: whose forward began at the mark's time; its storages are the buckets that existed before profiling,
-    #: freed by the rebuild. Not a row of the timeline (:mod:`memprof.analysis.attribution`).
+    #: freed by the rebuild, and ``(0, bytes)``: what the new buckets hold. Not a row of the timeline
+    #: (:mod:`memprof.analysis.attribution`).
     BUCKETS_REBUILT = 7
 
 

@@ -24,6 +24,7 @@ from memprof.capture.tensor_walk import (
     storages,
     tensors,
 )
+from memprof.capture.weight_copies import AutocastCasts
 from memprof.categories import Category
 
 __all__ = ["HookRecorder", "now_ns", "use_clock"]
@@ -54,6 +55,7 @@ def use_clock(clock: Callable[[], int]) -> Iterator[None]:
 _FWD_ENTER, _FWD_EXIT, _BWD_ENTER, _BWD_EXIT = Mark.FWD_ENTER, Mark.FWD_EXIT, Mark.BWD_ENTER, Mark.BWD_EXIT
 _WEIGHT_GRADS = CAT[Category.WEIGHT_GRADS]
 _INPUTS = CAT[Category.INPUTS]
+_WEIGHT_COPIES = CAT[Category.WEIGHT_COPIES]
 
 
 class HookRecorder:
@@ -94,16 +96,23 @@ class HookRecorder:
         self.enabled = True
         # Called at every forward and backward mark when a memory budget is guarded.
         self.guard: Callable[[int, int], None] | None = None
+        # Modules whose forward pre-hook must run before the others': FSDP2's unshards its parameters in its
+        # own pre-hook, and that allocation belongs to the module's forward (memprof/capture/distributed.py).
+        self.first_pre_hooks: set[int] = set()
+        self._casts = AutocastCasts()
 
     # ----------------------------------------------------------------- attach / detach
     def attach(self) -> None:
         """Registers every hook."""
         for index, module in enumerate(self.modules):
+            first = index in self.first_pre_hooks
             if index == 0:  # the root also sees keyword arguments: model(input_ids=..., labels=...) is a batch too
-                self._handles.append(module.register_forward_pre_hook(self._root_forward_pre, with_kwargs=True))
+                self._handles.append(module.register_forward_pre_hook(self._root_forward_pre, with_kwargs=True,
+                                                                      prepend=first))
+                self._handles.append(module.register_forward_hook(self._root_forward_post))
             else:
-                self._handles.append(module.register_forward_pre_hook(partial(self._forward_pre, index)))
-            self._handles.append(module.register_forward_hook(partial(self._forward_post, index)))
+                self._handles.append(module.register_forward_pre_hook(partial(self._forward_pre, index), prepend=first))
+                self._handles.append(module.register_forward_hook(partial(self._forward_post, index)))
         for index, param in enumerate(self.params):
             if param.requires_grad:
                 self._handles.append(param.register_post_accumulate_grad_hook(partial(self._grad_ready, index)))
@@ -161,6 +170,24 @@ class HookRecorder:
     # ----------------------------------------------------------------- forward
     def _root_forward_pre(self, module: nn.Module, args: Any, kwargs: dict[str, Any]) -> None:
         self._forward_pre(0, module, (*args, *kwargs.values()) if kwargs else args)
+        if self.enabled and not _compiling():
+            self._casts.begin()
+
+    def _root_forward_post(self, module: nn.Module, args: Any, output: Any) -> None:
+        self._forward_post(0, module, args, output)
+        if not self.enabled or _compiling():
+            return
+        # autocast's casts of weights that the forward saved for backward (memprof/capture/weight_copies.py)
+        found = self._casts.end(output)
+        if found:
+            now = time_ns()
+            self.observations.extend((now, ptr, _WEIGHT_COPIES, 0) for ptr, _ in found)
+
+    def observe(self, found: list[Storage], code: int) -> None:
+        """Observes storages in the role ``code`` (a category code), now; for the profiler's watchers."""
+        if self.enabled and found:
+            now = time_ns()
+            self.observations.extend((now, ptr, code, 0) for ptr, _ in found)
 
     def _forward_pre(self, index: int, module: nn.Module, args: Any) -> None:
         if not self.enabled or _compiling():

@@ -24,6 +24,7 @@ from memprof.analysis.iteration import IterationProcessor, root_forward_ran
 from memprof.analysis.layers import subtree_bytes
 from memprof.analysis.records import CAT, CarriedState, IterationRecord, LiveBlock, Mark, RunSpec
 from memprof.capture.dispatch_cost import selective_overhead_us
+from memprof.capture.distributed import DistributedWatch
 from memprof.capture.eager_pass import EagerPass, unwrap_compiled
 from memprof.capture.hooks import HookRecorder, now_ns
 from memprof.capture.kineto import SLOT_TAKEN
@@ -66,6 +67,11 @@ def _model_device(model: nn.Module) -> torch.device:
     for tensor in list(model.parameters()) + list(model.buffers()):
         return tensor.device
     return torch.device("cpu")
+
+
+def _allocator_bytes(nbytes: int, cuda: bool) -> int:
+    """What the allocator holds for a request of ``nbytes`` (the CUDA caching allocator rounds it up)."""
+    return -(-nbytes // _CUDA_BLOCK_BYTES) * _CUDA_BLOCK_BYTES if cuda else nbytes
 
 
 def _first_missing(path: Path) -> Path | None:
@@ -226,6 +232,11 @@ class MemoryProfiler:
         self._hooked = [wrapper, *self._modules[1:]] if wrapper is not None else self._modules
         self._recorder = HookRecorder(self._hooked, self._params, self.optimizer)
         self._recorder.watch_inputs = not self._cuda
+        # DDP's buckets and FSDP2's unsharded parameters (before the baseline, which holds the buckets made so far)
+        # (a function of the device, not a bound method: the watch must not hold the profiler in a reference cycle,
+        # which would keep the model's tensors alive until a garbage collection)
+        self._distributed = DistributedWatch(self._hooked, self._recorder,
+                                             functools.partial(_allocator_bytes, cuda=self._cuda))
         if budget_bytes is not None:
             self._recorder.guard = self._guard
         self._failure: dict[str, Any] | None = None
@@ -236,6 +247,7 @@ class MemoryProfiler:
         self._sink = self._open_sink(spec, CarriedState(-1, self._baseline(), 1), background and budget_bytes is None)
         self._stream.start()
         self._recorder.attach()
+        self._distributed.attach()
         self._cache_watcher = CacheWatcher(self._hooked[0])
         self._op_pass = OpPass(model, ops_iteration, lambda: self.iteration) if ops else None
         _ATTACHED.add(model)
@@ -249,8 +261,9 @@ class MemoryProfiler:
         """Undoes whatever a failed ``__init__`` had set up (each step on its own: the first error is the one raised)."""
         self._closed = True
         steps: list[Callable[[], Any]] = []
-        for name, method in (("_recorder", "detach"), ("_eager", "end"), ("_cache_watcher", "remove"), ("_op_pass", "detach"),
-                             ("_oom_snapshot", "stop"), ("_sink", "finish")):
+        for name, method in (("_recorder", "detach"), ("_distributed", "detach"), ("_eager", "end"),
+                             ("_cache_watcher", "remove"), ("_op_pass", "detach"), ("_oom_snapshot", "stop"),
+                             ("_sink", "finish")):
             part = getattr(self, name, None)
             if part is not None:
                 steps.append(getattr(part, method))
@@ -319,7 +332,7 @@ class MemoryProfiler:
                 if ptr == 0 or ptr in found:
                     continue
                 if self._cuda:
-                    nbytes = -(-nbytes // _CUDA_BLOCK_BYTES) * _CUDA_BLOCK_BYTES
+                    nbytes = _allocator_bytes(nbytes, self._cuda)
                 else:
                     self._recorder.watch_free(tensor)
                 found[ptr] = LiveBlock(-len(found) - 1, ptr, nbytes, CAT[category])
@@ -336,6 +349,8 @@ class MemoryProfiler:
                 for value in state.values():
                     if isinstance(value, torch.Tensor):
                         add(value, Category.OPTIMIZER_STATE)
+        for ptr, nbytes, code in self._distributed.baseline():  # DDP's buckets, at stand-in addresses
+            found[ptr] = LiveBlock(-len(found) - 1, ptr, nbytes, code)
         return list(found.values())
 
     # ------------------------------------------------------------------ the loop
@@ -455,6 +470,7 @@ class MemoryProfiler:
             if self._oom_snapshot is not None:
                 self._oom_snapshot.stop()
             self._recorder.detach()
+            self._distributed.detach()
             self._eager.end()
             self._cache_watcher.remove()
             self._close_op_pass()

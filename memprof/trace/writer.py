@@ -28,7 +28,7 @@ from memprof.trace.compaction import (
     parse_part_name,
     part_name,
 )
-from memprof.trace.schema import EVENTS, ITERATIONS, LAYERS, META_FILE, SCHEMAS, table_dir_name
+from memprof.trace.schema import EVENTS, ITERATIONS, LATER_COLUMNS, LAYERS, META_FILE, SCHEMAS, table_dir_name
 
 
 def write_meta(run_dir: Path, meta: Mapping[str, Any]) -> None:
@@ -40,10 +40,14 @@ def write_meta(run_dir: Path, meta: Mapping[str, Any]) -> None:
 def rows_to_table(table: str, rows: Sequence[Mapping[str, Any]]) -> pa.Table:
     """Builds a pyarrow table with the contract's schema for ``table`` from row dicts.
 
-    Missing required columns raise ``KeyError``; extra keys are kept as additional columns.
+    Missing required columns raise ``KeyError``; a column added to the format later (``LATER_COLUMNS``) may be
+    left out and takes the value the reader gives parts that lack it; extra keys are kept as additional columns.
     """
     schema = SCHEMAS[table]
-    columns: dict[str, list[Any]] = {name: [row[name] for row in rows] for name in schema.names}
+    later = LATER_COLUMNS.get(table, {})
+    columns: dict[str, list[Any]] = {
+        name: [row[name] for row in rows] if name not in later else [row.get(name, later[name]) for row in rows]
+        for name in schema.names}
     arrays = [pa.array(columns[f.name], type=f.type) for f in schema]
     fields = list(schema)
     extra = [k for k in (rows[0].keys() if rows else ()) if k not in schema.names]

@@ -103,7 +103,7 @@ def _layers_table(iterations: np.ndarray, activations: np.ndarray) -> pa.Table:
             "parent": [t[1] for t in tree] * k, "depth": np.tile([t[2] for t in tree], k),
             "order": np.tile(np.arange(m), k), "kind": [t[3] for t in tree] * k, "calls": np.ones(m * k, np.int64),
             "weight_bytes": weight, "weight_grad_bytes": weight, "buffer_bytes": np.zeros(m * k, np.int64),
-            "feature_map_bytes": out, "input_bytes": out, "output_bytes": out, "saved_bytes": 2 * out,
+            "feature_map_bytes": out, "weight_copy_bytes": np.zeros(m * k, np.int64), "input_bytes": out, "output_bytes": out, "saved_bytes": 2 * out,
             "grad_input_bytes": out, "forward_ms": np.tile(np.linspace(0.1, 1.0, m), k),
             "backward_ms": np.tile(np.linspace(0.2, 2.0, m), k), "forward_overhead_bytes": np.zeros(m * k, np.int64),
             "backward_overhead_bytes": np.zeros(m * k, np.int64),

@@ -45,7 +45,7 @@ def test_container_choices_are_modules_with_two_children(store):
 def test_model_state_bytes_at_the_peak(store):
     # At the peak (backward) the run holds weights and their gradients, no optimizer state yet.
     assert model_state_bytes(store.iterations("mlp")) == 2 * WEIGHTS_BYTES
-    assert {c.value for c in MODEL_STATE} == {"weights", "buffers", "weight_grads", "optimizer_state"}
+    assert {c.value for c in MODEL_STATE} == {"weights", "buffers", "weight_grads", "optimizer_state", "comm_buffers"}
 
 
 def test_measured_activation_removes_model_state_and_starts_at_forward(store):

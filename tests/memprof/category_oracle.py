@@ -152,6 +152,8 @@ class CategoryOracle:
             "weight_grads": sum(weight_grads.values()), "optimizer_state": sum(state.values()),
             "inputs": sum(self.inputs.values()), "feature_maps": sum(features.values()),
             "grads": sum(flowing.values()),
+            # the oracle's models train in float32 on one process: no autocast casts, no DDP buckets
+            "weight_copies": 0, "comm_buffers": 0,
         }))
         marker = torch.empty(MARK_BYTES + len(self.moments) - 1, dtype=torch.uint8)
         del marker

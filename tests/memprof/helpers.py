@@ -9,7 +9,8 @@ from torch import nn
 
 from memprof import MemoryProfiler, Trace, load_trace, zoo
 
-CATEGORIES = ["weights", "buffers", "weight_grads", "feature_maps", "grads", "optimizer_state", "inputs", "other"]
+CATEGORIES = ["weights", "buffers", "weight_grads", "feature_maps", "weight_copies", "grads", "optimizer_state",
+              "comm_buffers", "inputs", "other"]
 
 
 def profile_steps(model: nn.Module, make_batch, out_dir: Path, steps: int = 3, batch_size: int = 8,

@@ -13,8 +13,8 @@ from memprof.trace.schema import ITERATIONS_SCHEMA
 
 #: Summary columns that must not depend on whether an iteration kept its detail.
 SUMMARY = ["iteration", "epoch", "peak_allocated_bytes", "allocated_bytes", "peak_phase", "peak_module",
-           "num_events", "num_allocations", "weights", "buffers", "weight_grads", "feature_maps", "grads",
-           "optimizer_state", "inputs", "other"]
+           "num_events", "num_allocations", "weights", "buffers", "weight_grads", "feature_maps", "weight_copies",
+           "grads", "optimizer_state", "comm_buffers", "inputs", "other"]
 
 
 def _run(tmp_path, name, steps, background=True, fail_at=None, request=(), big=(), **policy):

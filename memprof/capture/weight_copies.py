@@ -1,0 +1,158 @@
+"""Autocast's weight copies: the low-precision casts of parameters that autograd saved for backward.
+
+Under ``torch.autocast`` an op such as ``linear`` casts its weight to the autocast dtype (a ``_to_copy``
+whose autograd node, ``ToCopyBackward0``, leads to the parameter's ``AccumulateGrad``), and saves the cast
+for its backward. The allocator sees an ordinary allocation in the module's forward, alive until backward:
+without this module it reads as a feature map.
+
+Once per root forward, when autocast was on, :class:`AutocastCasts` walks the autograd graph that forward
+built (the nodes whose sequence number is at least the one taken when it began, so earlier iterations'
+graphs and the inputs' history are not walked), finds the casts of parameters, and reads the storages of
+the saved tensors that are such a cast or a view of one from the nodes that saved them. They are observed
+as ``weight_copies``; which module made each one is read from the allocation's time by the analysis. A
+cast that nothing saves (a ``Linear``'s bias under ``addmm``) is held only by autocast's cache until the
+autocast region ends; no node refers to it, so it stays a feature map until then.
+
+Why not per module, or per op: a ``TorchDispatchMode`` sees every cast but costs a Python call per op, and
+``saved_tensors_hooks`` a call per saved tensor (and would have to chain to a user's own hooks); one walk
+per step costs a few microseconds per autograd node, only in steps that ran under autocast.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+from memprof.analysis.records import Storage
+from memprof.capture.tensor_walk import grad_tensors
+
+__all__ = ["AutocastCasts", "saved_weight_casts"]
+
+_CAST = "ToCopyBackward0"
+_LEAF = "AccumulateGrad"
+# Autograd nodes of view ops (their output shares its input's storage): a cast reached through them is saved
+# as a view (``addmm`` saves ``weight.t()``). Any other op makes a new storage, which is no weight copy.
+_VIEWS = frozenset({
+    "TBackward0", "ViewBackward0", "UnsafeViewBackward0", "ReshapeAliasBackward0", "AliasBackward0",
+    "TransposeBackward0", "TransposeBackward1", "PermuteBackward0", "ExpandBackward0", "SliceBackward0",
+    "SelectBackward0", "SelectBackward1", "AsStridedBackward0", "UnsqueezeBackward0", "UnsqueezeBackward1",
+    "SqueezeBackward0", "SqueezeBackward1", "SqueezeBackward2", "SqueezeBackward3", "DiagonalBackward0",
+    "NarrowBackward0", "UnfoldBackward0", "ViewAsRealBackward0", "ViewAsComplexBackward0",
+})
+# Attributes of a node type that hold sizes, strides or offsets, never a saved tensor.
+_NOT_TENSORS = ("_sym_sizes", "_sym_strides", "_sym_storage_offset", "_sym_argsize")
+# node type -> names of its ``_saved_*`` attributes that may hold tensors (learnt once per type)
+_SAVED_NAMES: dict[type, tuple[str, ...]] = {}
+
+_sequence_nr = torch._C._autograd._get_sequence_nr
+_autocast_on = torch._C._is_any_autocast_enabled
+
+
+def _saved_names(node: Any) -> tuple[str, ...]:
+    kind = type(node)
+    names = _SAVED_NAMES.get(kind)
+    if names is None:
+        names = _SAVED_NAMES[kind] = tuple(a for a in dir(kind) if a.startswith("_saved_")
+                                          and not a.endswith(_NOT_TENSORS))
+    return names
+
+
+def _saved_tensors(node: Any) -> Iterable[torch.Tensor]:
+    for name in _saved_names(node):
+        try:
+            value = getattr(node, name)
+        except (RuntimeError, AttributeError):  # freed already, or not a tensor attribute after all
+            continue
+        if isinstance(value, torch.Tensor):
+            yield value
+        elif isinstance(value, (list, tuple)):
+            yield from (v for v in value if isinstance(v, torch.Tensor))
+
+
+def _is_weight_cast(node: Any) -> bool:
+    """A ``ToCopyBackward0`` whose input is a parameter: a cast of a weight."""
+    nexts = node.next_functions
+    leaf = nexts[0][0] if nexts else None
+    return leaf is not None and type(leaf).__name__ == _LEAF and isinstance(leaf.variable, nn.Parameter)
+
+
+def saved_weight_casts(roots: Iterable[Any], first_sequence_nr: int) -> list[Storage]:
+    """Storages of the weight casts that the graph under ``roots`` saved, made since ``first_sequence_nr``.
+
+    Args:
+        roots: autograd nodes (``grad_fn``) of a forward's outputs.
+        first_sequence_nr: the autograd sequence number when that forward began; older nodes are not walked.
+
+    Returns:
+        ``(base address, 0)`` of each saved cast's storage (the analysis takes its size from the allocator).
+    """
+    stack = [n for n in roots if n is not None]
+    visited: set[Any] = set()
+    walked: list[tuple[Any, tuple]] = []  # nodes of this forward, with their inputs' nodes
+    casts: set[Any] = set()
+    while stack:
+        node = stack.pop()
+        if node in visited:
+            continue
+        visited.add(node)
+        name = type(node).__name__
+        if name == _CAST and _is_weight_cast(node):
+            casts.add(node)  # (made earlier when autocast's cache handed this forward an earlier forward's cast)
+            continue
+        if name == _LEAF or node._sequence_nr() < first_sequence_nr:
+            continue
+        nexts = tuple(n for n, _ in node.next_functions if n is not None)
+        walked.append((node, nexts))
+        stack.extend(nexts)
+    if not casts:
+        return []
+    # A cast is often saved through a view (``addmm`` saves ``weight.t()``): a view of a node on a cast's path
+    # is on it too. A few passes reach views of views.
+    path = set(casts)
+    for _ in range(4):
+        grew = [n for n, nexts in walked
+                if n not in path and len(nexts) == 1 and nexts[0] in path and type(n).__name__ in _VIEWS]
+        if not grew:
+            break
+        path.update(grew)
+    found: dict[int, Storage] = {}
+    for node, nexts in walked:
+        if not any(n in path for n in nexts):
+            continue
+        for tensor in _saved_tensors(node):
+            if tensor.grad_fn in path:
+                try:  # an int for eager tensors (a SymInt only inside a trace, where no hook walks)
+                    ptr = int(tensor.data_ptr() - tensor.storage_offset() * tensor.element_size())
+                except (RuntimeError, NotImplementedError):
+                    continue
+                found[ptr] = (ptr, 0)
+    return list(found.values())
+
+
+class AutocastCasts:
+    """Finds the weight casts of each root forward that ran under autocast (see the module docstring).
+
+    The profiler calls :meth:`begin` from the root's forward pre-hook and :meth:`end` from its post-hook.
+    """
+
+    def __init__(self) -> None:
+        self._first: int | None = None  # sequence number when the root's forward began
+        self._autocast = False  # autocast was on when it began
+
+    def begin(self) -> None:
+        """Notes where the forward's autograd nodes start (cheap: one call into torch)."""
+        self._first = _sequence_nr()
+        self._autocast = _autocast_on()
+
+    def end(self, output: Any) -> list[Storage]:
+        """The saved weight casts of the forward that :meth:`begin` saw start and that returned ``output``.
+
+        ``[]`` (at the cost of two calls into torch) when autocast was off when it began and is off now.
+        """
+        first, self._first = self._first, None
+        if first is None or not (self._autocast or _autocast_on()) or not torch.is_grad_enabled():
+            return []
+        return saved_weight_casts([t.grad_fn for t in grad_tensors(output)], first)

@@ -1,0 +1,160 @@
+"""What DDP and FSDP2 add to a rank's memory, each in its own category, under ``torchrun --nproc_per_node=2``.
+
+DDP's gradient buckets are ``comm_buffers`` from the first iteration on (they were made when the model was wrapped,
+before the profiler started, and are made again in the second iteration's forward); FSDP2's unsharded parameters
+are ``weight_copies``, in the forward of the module they belong to. Sizes are computed by hand from the model
+(``nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 4))``, float32), DDP's peaks held against the CPU
+allocator's own events (torch.profiler's raw ``[memory]`` events) on a twin wrapped the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from memprof import load_trace
+from tests.memprof.helpers import CATEGORIES, forward_exit
+from tests.memprof.test_distributed import REPO, _free_port, _fsdp_reason
+
+STEPS = 3
+BATCH = (16, 64)  # per rank
+F32 = 4
+FIRST, LAST = (8 * 32 + 32) * F32, (32 * 4 + 4) * F32  # the two Linears' parameters: 1,152 and 528 B
+PARAMS = FIRST + LAST  # 1,680 B; DDP's one bucket holds every gradient, as many bytes
+# DDP's rebuild agrees on the buckets' order with the other rank through a few 4-byte tensors; gloo's thread at
+# times holds the last reference to one, and a free on another thread reaches neither memprof's stream nor
+# torch.profiler's (both are the allocating thread's). From the rebuild on, a run can hold that many bytes more.
+LOST = 8
+
+SCRIPT = textwrap.dedent(
+    """
+    import gc, json, sys
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from memprof import MemoryProfiler, zoo
+    from tests.allocator_truth import allocator_rise_bytes
+
+    out_dir, wrapper = sys.argv[1], sys.argv[2]
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    size = {batch}[rank]
+
+    def build():
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 4))
+        if wrapper == "ddp":
+            return nn.parallel.DistributedDataParallel(model)
+        from torch.distributed.fsdp import fully_shard
+        fully_shard(model[0])
+        fully_shard(model[2])
+        fully_shard(model)
+        return model
+
+    torch.manual_seed(1 + rank)
+    batches = [(torch.randn(size, 8), torch.randint(0, 4, (size,))) for _ in range({steps})]
+    rises = []
+    if wrapper == "ddp":
+        # The allocator's truth first, on a twin wrapped the same way (torch.profiler cannot run beside memprof):
+        # each step's highest rise above what was allocated when it began.
+        twin = build()
+        optimizer = torch.optim.SGD(twin.parameters(), lr=0.0)
+        rises = [allocator_rise_bytes(lambda b=b: zoo.train_step(twin, optimizer, b)) for b in batches]
+        del twin, optimizer
+        gc.collect()
+    model = build()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    with MemoryProfiler(model, optimizer, out_dir=out_dir, print_period=0) as profiler:
+        for batch in batches:
+            profiler.mark_inputs(batch)  # the targets too: the allocator's start holds them
+            zoo.train_step(model, optimizer, batch)
+            profiler.record_stats()
+    with open(f"{{out_dir}}.result-{{rank}}.json", "w") as handle:
+        json.dump({{"rank": rank, "run_dir": str(profiler.run_dir), "rises": rises}}, handle)
+    dist.destroy_process_group()
+    """
+).format(steps=STEPS, batch=list(BATCH))
+
+
+def _torchrun(tmp_path: Path, wrapper: str) -> list[dict]:
+    """Runs the script on two ranks (as :func:`tests.memprof.test_distributed.torchrun` does); results by rank."""
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    out_dir = tmp_path / "traces"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
+               "--master_addr=127.0.0.1", f"--master_port={_free_port()}", str(script), str(out_dir), wrapper]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=170, env=env, cwd=tmp_path)
+    if done.returncode != 0:
+        raise AssertionError(f"torchrun failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}")
+    return [json.loads(Path(f"{out_dir}.result-{rank}.json").read_text()) for rank in (0, 1)]
+
+
+def _check_sums(trace) -> None:  # noqa: ANN001
+    assert (trace.iterations[CATEGORIES].sum(axis=1) == trace.iterations.peak_allocated_bytes).all()
+    assert (trace.events[CATEGORIES].sum(axis=1) == trace.events.allocated_bytes).all()
+
+
+@pytest.mark.slow
+def test_ddp_buckets_are_comm_buffers_from_the_first_iteration(tmp_path):
+    for result in _torchrun(tmp_path, "ddp"):
+        rank, trace = result["rank"], load_trace(Path(result["run_dir"]))
+        batch = BATCH[rank]
+        _check_sums(trace)
+        # The bucket, made when the model was wrapped, in iteration 0 too; made again in iteration 1's forward, never
+        # counted twice; at every moment of every iteration.
+        assert trace.iterations.comm_buffers.tolist() == [PARAMS] * STEPS
+        assert (trace.events.comm_buffers == PARAMS).all()
+        # ... and no longer a feature map: what the forward keeps is the ReLU's output (saved, and the second
+        # Linear's input) and the logits, batch x (32 + 4) floats, in every iteration (iteration 1 had 1,680 B more).
+        features = [int(forward_exit(trace, i).feature_maps) - batch * (32 + 4) * F32 for i in range(STEPS)]
+        assert features[0] == 0 and all(0 <= f <= LOST for f in features[1:]), features
+        assert (trace.events.weight_copies == 0).all()
+        # Against the allocator: each iteration rises above its start by what the twin's step rose, but for the
+        # rebuild, where the allocator reports the new bucket and not the free of the one made before it looked.
+        events = trace.events
+        start = events[events.event == "start"].set_index("iteration").allocated_bytes
+        rises = (trace.iterations.set_index("iteration").peak_allocated_bytes - start).tolist()
+        truth_rises = [result["rises"][0], result["rises"][1] - PARAMS, result["rises"][2]]
+        assert rises[0] == truth_rises[0] and all(abs(a - b) <= LOST for a, b in zip(rises[1:], truth_rises[1:])), (
+            rises, truth_rises)
+        # What is allocated when each step starts, by hand: parameters, the bucket, the batches seen so far (inputs,
+        # int64 targets; the script keeps them all, and memprof counts a batch made before it started from the step
+        # that is handed it), and from the second step on the gradients the previous one left (set to None soon).
+        held = [PARAMS + PARAMS + (i + 1) * (batch * 8 * F32 + batch * 8) + (PARAMS if i else 0) for i in range(STEPS)]
+        assert start.tolist()[0] == held[0] and all(0 <= a - b <= LOST for a, b in zip(start.tolist()[1:], held[1:]))
+        truth = [h + r - (PARAMS if i == 1 else 0) for i, (h, r) in enumerate(zip(held, result["rises"]))]
+        for peak, expected in zip(trace.iterations.peak_allocated_bytes, truth):
+            assert abs(int(peak) - expected) <= 0.001 * expected, (rank, int(peak), expected)
+
+
+@pytest.mark.slow
+def test_fsdp2_unsharded_parameters_are_weight_copies_of_their_module(tmp_path):
+    reason = _fsdp_reason("fully_shard")
+    if reason:
+        pytest.skip(reason)
+    for result in _torchrun(tmp_path, "fsdp2"):
+        rank, trace = result["rank"], load_trace(Path(result["run_dir"]))
+        _check_sums(trace)
+        layers = trace.layers
+        for iteration in range(STEPS):
+            rows = layers[layers.iteration == iteration].set_index("module").weight_copy_bytes
+            # each rank all-gathers a Linear's whole parameters (weight and bias, unpadded: 32 and 4 rows split
+            # evenly in two) in the Linear's own forward; the root holds no parameter of its own
+            assert rows.to_dict() == {"": PARAMS, "0": FIRST, "1": 0, "2": LAST}, (rank, iteration)
+        events = trace.events
+        rows = events.set_index(["iteration", "phase", "module", "event"]).weight_copies
+        for iteration in range(STEPS):
+            # gathered again for each Linear's backward, freed after it (and after each forward)
+            assert rows[(iteration, "backward", "2", "enter")] == LAST
+            assert rows[(iteration, "backward", "0", "enter")] == FIRST
+            assert rows[(iteration, "forward", "0", "exit")] == rows[(iteration, "forward", "2", "exit")] == 0
+            assert rows[(iteration, "other", "", "end")] == 0
+        # The weights are each rank's half of the parameters (their shards): 840 B.
+        assert (trace.iterations.weights == PARAMS // 2).all()
