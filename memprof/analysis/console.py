@@ -5,8 +5,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from memprof.categories import CATEGORY_COLUMNS
+from memprof.categories import CATEGORY_COLUMNS, Category
 from memprof.units import format_bytes
+
+#: Categories only autocast, FSDP or DDP fill: the report lists them when they hold bytes.
+_WHEN_USED = frozenset({Category.WEIGHT_COPIES.value, Category.COMM_BUFFERS.value})
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
@@ -43,7 +46,8 @@ def format_report(iteration: Mapping[str, Any], layers: Sequence[Mapping[str, An
         cache = int(it["peak_reserved_bytes"]) - int(it["peak_allocated_bytes"])
         lines.append(f"  peak reserved {format_bytes(int(it['peak_reserved_bytes']))} (cache {format_bytes(cache)})")
     peak = max(int(it["peak_allocated_bytes"]), 1)
-    cat_rows = [[name, format_bytes(int(it[name])), f"{100 * int(it[name]) / peak:.1f}%"] for name in CATEGORY_COLUMNS]
+    cat_rows = [[name, format_bytes(int(it.get(name, 0))), f"{100 * int(it.get(name, 0)) / peak:.1f}%"]
+                for name in CATEGORY_COLUMNS if name not in _WHEN_USED or int(it.get(name, 0))]
     lines += ["", *("  " + x for x in _table(["category at peak", "bytes", "share"], cat_rows))]
     leaves = [r for r in layers if r["module"] != ""]
     leaves.sort(key=lambda r: int(r["feature_map_bytes"]) + int(r["weight_bytes"]), reverse=True)

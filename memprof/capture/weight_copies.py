@@ -91,37 +91,40 @@ def saved_weight_casts(roots: Iterable[Any], first_sequence_nr: int) -> list[Sto
     """
     stack = [n for n in roots if n is not None]
     visited: set[Any] = set()
-    walked: list[tuple[Any, tuple]] = []  # nodes of this forward, with their inputs' nodes
-    casts: set[Any] = set()
+    casts: list[Any] = []
+    # node -> the nodes of this forward that take its output, kept only for casts and views (the way up from a cast)
+    users: dict[Any, list[Any]] = {}
     while stack:
         node = stack.pop()
         if node in visited:
             continue
         visited.add(node)
         name = type(node).__name__
-        if name == _CAST and _is_weight_cast(node):
-            casts.add(node)  # (made earlier when autocast's cache handed this forward an earlier forward's cast)
+        if name == _CAST and _is_weight_cast(node):  # (made earlier when autocast's cache gave this forward a cast)
+            casts.append(node)
             continue
         if name == _LEAF or node._sequence_nr() < first_sequence_nr:
             continue
-        nexts = tuple(n for n, _ in node.next_functions if n is not None)
-        walked.append((node, nexts))
-        stack.extend(nexts)
+        for child, _ in node.next_functions:
+            if child is None:
+                continue
+            kind = type(child).__name__
+            if kind == _CAST or kind in _VIEWS:
+                users.setdefault(child, []).append(node)
+            stack.append(child)
     if not casts:
         return []
-    # A cast is often saved through a view (``addmm`` saves ``weight.t()``): a view of a node on a cast's path
-    # is on it too. A few passes reach views of views.
-    path = set(casts)
-    for _ in range(4):
-        grew = [n for n, nexts in walked
-                if n not in path and len(nexts) == 1 and nexts[0] in path and type(n).__name__ in _VIEWS]
-        if not grew:
-            break
-        path.update(grew)
+    # A cast is often saved through a view (``addmm`` saves ``weight.t()``): going up from each cast through the
+    # views of it, every node that takes one of them may have saved it.
+    path, holders, frontier = set(casts), set(), list(casts)
+    while frontier:
+        for user in users.get(frontier.pop(), ()):
+            holders.add(user)
+            if type(user).__name__ in _VIEWS and len(user.next_functions) == 1 and user not in path:
+                path.add(user)
+                frontier.append(user)
     found: dict[int, Storage] = {}
-    for node, nexts in walked:
-        if not any(n in path for n in nexts):
-            continue
+    for node in holders:
         for tensor in _saved_tensors(node):
             if tensor.grad_fn in path:
                 try:  # an int for eager tensors (a SymInt only inside a trace, where no hook walks)

@@ -109,3 +109,15 @@ def test_a_journal_with_the_old_category_codes_is_refused() -> None:
     data[4] = 1  # version 1: its codes numbered the categories before weight_copies and comm_buffers existed
     with pytest.raises(CorruptTraceError, match="older memprof"):
         decode_record(bytes(data))
+
+
+def test_the_console_report_lists_comm_buffers_and_weight_copies_when_they_hold_bytes() -> None:
+    from memprof.analysis.console import format_report
+
+    row = {"iteration": 1, "epoch": 0, "step_ms": 1.0, "peak_allocated_bytes": 4096, "allocated_bytes": 2048,
+           "peak_phase": "forward", "peak_module": "", **dict.fromkeys(CATEGORY_COLUMNS, 0),
+           "weights": WEIGHTS, "comm_buffers": BUCKET}
+    lines = format_report(row, [], "cpu").splitlines()
+    assert any(line.split()[:3] == ["comm_buffers", "1.6", "KiB"] for line in lines)
+    assert not any("weight_copies" in line for line in lines)  # none in this run: no row
+    assert any(line.split()[:1] == ["grads"] for line in lines)  # the usual categories always have theirs

@@ -27,7 +27,9 @@ def _profile(model: nn.Module, batch: tuple, loss_of, tmp_path, steps: int = 3):
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # the same allocations every step
 
     def step() -> None:
-        optimizer.zero_grad(set_to_none=True)
+        # Gradients kept (zeroed in place): the measured step then frees nothing made before it began, which the CPU
+        # allocator could report with the size an earlier test's block at that address had.
+        optimizer.zero_grad(set_to_none=False)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             loss = loss_of(model, batch)
         loss.backward()
@@ -37,7 +39,8 @@ def _profile(model: nn.Module, batch: tuple, loss_of, tmp_path, steps: int = 3):
     # Before memprof runs: a block allocated while a profiler ran and freed in a later window would read as the
     # step's memory falling (the CPU allocator reports the frees of blocks it saw allocated while profiling).
     alive = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
-             for t in (*model.parameters(), *model.buffers(), *batch)}
+             for t in (*model.parameters(), *(p.grad for p in model.parameters() if p.grad is not None),
+                       *model.buffers(), *batch)}
     truth = sum(alive.values()) + allocator_rise_bytes(step)
     with MemoryProfiler(model, optimizer, out_dir=tmp_path, print_period=0) as profiler:
         for _ in range(steps):
