@@ -211,14 +211,16 @@ class _Walker:
         s = self.s
         alive = [b for b in self.fwd_blocks if s.alloc_change[b] >= self.rebuild_change and s.free_change[b] < 0]
         if self.rebuild_bytes > 0:
-            # DDP's forward also allocates a few small tensors there (its logger's and the join context's, and
-            # one of them is at times freed by a communication thread, where no allocator event reaches this
-            # thread's stream): the buckets are the largest blocks, up to the bytes they hold.
-            chosen, room = [], self.rebuild_bytes
+            # DDP's forward also allocates a few small tensors there (the rebuild agrees on the buckets' order with
+            # the other ranks, and a communication thread at times frees one of those tensors, where no allocator
+            # event reaches this thread's stream): the buckets are the largest blocks, until they hold the bytes
+            # the buckets do (a caching allocator rounds each block up, so they may hold a little more).
+            chosen, taken = [], 0
             for block in sorted(alive, key=lambda b: -s.sizes[b]):
-                if s.sizes[block] <= room:
-                    chosen.append(block)
-                    room -= s.sizes[block]
+                if taken >= self.rebuild_bytes:
+                    break
+                chosen.append(block)
+                taken += s.sizes[block]
             alive = chosen
         for block in alive:
             current = s.categories[block]

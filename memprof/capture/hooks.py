@@ -160,6 +160,7 @@ class HookRecorder:
         self._finalizers = {ptr: f for ptr, f in self._finalizers.items() if f.alive}
         out = Drained(marks=self.marks, observations=self.observations, frees=frees, param_grads=self.param_grads)
         self._backward_active = False  # a backward that raised never ran its end callback
+        self._casts.reset()  # nor a forward that raised its post-hook
         self.marks, self.observations, self.param_grads = [], [], {}
         return out
 

@@ -142,20 +142,25 @@ class AutocastCasts:
     """
 
     def __init__(self) -> None:
-        self._first: int | None = None  # sequence number when the root's forward began
-        self._autocast = False  # autocast was on when it began
+        # (sequence number, autocast on) when each open root forward began: a root may call itself
+        self._open: list[tuple[int, bool]] = []
 
     def begin(self) -> None:
-        """Notes where the forward's autograd nodes start (cheap: one call into torch)."""
-        self._first = _sequence_nr()
-        self._autocast = _autocast_on()
+        """Notes where the forward's autograd nodes start (cheap: two calls into torch)."""
+        self._open.append((_sequence_nr(), _autocast_on()))
+
+    def reset(self) -> None:
+        """Forgets forwards that never returned (one that raised); called between iterations."""
+        self._open.clear()
 
     def end(self, output: Any) -> list[Storage]:
-        """The saved weight casts of the forward that :meth:`begin` saw start and that returned ``output``.
+        """The saved weight casts of the forward that :meth:`begin` saw start last and that returned ``output``.
 
-        ``[]`` (at the cost of two calls into torch) when autocast was off when it began and is off now.
+        ``[]`` (at the cost of one call into torch) when autocast was off when it began and is off now.
         """
-        first, self._first = self._first, None
-        if first is None or not (self._autocast or _autocast_on()) or not torch.is_grad_enabled():
+        if not self._open:
+            return []
+        first, autocast = self._open.pop()
+        if not (autocast or _autocast_on()) or not torch.is_grad_enabled():
             return []
         return saved_weight_casts([t.grad_fn for t in grad_tensors(output)], first)
