@@ -38,8 +38,11 @@ def _live_storages() -> dict[int, int]:
     for obj in gc.get_objects():
         # type() rather than isinstance(): some torch objects warn when their __class__ is read.
         if issubclass(type(obj), torch.Tensor) and obj.device.type == "cpu":
-            storage = obj.untyped_storage()
-            found[storage.data_ptr()] = storage.nbytes()
+            try:
+                storage = obj.untyped_storage()
+                found[storage.data_ptr()] = storage.nbytes()
+            except RuntimeError:  # a fake tensor that an earlier torch.compile left in dynamo's caches: no memory
+                continue
     found.pop(0, None)  # empty storages
     return found
 
