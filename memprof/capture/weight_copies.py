@@ -46,9 +46,20 @@ _VIEWS = frozenset({
 _NOT_TENSORS = ("_sym_sizes", "_sym_strides", "_sym_storage_offset", "_sym_argsize")
 # node type -> names of its ``_saved_*`` attributes that may hold tensors (learnt once per type)
 _SAVED_NAMES: dict[type, tuple[str, ...]] = {}
+# node type -> what the walk does with it (learnt once per type: a dict lookup is cheaper than comparing names)
+_IS_OTHER, _IS_CAST, _IS_LEAF, _IS_VIEW = 1, 2, 3, 4
+_KINDS: dict[type, int] = {}
 
 _sequence_nr = torch._C._autograd._get_sequence_nr
 _autocast_on = torch._C._is_any_autocast_enabled
+
+
+def _kind(node_type: type) -> int:
+    name = node_type.__name__
+    kind = (_IS_CAST if name == _CAST else _IS_LEAF if name == _LEAF else _IS_VIEW if name in _VIEWS
+            else _IS_OTHER)
+    _KINDS[node_type] = kind
+    return kind
 
 
 def _saved_names(node: Any) -> tuple[str, ...]:
@@ -90,28 +101,27 @@ def saved_weight_casts(roots: Iterable[Any], first_sequence_nr: int) -> list[Sto
         ``(base address, 0)`` of each saved cast's storage (the analysis takes its size from the allocator).
     """
     stack = [n for n in roots if n is not None]
-    visited: set[Any] = set()
+    visited: set[Any] = set(stack)
     casts: list[Any] = []
     # node -> the nodes of this forward that take its output, kept only for casts and views (the way up from a cast)
     users: dict[Any, list[Any]] = {}
+    kinds = _KINDS
     while stack:
         node = stack.pop()
-        if node in visited:
-            continue
-        visited.add(node)
-        name = type(node).__name__
-        if name == _CAST and _is_weight_cast(node):  # (made earlier when autocast's cache gave this forward a cast)
+        kind = kinds.get(type(node)) or _kind(type(node))
+        if kind == _IS_CAST and _is_weight_cast(node):  # (made earlier when autocast's cache gave this forward one)
             casts.append(node)
             continue
-        if name == _LEAF or node._sequence_nr() < first_sequence_nr:
+        if kind == _IS_LEAF or node._sequence_nr() < first_sequence_nr:
             continue
         for child, _ in node.next_functions:
             if child is None:
                 continue
-            kind = type(child).__name__
-            if kind == _CAST or kind in _VIEWS:
+            if (kinds.get(type(child)) or _kind(type(child))) in (_IS_CAST, _IS_VIEW):
                 users.setdefault(child, []).append(node)
-            stack.append(child)
+            if child not in visited:
+                visited.add(child)
+                stack.append(child)
     if not casts:
         return []
     # A cast is often saved through a view (``addmm`` saves ``weight.t()``): going up from each cast through the
@@ -120,7 +130,7 @@ def saved_weight_casts(roots: Iterable[Any], first_sequence_nr: int) -> list[Sto
     while frontier:
         for user in users.get(frontier.pop(), ()):
             holders.add(user)
-            if type(user).__name__ in _VIEWS and len(user.next_functions) == 1 and user not in path:
+            if _KINDS.get(type(user)) == _IS_VIEW and len(user.next_functions) == 1 and user not in path:
                 path.add(user)
                 frontier.append(user)
     found: dict[int, Storage] = {}
