@@ -68,17 +68,23 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def torchrun(tmp_path: Path, wrapper: str) -> tuple[Path, list[dict]]:
-    """Runs the script on two ranks; returns the traces folder and what each rank reported, by rank."""
+def run_two_ranks(tmp_path: Path, source: str, *args: str) -> None:
+    """Writes ``source`` to ``tmp_path/train.py`` and runs it on two gloo ranks with ``args``; raises with the
+    ranks' output when it fails."""
     script = tmp_path / "train.py"
-    script.write_text(SCRIPT)
-    out_dir = tmp_path / "traces"
+    script.write_text(source)
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     command = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
-               "--master_addr=127.0.0.1", f"--master_port={_free_port()}", str(script), str(out_dir), wrapper]
+               "--master_addr=127.0.0.1", f"--master_port={_free_port()}", str(script), *args]
     done = subprocess.run(command, capture_output=True, text=True, timeout=170, env=env, cwd=tmp_path)
     if done.returncode != 0:
         raise AssertionError(f"torchrun failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}")
+
+
+def torchrun(tmp_path: Path, wrapper: str) -> tuple[Path, list[dict]]:
+    """Runs the script on two ranks; returns the traces folder and what each rank reported, by rank."""
+    out_dir = tmp_path / "traces"
+    run_two_ranks(tmp_path, SCRIPT, str(out_dir), wrapper)
     results = [json.loads(Path(f"{out_dir}.result-{rank}.json").read_text()) for rank in (0, 1)]
     return out_dir, results
 

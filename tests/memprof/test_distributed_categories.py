@@ -10,9 +10,6 @@ allocator's own events (torch.profiler's raw ``[memory]`` events) on a twin wrap
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -20,7 +17,7 @@ import pytest
 
 from memprof import load_trace
 from tests.memprof.helpers import CATEGORIES, forward_exit
-from tests.memprof.test_distributed import REPO, _free_port, _fsdp_reason
+from tests.memprof.test_distributed import _fsdp_reason, run_two_ranks
 
 STEPS = 3
 BATCH = (16, 64)  # per rank
@@ -84,15 +81,8 @@ SCRIPT = textwrap.dedent(
 
 def _torchrun(tmp_path: Path, wrapper: str) -> list[dict]:
     """Runs the script on two ranks (as :func:`tests.memprof.test_distributed.torchrun` does); results by rank."""
-    script = tmp_path / "train.py"
-    script.write_text(SCRIPT)
     out_dir = tmp_path / "traces"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
-               "--master_addr=127.0.0.1", f"--master_port={_free_port()}", str(script), str(out_dir), wrapper]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=170, env=env, cwd=tmp_path)
-    if done.returncode != 0:
-        raise AssertionError(f"torchrun failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}")
+    run_two_ranks(tmp_path, SCRIPT, str(out_dir), wrapper)
     return [json.loads(Path(f"{out_dir}.result-{rank}.json").read_text()) for rank in (0, 1)]
 
 

@@ -9,17 +9,12 @@ ranks' local ones: equal results mean the schedule's gradients took part in the 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from tests.memprof.test_distributed import _free_port
-
-REPO = Path(__file__).resolve().parents[3]
+from tests.memprof.test_distributed import run_two_ranks
 
 SCRIPT = textwrap.dedent(
     """
@@ -66,14 +61,8 @@ SCRIPT = textwrap.dedent(
 @pytest.mark.slow
 @pytest.mark.parametrize("algorithm", ["rotor", "revolve"])
 def test_a_schedule_under_ddp_gives_plain_ddps_gradients(tmp_path, algorithm: str) -> None:
-    script = tmp_path / "train.py"
-    script.write_text(SCRIPT)
     out = tmp_path / "result"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
-               "--master_addr=127.0.0.1", f"--master_port={_free_port()}", str(script), str(out), algorithm]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=170, env=env, cwd=tmp_path)
-    assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
+    run_two_ranks(tmp_path, SCRIPT, str(out), algorithm)
     results = [json.loads(Path(f"{out}-{rank}.json").read_text()) for rank in (0, 1)]
     assert all(r["recomputes"] > 0 for r in results)  # the schedule does recompute
     assert [r["equal"] for r in results] == [[True, True], [True, True]]
