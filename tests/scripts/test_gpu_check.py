@@ -7,30 +7,17 @@ without CUDA (also end to end, as CI runs it), the JUnit XML it reads, the GPU t
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import torch
 
 from benchmarks.gpu_targets import CATALOGUE, ERROR, FAIL, INFO, PASS, CheckResult
+from tests.scripts import ROOT, load_script
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("gpu_check", module)  # dataclasses look their module up while the file executes
-    spec.loader.exec_module(module)
-    return module
-
-
-gpu_check = _load()
+gpu_check = load_script("gpu_check")
 Probe, Gpu = gpu_check.Probe, gpu_check.Gpu
 CPU_VENV = Probe(".venv", "/repo/.venv/bin/python", torch="2.13.0+cpu", cuda_available=False)
 NO_TORCH = Probe("python3 on PATH", "/usr/bin/python3", error="no torch")

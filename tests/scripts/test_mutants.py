@@ -8,28 +8,15 @@ reverting an edit leaves a file as it was.
 from __future__ import annotations
 
 import ast
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.scripts import ROOT, load_script
 
-
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("mutants", ROOT / "scripts" / "mutants.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("mutants", module)  # dataclasses look their module up while the file executes
-    spec.loader.exec_module(module)
-    return module
-
-
-mutants = _load()
+mutants = load_script("mutants")
 NAMES = [m.name for m in mutants.MUTATIONS]
 
 
