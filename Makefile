@@ -30,7 +30,7 @@ test: setup
 	bash scripts/install_browser.sh
 	$(BIN)/ruff check memprof planner dashboard cli tests benchmarks scripts
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -q $(ARGS)
+	$(BIN)/python -m pytest -q --durations=15 $(ARGS)
 	@# deliberate breakages the tests must catch (scripts/mutants.py; a few minutes)
 	$(BIN)/python scripts/mutants.py
 

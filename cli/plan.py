@@ -82,7 +82,6 @@ def run_plan(args: argparse.Namespace) -> int:
         OptionError: a bad ``--slots``, ``--container`` or ``--out``.
         MemprofError: an unknown algorithm, an unreadable source, an infeasible budget.
     """
-    from planner.carried import peak_bytes as carried_peak_bytes
     from planner.discretize import DEFAULT_SLOTS
     from planner.export import export_json
     from planner.simulator import simulate
@@ -113,14 +112,11 @@ def run_plan(args: argparse.Namespace) -> int:
     else:
         schedule = solve(solved, budget_bytes, algorithm=algorithm, slots=slots,
                          stream_weights=bool(getattr(args, "stream_weights", False)))
-    prediction = simulate(solved, schedule)
-    streamed = schedule.streamed_weights
-    peak = carried_peak_bytes(solved, schedule.ops, streamed) if solved.carried else prediction.peak_bytes
-    schedule = schedule.with_prediction(peak, prediction.makespan_ms, prediction.host_peak_bytes)
+    prediction = simulate(solved, schedule)  # the one judge: carried tensors and streamed weights counted
+    schedule = schedule.with_prediction(prediction.peak_bytes, prediction.makespan_ms, prediction.host_peak_bytes)
     baseline = simulate(solved, store_all_ops(solved))
     out = write_output(args.out, export_json(schedule) + "\n")
-    baseline_peak = carried_peak_bytes(solved, store_all_ops(solved)) if solved.carried else baseline.peak_bytes
-    print(summary(schedule, baseline_peak, baseline.makespan_ms, out, step=step))
+    print(summary(schedule, baseline.peak_bytes, baseline.makespan_ms, out, step=step))
     return 0
 
 

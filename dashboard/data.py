@@ -38,7 +38,7 @@ T = TypeVar("T")
 #: Columns of the layers table that the Layers view shows.
 LAYER_COLUMNS: tuple[str, ...] = (
     "iteration", "module", "parent", "depth", "order", "kind", "weight_bytes", "weight_grad_bytes",
-    "buffer_bytes", "feature_map_bytes", "weight_copy_bytes", "output_bytes", "saved_bytes", "forward_ms",
+    "buffer_bytes", "feature_map_bytes", "weight_copy_bytes", "comm_buffer_bytes", "output_bytes", "saved_bytes", "forward_ms",
     "backward_ms",
 )
 #: Columns of the events table that a memory timeline needs.

@@ -39,7 +39,8 @@ RUN_COLUMNS: tuple[tuple[str, str], ...] = (
 LAYER_TABLE_COLUMNS: tuple[tuple[str, str], ...] = (
     ("module", "module"), ("kind", "class"), ("weight_bytes", "weights (B)"),
     ("weight_grad_bytes", "weight grads (B)"), ("feature_map_bytes", "feature maps (B)"),
-    ("weight_copy_bytes", "weight copies (B)"), ("output_bytes", "output (B)"), ("saved_bytes", "saved (B)"), ("forward_ms", "forward (ms)"),
+    ("weight_copy_bytes", "weight copies (B)"), ("comm_buffer_bytes", "comm buffers (B)"), ("output_bytes", "output (B)"),
+    ("saved_bytes", "saved (B)"), ("forward_ms", "forward (ms)"),
     ("backward_ms", "backward (ms)"),
 )
 TREE_SIZES: tuple[tuple[str, str], ...] = (

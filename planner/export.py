@@ -1,6 +1,7 @@
 """Export a schedule: as JSON, or as a standalone Python file that applies it to a model with only ``torch``.
 
-The Python file embeds the pure-torch runtime (:mod:`planner.executor.block_io`, :mod:`planner.executor.stage`,
+The Python file embeds the pure-torch runtime (:mod:`planner.executor.block_io`, :mod:`planner.executor.sharded`,
+:mod:`planner.executor.stage`,
 :mod:`planner.executor.offload`, :mod:`planner.executor.transfers`, :mod:`planner.executor.selective`,
 :mod:`planner.executor.program`, :mod:`planner.executor.grads`, :mod:`planner.executor.carried_grads`,
 :mod:`planner.executor.runtime`, :mod:`planner.executor.weights`, :mod:`planner.executor.install`, which import
@@ -33,6 +34,7 @@ from planner.executor import offload as executor_offload
 from planner.executor import program as executor_program
 from planner.executor import runtime as executor_runtime
 from planner.executor import selective as executor_selective
+from planner.executor import sharded as executor_sharded
 from planner.executor import stage as executor_stage
 from planner.executor import transfers as executor_transfers
 from planner.executor import validate_ops
@@ -97,7 +99,7 @@ def _header(schedule: Schedule) -> str:
 def _runtime_body() -> str:
     """The runtime modules' code, in dependency order, without docstrings and imports of each other."""
     parts = ["from __future__ import annotations"]
-    for module in (executor_block_io, executor_stage, executor_offload, executor_transfers, executor_selective,
+    for module in (executor_block_io, executor_sharded, executor_stage, executor_offload, executor_transfers, executor_selective,
                    executor_program, executor_grads, executor_carried_grads, executor_runtime, executor_weights,
                    executor_install):
         source = inspect.getsource(module)

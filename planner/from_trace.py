@@ -152,7 +152,8 @@ def _build(trace: Trace, tree: ModuleTree, candidate: Candidate, costs: pd.DataF
         fresh = int(timeline.rows.at[bounds.chain_start, "weight_grads"]) * 2 < int(timeline.rows.weight_grads.max())
         stages = step_costs.calibrated(_stages(candidate, costs, fresh, freed), timeline, candidate.groups,
                                        input_bytes)
-        step, loss = step_costs.measure(timeline, bounds, input_bytes, stages[-1].grad_bytes)
+        step, loss = step_costs.measure(timeline, bounds, input_bytes, stages[-1].grad_bytes,
+                                        sum(stage.saved_bytes for stage in stages))
     return Chain(
         name=candidate.parent or trace.meta.get("model", "model"),
         input_bytes=input_bytes,

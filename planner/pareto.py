@@ -20,12 +20,11 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from planner import carried
 from planner.chain import Chain
 from planner.discretize import DEFAULT_SLOTS
 from planner.errors import InfeasibleBudgetError, UnknownAlgorithmError
 from planner.schedule import Op, Schedule
-from planner.simulator import predict, simulate
+from planner.simulator import predict
 from planner.solvers import rotor, rotor_optimal, selective, store_all
 from planner.solvers.common import infeasible
 from planner.step import StepCosts, step_infeasible
@@ -54,6 +53,10 @@ class ParetoFront:
         table: the DP table the schedules are read from (on the chain's own budgets).
         plans: for a chain with carried tensors, the schedule of each point (``budgets_bytes`` are then their
             peaks with the carried memory counted); empty otherwise, when schedules are read from the table.
+        low_ops: the schedule of the first point when the table's grid cannot reach it: ``solve`` at
+            ``min_feasible_budget``, which searches every budget's own grid (so the front starts where the CLI
+            says the minimum is); empty when the table reaches it.
+        low_until_bytes: the budget from which the table's own schedules take over from ``low_ops``.
     """
 
     chain: Chain
@@ -65,6 +68,8 @@ class ParetoFront:
     max_budget_bytes: int
     table: rotor.RotorTable | rotor_optimal.OptimalTable | selective.SelectiveTable
     plans: tuple[tuple[Op, ...], ...] = ()
+    low_ops: tuple[Op, ...] = ()
+    low_until_bytes: int = 0
 
     @property
     def step(self) -> StepCosts | None:
@@ -99,9 +104,11 @@ class ParetoFront:
         """
         budget = int(budget_bytes)
         step = self.chain.step
-        if step is not None and budget < self.min_feasible_bytes:
+        if budget < self.min_feasible_bytes:
             raise self._infeasible(budget)
-        if self.plans:
+        if self.low_ops and budget < self.low_until_bytes:
+            ops = self.low_ops
+        elif self.plans:
             position = int(np.searchsorted(self.budgets_bytes, budget, side="right")) - 1
             if position < 0:
                 raise self._infeasible(budget)
@@ -136,11 +143,8 @@ def _rebuild(table: rotor.RotorTable | rotor_optimal.OptimalTable | selective.Se
 
 
 def peak_and_makespan(chain: Chain, ops: tuple[Op, ...]) -> tuple[int, float]:
-    """The chain's simulated peak (carried tensors counted) and makespan of ``ops``, from one simulation."""
-    if not chain.carried:
-        return predict(chain, ops)
-    prediction = simulate(chain, ops)
-    return carried.peak_of(chain, prediction), prediction.makespan_ms
+    """The chain's simulated peak (carried tensors counted) and makespan of ``ops``."""
+    return predict(chain, ops)
 
 
 def pareto_front(chain: Chain, algorithm: str = "rotor", slots: int = DEFAULT_SLOTS) -> ParetoFront:
@@ -184,8 +188,32 @@ def pareto_front(chain: Chain, algorithm: str = "rotor", slots: int = DEFAULT_SL
         budgets, makespans, kept = _in_step_terms(chain.step, budgets, makespans)
         plans = [plans[i] for i in kept] if plans else plans
         peak = chain.step.step_peak_bytes(peak)
+    low_ops: tuple[Op, ...] = ()
+    low_until = budgets[0]
+    low = _below_the_grid(chain, algorithm, slots, budgets[0])
+    if low is not None:
+        assert low.predicted_makespan_ms is not None and low.budget_bytes is not None
+        if low.predicted_makespan_ms <= makespans[0] * (1 + _RELATIVE_STEP):  # as fast as the table's first point
+            budgets, makespans, plans = budgets[1:], makespans[1:], plans[1:]
+        budgets, makespans = [int(low.budget_bytes), *budgets], [low.predicted_makespan_ms, *makespans]
+        if plans:
+            plans = [low.ops, *plans]
+        else:
+            low_ops = low.ops
     return ParetoFront(chain, algorithm, slots, np.array(budgets, dtype=np.int64), np.array(makespans),
-                       budgets[0], peak, table, tuple(plans))
+                       budgets[0], peak, table, tuple(plans), low_ops, low_until)
+
+
+def _below_the_grid(chain: Chain, algorithm: str, slots: int, front_min_bytes: int) -> Schedule | None:
+    """``solve``'s schedule at ``min_feasible_budget`` when that is below the table's first point (``None``
+    otherwise): store-all's grid rounds each size up by up to a slot of store-all's peak / slots, a budget's own
+    grid by a slot of the budget / slots."""
+    from planner.solve import min_feasible_budget, solve  # solve's module reads the solvers this one reads
+
+    lowest = min_feasible_budget(chain, algorithm, slots)
+    if lowest >= front_min_bytes:
+        return None
+    return solve(chain, lowest, algorithm, slots)
 
 
 def _with_carried(chain: Chain, table: rotor.RotorTable | rotor_optimal.OptimalTable | selective.SelectiveTable,

@@ -1,7 +1,7 @@
 """The replay of a schedule on the clocks of the compute stream and the copy streams.
 
 :class:`Replay` walks a schedule's operations, applies each to the simulator's memory (the one copy of the
-operations' memory rules, :mod:`planner.simulator`), and times it with :mod:`planner.streams` (activation
+operations' memory rules, :mod:`planner.memory_rules`), and times it with :mod:`planner.streams` (activation
 copies) and :mod:`planner.weight_streams` (streamed weights).
 """
 
@@ -19,7 +19,7 @@ from planner.weight_streams import WeightStreams
 from planner.weights import check_streamed
 
 if TYPE_CHECKING:
-    from planner.simulator import _Memory
+    from planner.memory_rules import Memory
 
 __all__ = ["Replay", "as_op"]
 
@@ -32,7 +32,7 @@ class Replay:
     yielded last, ``host_weights`` the host memory they hold, ``copies_end_ms`` when their last copy ends.
     """
 
-    def __init__(self, chain: Chain, schedule: Schedule | Iterable[Op], memory: _Memory,
+    def __init__(self, chain: Chain, schedule: Schedule | Iterable[Op], memory: Memory,
                  streamed: Iterable[int] | None) -> None:
         self.chain, self.memory = chain, memory
         if isinstance(schedule, Schedule):

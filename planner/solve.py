@@ -3,60 +3,30 @@
 from __future__ import annotations
 
 import numbers
-from types import ModuleType
 
 from planner import carried, weight_plan
 from planner.chain import Chain
 from planner.discretize import DEFAULT_SLOTS, check_slots
-from planner.errors import InfeasibleBudgetError, UnknownAlgorithmError
+from planner.errors import InfeasibleBudgetError
 from planner.schedule import Schedule
 from planner.simulator import predict_with_host
-from planner.solvers import (
-    binomial,
-    exact,
-    held,
-    offload,
-    periodic,
-    revolve,
-    rotor,
-    rotor_optimal,
-    selective,
-    sqrt,
-    store_all,
-)
+from planner.solvers import held, store_all
 from planner.solvers.common import Plan
+from planner.solvers.registry import ALGORITHMS, SOLVABLE, Solver, lookup
 from planner.step import step_infeasible
 
-ALGORITHMS = (
-    "store_all", "periodic", "sqrt", "revolve", "rotor", "rotor_optimal", "binomial", "offload", "selective",
-)
-"""The algorithms for users; ``solve`` also takes ``"exact"`` (exhaustive search, small chains only)."""
-
-SOLVABLE = (*ALGORITHMS, "exact")
-
-_SOLVERS: dict[str, ModuleType] = {
-    "store_all": store_all,
-    "periodic": periodic,
-    "sqrt": sqrt,
-    "revolve": revolve,
-    "rotor": rotor,
-    "rotor_optimal": rotor_optimal,
-    "binomial": binomial,
-    "exact": exact,
-    "offload": offload,
-    "selective": selective,
-}
+__all__ = ["ALGORITHMS", "SOLVABLE", "check_budget", "min_feasible_budget", "solve", "solve_held", "solver",
+           "store_all_budget"]
 
 
-def solver(algorithm: str) -> ModuleType:
-    """The module implementing ``algorithm``.
+def solver(algorithm: str) -> Solver:
+    """The module implementing ``algorithm`` (its :class:`~planner.solvers.registry.SolverSpec` is
+    :func:`~planner.solvers.registry.lookup`'s).
 
     Raises:
         UnknownAlgorithmError: the name is not one of ``SOLVABLE`` (the message lists them).
     """
-    if algorithm not in _SOLVERS:
-        raise UnknownAlgorithmError(f"unknown algorithm {algorithm!r}; expected one of {', '.join(SOLVABLE)}")
-    return _SOLVERS[algorithm]
+    return lookup(algorithm).solver
 
 
 def check_budget(budget_bytes: object) -> int:
@@ -155,7 +125,7 @@ def _predicted(chain: Chain, plan: Plan, algorithm: str, budget: int) -> Schedul
                     step_peak, host_peak)
 
 
-def _solve_streaming(chain: Chain, budget: int, algorithm: str, module: ModuleType, slots: int) -> Schedule:
+def _solve_streaming(chain: Chain, budget: int, algorithm: str, module: Solver, slots: int) -> Schedule:
     found = weight_plan.plan(chain, budget, module, slots, algorithm)
     params = {**found.params, "streamed_weights": list(found.streamed)}
     return Schedule(found.algorithm or algorithm, budget, found.ops, chain, found.peak_bytes, found.makespan_ms,

@@ -109,7 +109,8 @@ def boundaries(timeline: Timeline, first: tuple[str, ...], last: tuple[str, ...]
     return Boundaries(start, end, int(timeline._forward_seqs[-1]), tops[0], close)
 
 
-def measure(timeline: Timeline, bounds: Boundaries, input_bytes: int, grad_bytes: int) -> tuple[StepCosts, Stage]:
+def measure(timeline: Timeline, bounds: Boundaries, input_bytes: int, grad_bytes: int,
+            chain_held_bytes: int) -> tuple[StepCosts, Stage]:
     """The step costs around a chain and its loss stage (head and loss), from one iteration's events.
 
     Args:
@@ -117,6 +118,8 @@ def measure(timeline: Timeline, bounds: Boundaries, input_bytes: int, grad_bytes
         bounds: the chain's boundaries in them.
         input_bytes: a^0, the chain's input.
         grad_bytes: delta^L, the gradient with respect to the chain's output.
+        chain_held_bytes: the a-bars of stages 1..L together: what store-all's chain holds besides a^0 once
+            its last stage's forward is over, by the chain's own costs.
     """
     ev = timeline.rows
     start = ev.loc[bounds.chain_start]
@@ -140,12 +143,18 @@ def measure(timeline: Timeline, bounds: Boundaries, input_bytes: int, grad_bytes
         weight_grad_bytes=int(ev.weight_grads.max()),
         optimizer_peak_bytes=optimizer_peak,
     )
-    return costs, _loss_stage(timeline, bounds, grad_bytes)
+    return costs, _loss_stage(timeline, bounds, grad_bytes, int(start.allocated_bytes) + chain_held_bytes)
 
 
-def _loss_stage(timeline: Timeline, bounds: Boundaries, grad_bytes: int) -> Stage:
-    """The modules after the chain and the loss, as the chain's stage L+1 (``F_all(L+1)`` then ``B(L+1)``)."""
-    chain_out = timeline.allocated(bounds.chain_end)
+def _loss_stage(timeline: Timeline, bounds: Boundaries, grad_bytes: int, chain_out: int) -> Stage:
+    """The modules after the chain and the loss, as the chain's stage L+1 (``F_all(L+1)`` then ``B(L+1)``).
+
+    Its sizes are measured above ``chain_out``, what the simulator holds after store-all's ``F_all(L)`` (the
+    step's base, a^0 and every a-bar), not above the allocator's reading at stage L's exit: what the stage's
+    caller frees after it returns (a Sequential drops the last Linear's output, which a Tanh did not save) is
+    in that reading and not in the chain's costs, and what a block returns beside its output may be in both.
+    So store-all's replay of the loss is the profiled step's, to the byte.
+    """
     held = max(timeline.allocated(bounds.forward_end) - chain_out, 0)
     forward_peak = timeline.peak(bounds.chain_end, bounds.forward_end)
     backward_peak = timeline.peak(bounds.forward_end, bounds.last_backward)

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
-from types import ModuleType
 
 from memprof.units import format_bytes
 from planner import carried
@@ -32,6 +31,7 @@ from planner.errors import ChainError, InfeasibleBudgetError
 from planner.schedule import Op
 from planner.simulator import simulate
 from planner.solvers.common import Plan
+from planner.solvers.registry import Solver
 from planner.weights import WeightCosts, streamed_step
 
 
@@ -141,14 +141,14 @@ def _inner_budget(chain: Chain, budget_bytes: int, streamed: Sequence[int]) -> i
     return step.chain_budget_bytes(budget_bytes) - bound
 
 
-def _activation_plan(chain: Chain, module: ModuleType, inner: int, slots: int) -> Plan:
+def _activation_plan(chain: Chain, module: Solver, inner: int, slots: int) -> Plan:
     if chain.carried:
         return carried.fit(chain, inner, lambda m: module.plan(chain, m, slots),
                            lambda: int(module.min_budget_bytes(chain, slots)))
     return module.plan(chain, inner, slots)
 
 
-def evaluate(chain: Chain, budget_bytes: int, module: ModuleType, streamed: Iterable[int],
+def evaluate(chain: Chain, budget_bytes: int, module: Solver, streamed: Iterable[int],
              slots: int) -> Streamed | None:
     """``streamed`` with the activation schedule of ``module`` within ``budget_bytes``; ``None`` if none fits."""
     chosen = tuple(sorted(streamed))
@@ -172,7 +172,7 @@ def evaluate(chain: Chain, budget_bytes: int, module: ModuleType, streamed: Iter
     return result
 
 
-def min_budget_for(chain: Chain, module: ModuleType, streamed: Sequence[int], slots: int) -> int | None:
+def min_budget_for(chain: Chain, module: Solver, streamed: Sequence[int], slots: int) -> int | None:
     """The smallest budget :func:`evaluate` succeeds at with ``streamed`` (``None``: none, host cap too small)."""
     chosen = tuple(sorted(streamed))
     solving = _streaming_chain(chain, chosen)
@@ -191,7 +191,7 @@ def min_budget_for(chain: Chain, module: ModuleType, streamed: Sequence[int], sl
     return max(step.floor_bytes, inner + bound + step.base_bytes)
 
 
-def best_of(chain: Chain, budget_bytes: int, module: ModuleType, sets: Iterable[Sequence[int]],
+def best_of(chain: Chain, budget_bytes: int, module: Solver, sets: Iterable[Sequence[int]],
             slots: int, algorithm: str) -> Streamed:
     """The fastest feasible choice among ``sets`` (ties: fewer streamed stages, then the lower device peak).
 
@@ -212,7 +212,7 @@ def best_of(chain: Chain, budget_bytes: int, module: ModuleType, sets: Iterable[
         f"{named}", budget_bytes=budget_bytes, min_feasible_bytes=least)
 
 
-def plan(chain: Chain, budget_bytes: int, module: ModuleType, slots: int, algorithm: str) -> Streamed:
+def plan(chain: Chain, budget_bytes: int, module: Solver, slots: int, algorithm: str) -> Streamed:
     """The fast search: the fastest of :func:`nested_sets` within ``budget_bytes``.
 
     Raises:
@@ -223,7 +223,7 @@ def plan(chain: Chain, budget_bytes: int, module: ModuleType, slots: int, algori
     return best_of(chain, budget_bytes, module, nested_sets(chain), slots, algorithm)
 
 
-def min_budget_bytes(chain: Chain, module: ModuleType, slots: int) -> int:
+def min_budget_bytes(chain: Chain, module: Solver, slots: int) -> int:
     """The smallest budget :func:`plan` succeeds at (over its nested sets).
 
     Raises:

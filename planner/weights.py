@@ -20,14 +20,23 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from planner.errors import ChainError
 from planner.step import StepCosts
 
 if TYPE_CHECKING:
     from memprof.trace import Trace
-    from planner.chain import Chain
+
+
+class _WithWeights(Protocol):
+    """What :func:`streamed_step` reads of a chain (a Protocol: :mod:`planner.chain` imports this module)."""
+
+    @property
+    def step(self) -> StepCosts | None: ...
+
+    @property
+    def weights(self) -> WeightCosts | None: ...
 
 
 @dataclass(frozen=True)
@@ -162,7 +171,7 @@ def check_streamed(weights: WeightCosts | None, streamed: Iterable[int], length:
     return chosen
 
 
-def streamed_step(chain: Chain, streamed: Iterable[int]) -> StepCosts | None:
+def streamed_step(chain: _WithWeights, streamed: Iterable[int]) -> StepCosts | None:
     """The chain's step costs with ``streamed`` stages' resident state in host memory (``None``: no step)."""
     chosen = list(streamed)
     if chain.step is None or not chosen or chain.weights is None:

@@ -81,7 +81,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         name="simulator-forgets-the-new-gradient",
-        path="planner/simulator.py",
+        path="planner/memory_rules.py",
         old="during = self.live + regrown + grad_out + spec.backward_overhead_bytes",
         new="during = self.live + regrown + spec.backward_overhead_bytes",
         tests=("tests/planner/test_simulator.py", "tests/planner/test_solve.py"),

@@ -2,7 +2,8 @@
 
 The graph is read from the source with :mod:`ast`, imports inside functions included (a lazy import still
 ties two modules together), and so are the modules a package's ``_LAZY`` map names (loaded by its
-``__getattr__``); imports under ``if TYPE_CHECKING:`` are left out, since they never run.
+``__getattr__``) and the imports under ``if TYPE_CHECKING:``: they never run, but a type one module names from
+another ties them as much (a cycle there is a pair of modules that cannot be read apart).
 ``cli`` (the console command) may import all three packages; none of them imports it.
 """
 
@@ -24,11 +25,6 @@ def _module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def _is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
-
-
 def _imported(tree: ast.AST, module: str, is_package: bool, modules: set[str]) -> set[str]:
     """The modules of ``modules`` that ``module`` imports at run time.
 
@@ -40,10 +36,6 @@ def _imported(tree: ast.AST, module: str, is_package: bool, modules: set[str]) -
     found: set[str] = set()
 
     def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and _is_type_checking(node.test):
-            for child in node.orelse:
-                visit(child)
-            return
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -130,5 +122,5 @@ def test_the_graph_sees_lazy_imports() -> None:
     source = ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from b import B\n"
               "def f():\n    from c import C, d\n    import e.f\n_LAZY = {'G': 'g'}\nfrom . import h\n")
     modules = {"p", "p.a", "b", "c", "c.d", "e", "e.f", "g", "p.h"}
-    assert _imported(ast.parse(source), "p.a", False, modules) == {"c", "c.d", "e.f", "g", "p.h"}
+    assert _imported(ast.parse(source), "p.a", False, modules) == {"b", "c", "c.d", "e.f", "g", "p.h"}
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, cast
 
 import pyarrow as pa
 
@@ -127,7 +127,8 @@ class IterationProcessor:
         if detail or report_due:  # the console report shows the layers
             grads = {**record.grads, **record.param_grads}
             layers = layer_rows(sw, s, list(spec.infos), record.iteration, order, list(spec.weight_bytes),
-                                subtree_bytes(list(spec.infos), grads), split)
+                                subtree_bytes(list(spec.infos), grads), split,
+                                comm_bytes=int(cast(int, summary.get("comm_buffers", 0))))
         table = self._empty_events
         if detail:
             table = event_table(sw, s, record.iteration, record.start_ns, record.end_ns, list(spec.names),

@@ -108,11 +108,12 @@ def call_costs_reference(sw: Sweep, activations: np.ndarray, calls: list[Call]) 
 
 def layer_rows(sw: Sweep, s: Series, infos: list[ModuleInfo], iteration: int, order: dict[int, int],
                weight_bytes: list[int], weight_grad_bytes: list[int],
-               split: MicroBatches | None = None) -> list[dict]:
+               split: MicroBatches | None = None, comm_bytes: int = 0) -> list[dict]:
     """One row per module that ran (or holds weights) in this iteration, as the layers table wants.
 
     When the iteration accumulated gradients over micro-batches (``split``), the calls are those of the
     last micro-batch (:mod:`memprof.analysis.micro_batches`); weight and gradient bytes are the step's.
+    ``comm_bytes`` (DDP's gradient buckets) is shared out as :func:`comm_shares` says.
     """
     stats: dict[int, dict] = {}
     forward_calls = in_last(sw.forward_calls, split) if split is not None else sw.forward_calls
@@ -148,6 +149,7 @@ def layer_rows(sw: Sweep, s: Series, infos: list[ModuleInfo], iteration: int, or
         r["grad_input_bytes"] += kept
         r["backward_overhead_bytes"] = max(r["backward_overhead_bytes"], overhead)
     rows = []
+    shares = comm_shares(comm_bytes, weight_grad_bytes, weight_bytes)
     for module, info in enumerate(infos):
         if module not in stats and not info.param_indices:
             continue
@@ -157,10 +159,23 @@ def layer_rows(sw: Sweep, s: Series, infos: list[ModuleInfo], iteration: int, or
             parent=infos[info.parent].name if info.parent >= 0 else "",
             depth=info.depth, order=order.get(module, -1), kind=info.kind,
             weight_bytes=weight_bytes[module], weight_grad_bytes=weight_grad_bytes[module],
-            buffer_bytes=info.buffer_bytes,
+            buffer_bytes=info.buffer_bytes, comm_buffer_bytes=shares[module],
         )
         rows.append(r)
     return rows
+
+
+def comm_shares(comm_bytes: int, weight_grad_bytes: list[int], weight_bytes: list[int]) -> list[int]:
+    """Each module's part of the communication buffers: DDP's buckets hold one slot per parameter gradient, so
+    a module's part is its gradients' share of the root's (its parameters' share when no gradient is held).
+
+    The root (index 0) gets all of it; a module's part is the sum of its children's (up to rounding down).
+    """
+    sizes = weight_grad_bytes if weight_grad_bytes and weight_grad_bytes[0] > 0 else weight_bytes
+    total = sizes[0] if sizes else 0
+    if comm_bytes <= 0 or total <= 0:
+        return [0] * len(sizes)
+    return [comm_bytes * size // total for size in sizes]
 
 
 def subtree_bytes(infos: list[ModuleInfo], per_param: dict[int, tuple[int, int]]) -> list[int]:

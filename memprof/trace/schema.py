@@ -84,7 +84,7 @@ LATER_COLUMNS: dict[str, dict[str, object]] = {
     "ops": {"writes": None},
     "iterations": {"micro_batches": 1, **LATER_CATEGORIES},
     "events": dict(LATER_CATEGORIES),
-    "layers": {"weight_copy_bytes": 0},
+    "layers": {"weight_copy_bytes": 0, "comm_buffer_bytes": 0},
 }
 
 LAYERS_SCHEMA = pa.schema(
@@ -101,6 +101,7 @@ LAYERS_SCHEMA = pa.schema(
         pa.field("buffer_bytes", pa.int64()),
         pa.field("feature_map_bytes", pa.int64()),
         pa.field("weight_copy_bytes", pa.int64()),  # parts written before it existed read as 0 (LATER_COLUMNS)
+        pa.field("comm_buffer_bytes", pa.int64()),  # likewise
         pa.field("input_bytes", pa.int64()),
         pa.field("output_bytes", pa.int64()),
         pa.field("saved_bytes", pa.int64()),

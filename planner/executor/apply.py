@@ -118,10 +118,22 @@ def stage_modules(model: nn.Module, schedule: Schedule, container: str | None = 
     return groups
 
 
+#: The attribute under which a wrapper holds the model it wraps: DDP and DataParallel (``module``), FSDP1
+#: (``_fsdp_wrapped_module``), torch.compile (``_orig_mod``). A chain found on the wrapper names its modules with
+#: the prefix, and the user may apply its schedule to the model inside (before wrapping it, as is usual), or the
+#: other way round.
+_WRAPPER_PREFIXES = ("module.", "_fsdp_wrapped_module.", "_orig_mod.")
+
+
+def _candidates(name: str, container: str | None) -> list[str]:
+    names = [name, f"{container}.{name}"] if container else [name]
+    stripped = [n[len(p):] for n in names for p in _WRAPPER_PREFIXES if n.startswith(p)]
+    wrapped = [p + n for n in names for p in _WRAPPER_PREFIXES if n]
+    return names + stripped + wrapped
+
+
 def _find(model: nn.Module, name: str, container: str | None) -> nn.Module:
-    for candidate in (name, f"{container}.{name}" if container else None):
-        if candidate is None:
-            continue
+    for candidate in _candidates(name, container):
         try:
             return model.get_submodule(candidate) if candidate else model
         except AttributeError:

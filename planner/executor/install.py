@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from planner.executor.block_io import find_activation, key_value_cache, replace_outputs
+from planner.executor.block_io import find_activation, key_value_cache, replace_outputs, same_storage
 from planner.executor.offload import MIN_OFFLOAD_BYTES, Copier, HostPool
 from planner.executor.program import Program
 from planner.executor.runtime import _Run, _StageFunction
@@ -221,6 +221,14 @@ class _FoldedForward:
     @_eager
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         last = self.executor.last_output() if self.executor.last_output is not None else None
-        if last is not None and args and args[0] is last:
+        # FSDP2's pre-forward hook hands the module an alias of it (through its post-backward function)
+        if last is not None and args and (args[0] is last or _alias(args[0], last)):
             return last
         return self.original(*args, **kwargs)
+
+
+def _alias(value: Any, tensor: torch.Tensor) -> bool:
+    """``value`` is a tensor over the same memory as ``tensor``, with the same shape and layout."""
+    return (isinstance(value, torch.Tensor) and same_storage(value, tensor)
+            and value.storage_offset() == tensor.storage_offset() and value.shape == tensor.shape
+            and value.stride() == tensor.stride())

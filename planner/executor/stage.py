@@ -22,6 +22,7 @@ from torch import nn
 from torch.utils._python_dispatch import _disable_current_modes
 
 from planner.executor.block_io import first_tensor, same_storage, tensors_in
+from planner.executor.sharded import gathered, sharded_modules
 
 RngState = tuple[torch.Tensor, list[torch.Tensor]]
 
@@ -48,7 +49,8 @@ class StageRunner:
                  carried: Sequence[torch.Tensor] | None = None) -> tuple[torch.Tensor, Any]:
         """Runs the stage on ``x`` with the model's other arguments (``carried``: leaves for the carried
         ones); returns the output and the raw result."""
-        with _guard_input(self.inplace, x):
+        # FSDP2 modules are looked up at each run: fully_shard may come after apply_schedule
+        with _guard_input(self.inplace, x), gathered(sharded_modules(self.modules)):
             # The modules' own forwards are called directly (not through their hooks), so the guard above only
             # reaches their submodules: an in-place module that is itself in the stage gets a copy here.
             args, kwargs = call.arguments(x.clone() if _is_inplace(self.modules[0]) else x, carried)

@@ -5,7 +5,8 @@ Every module exposes ``plan(chain, budget_bytes, slots) -> Plan`` (raising
 ``min_budget_bytes(chain, slots) -> int``.
 """
 
-# The algorithms, one module each (``from planner.solvers import *`` loads them). budget_grid, common and
-# rotor_fill (offload_fill) are their shared parts (tables); the *_reference modules are plain-Python twins the
+# The algorithms, one module each (``from planner.solvers import *`` loads them). budget_grid, common, option_grid,
+# binomial_split and rotor_fill (offload_fill) are their shared parts; the *_reference modules are plain-Python twins the
 # tests compare with.
-__all__ = ["exact", "offload", "periodic", "revolve", "rotor", "rotor_optimal", "sqrt", "store_all"]
+__all__ = ["binomial", "exact", "held", "offload", "periodic", "revolve", "rotor", "rotor_optimal", "selective", "sqrt",
+           "store_all"]

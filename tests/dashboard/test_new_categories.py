@@ -25,7 +25,7 @@ def test_every_category_has_a_colour_of_its_own() -> None:
 
 def _drop_new_columns(run: Path) -> None:
     """Rewrites the run's parts as a memprof from before the two categories wrote them."""
-    for table, columns in (("iterations", NEW), ("events", NEW), ("layers", ("weight_copy_bytes",))):
+    for table, columns in (("iterations", NEW), ("events", NEW), ("layers", ("weight_copy_bytes", "comm_buffer_bytes"))):
         for part in (run / f"{table}.parquet").glob("part-*.parquet"):
             pq.write_table(pq.read_table(part).drop_columns(list(columns)), part)
 
@@ -44,4 +44,5 @@ def test_a_run_from_before_the_new_categories_draws_them_at_zero(tmp_path: Path)
         assert name in overview
     stacked = sum(np.asarray(timeline[c].y) for c in CATEGORY_COLUMNS)
     assert stacked.tolist() == frame["allocated_bytes"].tolist()
-    assert (store.layers_at("old", 1).weight_copy_bytes == 0).all()
+    layers = store.layers_at("old", 1)
+    assert (layers.weight_copy_bytes == 0).all() and (layers.comm_buffer_bytes == 0).all()

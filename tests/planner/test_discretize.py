@@ -69,3 +69,14 @@ def test_every_size_rounds_up(chain: Chain, slots: int) -> None:
     exact = np.array([chain.a(i) for i in range(chain.length + 2)])
     assert (grid.a * slot >= exact).all() and ((grid.a - 1) * slot < np.maximum(exact, 1)).all()
     assert slot == max(1, -(-store_all_peak_bytes(chain) // slots))
+
+
+def test_a_slot_that_divides_every_size_rounds_nothing() -> None:
+    stages = tuple(Stage(1.0, 2.0, 1000, 3000, 1000, name=f"s{i}") for i in range(60))
+    chain = Chain("uniform", 1000, (*stages, Stage(0.0, 0.0, 0, 0, 0)))
+    grid = discretize(chain, 500, 9000)  # 18-byte slots would round 1,000 B up to 1,008 B
+    assert grid.slot_bytes == 20  # the smallest divisor of 1,000 from 18 up
+    assert grid.a[1] * grid.slot_bytes == 1000 and grid.abar[1] * grid.slot_bytes == 3000
+    assert grid.budget_slots(9000) * grid.slot_bytes == 9000
+    odd = Chain("odd", 1000, (Stage(1.0, 2.0, 1000, 3001, 1000), Stage(0.0, 0.0, 0, 0, 0)))
+    assert discretize(odd, 500, 9000).slot_bytes == 18  # their common divisor, 1, is below the slot: unchanged

@@ -169,7 +169,7 @@ def test_parallel_branches_cannot_be_segmented_and_say_why(tmp_path) -> None:
 
 
 def test_a_skip_counts_only_where_the_chain_has_dropped_it() -> None:
-    from planner.carried import extra_bytes
+    from planner.carried_memory import extra_bytes
     from planner.chain import Stage
     from planner.schedule import Op, OpKind
     from planner.simulator import simulate
@@ -178,14 +178,14 @@ def test_a_skip_counts_only_where_the_chain_has_dropped_it() -> None:
     chain = Chain("toy", 100, stages, carried=(Carried(1, (4,), 100, "s0"),))
     F = lambda kind, s: Op(OpKind(kind), s)  # noqa: E731
     keep = [F("F_all", s) for s in range(1, 6)] + [Op(OpKind.B, s) for s in range(5, 0, -1)]
-    extra = extra_bytes(chain, simulate(chain, keep))
+    extra = extra_bytes(chain, simulate(chain, keep).timeline)
     # store-all keeps a^1 inside a-bar^1 until B(1): only the skip's gradient counts, from B(4) to B(2)
     assert extra == [0] * 7 + [100, 100, 0]
     # F_none(2) drops a^1 while stage 4 still needs it: the skip counts from there to B(4), then its gradient
     drop = [F("F_ck", 1), F("F_none", 2), F("F_all", 3), F("F_all", 4), F("F_all", 5), Op(OpKind.B, 5),
             Op(OpKind.B, 4), Op(OpKind.B, 3), F("F_ck", 1), F("F_all", 2), Op(OpKind.B, 2), F("F_all", 1),
             Op(OpKind.B, 1)]
-    assert extra_bytes(chain, simulate(chain, drop)) == [0, 0] + [100] * 9 + [0, 0]
+    assert extra_bytes(chain, simulate(chain, drop).timeline) == [0, 0] + [100] * 9 + [0, 0]
 
 
 def test_plan_command_takes_checkpoints(tmp_path, capsys) -> None:

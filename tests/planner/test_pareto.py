@@ -32,7 +32,7 @@ from tests.planner.chain_strategies import MIB, option_chains, random_chain, ran
 def test_toy_front() -> None:
     chain = toy_chain()
     front = pareto_front(chain)
-    assert front.min_feasible_bytes == front.budgets_bytes[0] >= min_feasible_budget(chain, "rotor")
+    assert front.min_feasible_bytes == front.budgets_bytes[0] == min_feasible_budget(chain, "rotor")
     assert front.max_budget_bytes == store_all_budget(chain) == front.budgets_bytes[-1]
     assert (np.diff(front.budgets_bytes) > 0).all() and (np.diff(front.makespans_ms) < 0).all()
     assert front.makespans_ms[-1] == pytest.approx(37.38)
@@ -331,8 +331,9 @@ def test_front_of_a_chain_with_skips_counts_their_memory(algorithm: str) -> None
     if algorithm != "revolve":  # revolve reads its own table at store-all's peak, not store-all
         assert front.max_budget_bytes == store_all_budget(chain)
     assert (np.diff(front.budgets_bytes) > 0).all() and (np.diff(front.makespans_ms) < 0).all()
-    without = [simulate(chain, ops).peak_bytes for ops in front.plans]
-    assert any(peak_bytes(chain, ops) > alone for ops, alone in zip(front.plans, without))  # the skips matter
+    alone = Chain(chain.name, chain.input_bytes, chain.stages)  # the same chain without its skips
+    without = [simulate(alone, ops).peak_bytes for ops in front.plans]
+    assert any(peak_bytes(chain, ops) > bare for ops, bare in zip(front.plans, without))  # the skips matter
     for budget, makespan in zip(front.budgets_bytes, front.makespans_ms):
         for asked in (int(budget), int(budget) + 50):
             schedule = front.schedule_at(asked)
@@ -353,4 +354,21 @@ def test_algorithm_points_of_a_chain_with_skips_count_them() -> None:
         assert row.peak_bytes <= row.budget_bytes
     sqrt_ops = sqrt.sqrt_ops(chain)
     assert points[points["algorithm"] == "sqrt"].iloc[0]["peak_bytes"] == peak_bytes(chain, sqrt_ops)
-    assert peak_bytes(chain, sqrt_ops) > simulate(chain, sqrt_ops).peak_bytes  # sqrt drops a skip's producer
+    alone = Chain(chain.name, chain.input_bytes, chain.stages)  # without its skips
+    assert peak_bytes(chain, sqrt_ops) > simulate(alone, sqrt_ops).peak_bytes  # sqrt drops a skip's producer
+
+
+@pytest.mark.parametrize("algorithm", ["rotor", "revolve", "selective"])
+def test_the_front_starts_where_solve_says_the_minimum_is(algorithm: str) -> None:
+    # store-all's grid rounds each size up by up to a slot of store-all's peak / 500; the minimum's own grid
+    # by a slot of the minimum / 500, so the table alone started higher than min_feasible_budget
+    chain = random_chain(seed=7, length=30) if algorithm != "selective" else random_option_chain(3, 12, 2)
+    front = pareto_front(chain, algorithm)
+    lowest = min_feasible_budget(chain, algorithm)
+    assert front.min_feasible_bytes == lowest
+    schedule = front.schedule_at(lowest)
+    assert schedule.predicted_peak_bytes <= lowest
+    assert schedule.predicted_makespan_ms == pytest.approx(solve(chain, lowest, algorithm).predicted_makespan_ms)
+    assert (np.diff(front.budgets_bytes) > 0).all() and (np.diff(front.makespans_ms) < 0).all()
+    with pytest.raises(InfeasibleBudgetError):
+        front.schedule_at(lowest - 1)

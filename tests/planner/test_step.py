@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from memprof import zoo
+from memprof import MemoryProfiler, load_trace, zoo
 from planner import (
     Chain,
     InfeasibleBudgetError,
@@ -132,3 +132,24 @@ def test_gradients_kept_between_steps_are_model_state(tmp_path) -> None:
     # gradients kept between steps are in the prediction to the byte (measured: equal); 0.1% is 7 KB, against
     # 1.7 MB of gradients and weights that a prediction leaving them out would miss
     assert abs(measured - predicted) <= 0.001 * predicted
+
+
+def test_the_loss_is_measured_from_what_the_chain_holds_once_its_last_stage_returned(tmp_path) -> None:
+    # Linear/Tanh pairs in a Sequential: the last Linear's output (Tanh saves its own) is freed only when the
+    # Sequential returns, after stage L's forward. The loss stage used to be measured from before that free,
+    # and store-all's prediction fell short of the profiled step by that output (524,288 B here).
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[layer for _ in range(4) for layer in (torch.nn.Linear(256, 256), torch.nn.Tanh())])
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    batch = (torch.randn(512, 256), torch.randn(512, 256))
+    with MemoryProfiler(model, optimizer, out_dir=tmp_path, print_period=0, background=False) as profiler:
+        for _ in range(3):
+            profiler.mark_inputs(batch)
+            optimizer.zero_grad(set_to_none=True)
+            (model(batch[0]) - batch[1]).pow(2).mean().backward()
+            optimizer.step()
+            profiler.record_stats()
+    trace = load_trace(profiler.run_dir)
+    chain = chain_from_trace(trace)
+    assert solve(chain, store_all_budget(chain), "store_all").predicted_step_peak_bytes == int(
+        trace.iterations.peak_allocated_bytes.iloc[-1])

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from memprof.analysis.attribution import sweep
+from memprof.analysis.layers import comm_shares
 from memprof.analysis.records import CAT, AllocationEvents, CarriedState, IterationRecord, LiveBlock, Mark
 from memprof.analysis.timeline import event_table, series
 from memprof.categories import CATEGORY_COLUMNS, Category
@@ -121,3 +122,11 @@ def test_the_console_report_lists_comm_buffers_and_weight_copies_when_they_hold_
     assert any(line.split()[:3] == ["comm_buffers", "1.6", "KiB"] for line in lines)
     assert not any("weight_copies" in line for line in lines)  # none in this run: no row
     assert any(line.split()[:1] == ["grads"] for line in lines)  # the usual categories always have theirs
+
+
+def test_each_layer_holds_the_bucket_slots_of_its_gradients() -> None:
+    # root, two Linears and a ReLU: gradients 1,152 + 528 B; the bucket holds as many bytes
+    assert comm_shares(1680, [1680, 1152, 528, 0], [1680, 1152, 528, 0]) == [1680, 1152, 528, 0]
+    # gradients set to None before the record: shared by parameters instead
+    assert comm_shares(840, [0, 0, 0, 0], [1680, 1152, 528, 0]) == [840, 576, 264, 0]
+    assert comm_shares(0, [1680, 1152, 528, 0], [1680, 1152, 528, 0]) == [0, 0, 0, 0]  # no DDP
