@@ -21,9 +21,9 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from memprof.schema import ITERATIONS, SCHEMAS
 from memprof.trace.compaction import FAN_IN, MAX_MERGE_BYTES, MAX_MERGE_ROWS
 from memprof.trace.reader import load_trace, table_parts
-from memprof.trace.schema import ITERATIONS, SCHEMAS
 from memprof.trace.writer import TraceWriter, write_meta
 from memprof.units import format_bytes
 

@@ -104,8 +104,8 @@ def _load_all(run: Path) -> object:
     """What the ranks view did before the streaming pass: every rank's iterations in one frame."""
     import pandas as pd
 
+    from memprof.schema import ITERATIONS
     from memprof.trace.reader import load_trace
-    from memprof.trace.schema import ITERATIONS
 
     frames = [load_trace(run / f"rank={rank}").read(ITERATIONS, columns=PEAK_COLUMNS).assign(rank=rank)
               for rank in sorted(int(p.name.split("=")[1]) for p in run.glob("rank=*"))]

@@ -7,20 +7,22 @@ the simulated peak, carried memory included, fits.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from planner.carried_memory import extra_bytes
+from planner import carried_memory
 from planner.carried_tensor import Carried, carried_from_dict
 from planner.chain import Chain
 from planner.errors import InfeasibleBudgetError
+from planner.prediction import Prediction
 from planner.schedule import Op
 from planner.simulator import simulate
 
 if TYPE_CHECKING:
     from planner.solvers.common import Plan
 
-__all__ = ["Carried", "carried_from_dict", "extra_bytes", "fit", "min_budget_bytes", "peak_bytes"]
+__all__ = ["Carried", "carried_from_dict", "extra_bytes", "fit", "min_budget_bytes", "peak_bytes", "peak_of"]
 
 _FIT_TRIES = 8
 
@@ -28,6 +30,20 @@ _FIT_TRIES = 8
 def peak_bytes(chain: Chain, ops: Sequence[Op], streamed: Sequence[int] = ()) -> int:
     """The chain's simulated peak, carried tensors counted (``streamed``: stages streaming weights)."""
     return simulate(chain, ops, streamed).peak_bytes
+
+
+def extra_bytes(chain: Chain, prediction: Prediction) -> list[int]:
+    """The carried memory during each operation of a simulated schedule
+    (:func:`planner.carried_memory.extra_bytes` on its timeline; the simulator has added it already)."""
+    return carried_memory.extra_bytes(chain, prediction.timeline)
+
+
+def peak_of(chain: Chain, prediction: Prediction) -> int:
+    """Deprecated: ``simulate`` counts the carried tensors itself; read ``prediction.peak_bytes``."""
+    warnings.warn("planner.carried.peak_of is deprecated: simulate() counts the carried tensors itself, so "
+                  "prediction.peak_bytes is the peak (peak_of would now return it unchanged)", DeprecationWarning,
+                  stacklevel=2)
+    return prediction.peak_bytes
 
 
 def fit(chain: Chain, budget_bytes: int, plan: Callable[[int], Plan], min_budget_bytes: Callable[[], int]) -> Plan:

@@ -22,6 +22,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from planner.baseline import store_all_peak_bytes
 from planner.chain import Chain
 
 DEFAULT_SLOTS = 500
@@ -100,8 +101,6 @@ def discretize(chain: Chain, slots: int = DEFAULT_SLOTS, reference_bytes: int | 
     """
     check_slots(slots)
     if reference_bytes is None:
-        from planner.solvers.store_all import store_all_peak_bytes  # local: store_all imports nothing of ours
-
         reference_bytes = store_all_peak_bytes(chain)
     slot = aligned_slot_bytes(chain, slot_bytes_for(reference_bytes, slots))
     top = chain.length + 1

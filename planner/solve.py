@@ -12,6 +12,7 @@ from planner.schedule import Schedule
 from planner.simulator import predict_with_host
 from planner.solvers import held, store_all
 from planner.solvers.common import Plan
+from planner.solvers.handover import HandingSolver
 from planner.solvers.registry import ALGORITHMS, SOLVABLE, Solver, lookup
 from planner.step import step_infeasible
 
@@ -20,13 +21,14 @@ __all__ = ["ALGORITHMS", "SOLVABLE", "check_budget", "min_feasible_budget", "sol
 
 
 def solver(algorithm: str) -> Solver:
-    """The module implementing ``algorithm`` (its :class:`~planner.solvers.registry.SolverSpec` is
-    :func:`~planner.solvers.registry.lookup`'s).
+    """The solver for ``algorithm``, with the turns to another algorithm that
+    :mod:`planner.solvers.handover` decides (its module is ``lookup(algorithm).solver``).
 
     Raises:
         UnknownAlgorithmError: the name is not one of ``SOLVABLE`` (the message lists them).
     """
-    return lookup(algorithm).solver
+    lookup(algorithm)  # an unknown name fails here, naming the known ones
+    return HandingSolver(algorithm)
 
 
 def check_budget(budget_bytes: object) -> int:
@@ -117,9 +119,7 @@ def solve_held(chain: Chain, held_budget_bytes: int, slots: int = held.DEFAULT_H
 def _predicted(chain: Chain, plan: Plan, algorithm: str, budget: int) -> Schedule:
     """``plan`` as a :class:`Schedule` with the simulator's prediction (a fallback names the algorithm
     that ran)."""
-    peak, makespan, host_peak = predict_with_host(chain, plan.ops)
-    if chain.carried:
-        peak = carried.peak_bytes(chain, plan.ops)
+    peak, makespan, host_peak = predict_with_host(chain, plan.ops)  # carried tensors counted
     step_peak = chain.step.step_peak_bytes(peak) if chain.step is not None else None
     return Schedule(plan.algorithm or algorithm, budget, plan.ops, chain, peak, makespan, dict(plan.params),
                     step_peak, host_peak)

@@ -60,12 +60,12 @@ class _OneTable:
 
     def plan(self, chain: Chain, budget_bytes: int, slots: int) -> Plan:
         if chain is not self.chain:
-            return offload.plan(chain, budget_bytes, slots)
+            return solver("offload").plan(chain, budget_bytes, slots)
         return Plan(offload.rebuild(self.table, int(budget_bytes)), {"slots": slots})
 
     def min_budget_bytes(self, chain: Chain, slots: int) -> int:
         if chain is not self.chain:
-            return offload.min_budget_bytes(chain, slots)
+            return solver("offload").min_budget_bytes(chain, slots)
         found = offload.threshold_bytes(self.table)
         if found is None:
             raise InfeasibleBudgetError("offload finds no schedule on store-all's grid", budget_bytes=0,

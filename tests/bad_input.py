@@ -30,7 +30,7 @@ from memprof import (
     load_trace,
     zoo,
 )
-from memprof.trace.schema import TABLES
+from memprof.schema import TABLES
 from memprof.units import SizeParseError
 
 CASES: Counter[str] = Counter()

@@ -107,6 +107,23 @@ def test_no_import_cycles() -> None:
         " <-> ".join(c) for c in found)
 
 
+def test_subpackages_do_not_import_each_other_in_a_cycle() -> None:
+    """Between the parts of a package too (``memprof.capture``, ``memprof.analysis``, ``memprof.trace``;
+    ``planner.solvers`` and the planner's own modules): the trace's contract (``memprof/schema.py``) sits where
+    both the analysis and the trace read it, store-all's baseline (``planner/baseline.py``) where the
+    discretisation and the solvers read it."""
+    parts: dict[str, set[str]] = {}
+    for module, targets in import_graph().items():
+        for target in targets:
+            if _part(target) != _part(module) and target.split(".")[0] == module.split(".")[0]:
+                parts.setdefault(_part(module), set()).add(_part(target))
+    assert not cycles(parts), cycles(parts)
+
+
+def _part(module: str) -> str:
+    return ".".join(module.split(".")[:2])
+
+
 def test_dependencies_point_one_way() -> None:
     wrong = sorted(
         f"{module} imports {target}"
@@ -118,7 +135,7 @@ def test_dependencies_point_one_way() -> None:
 
 
 def test_the_graph_sees_lazy_imports() -> None:
-    """The reader catches imports inside functions, lazy maps and relative imports, and skips TYPE_CHECKING."""
+    """The reader catches imports inside functions, lazy maps, relative imports and those for type checking."""
     source = ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from b import B\n"
               "def f():\n    from c import C, d\n    import e.f\n_LAZY = {'G': 'g'}\nfrom . import h\n")
     modules = {"p", "p.a", "b", "c", "c.d", "e", "e.f", "g", "p.h"}

@@ -20,7 +20,7 @@ from memprof.analysis.layers import layer_rows, subtree_bytes
 from memprof.analysis.micro_batches import micro_batches
 from memprof.analysis.records import CarriedState, IterationRecord, LiveBlock, Mark, RunSpec
 from memprof.analysis.timeline import event_table, peak_summary, series
-from memprof.trace.schema import EVENTS_SCHEMA
+from memprof.schema import EVENTS_SCHEMA
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from memprof.analysis.attribution import MODEL_STATE_CODES, N_CAT, OTHER, Sweep
 from memprof.analysis.records import Mark
 from memprof.categories import CATEGORY_COLUMNS
 from memprof.phases import PHASE_OF_CODE, Phase
-from memprof.trace.schema import EVENTS_SCHEMA
+from memprof.schema import EVENTS_SCHEMA
 
 _MARK_NAMES: dict[int, tuple[str, str]] = {  # keyed by int, as the marks' kinds arrive
     Mark.FWD_ENTER: (Phase.FORWARD.value, "enter"),

@@ -37,8 +37,8 @@ from memprof.capture.streams import open_stream
 from memprof.capture.tensor_walk import describe_modules, module_tree, optimizer_state, pointers, storages
 from memprof.categories import Category
 from memprof.errors import MemoryBudgetExceeded, ProfilerError
+from memprof.schema import FORMAT_NAME, SCHEMA_VERSION
 from memprof.trace.ops_table import write_ops
-from memprof.trace.schema import FORMAT_NAME, SCHEMA_VERSION
 from memprof.trace.writer import TraceWriter, write_meta
 from memprof.units import format_bytes
 

@@ -31,7 +31,7 @@ from memprof.interop.marks import Step
 from memprof.interop.replay import Replay, devices, replay
 from memprof.interop.snapshot_file import load_snapshot
 from memprof.interop.steps import Plan, plan_steps
-from memprof.trace.schema import FORMAT_NAME, SCHEMA_VERSION
+from memprof.schema import FORMAT_NAME, SCHEMA_VERSION
 from memprof.trace.writer import TraceWriter, write_iterations, write_meta
 from memprof.units import format_bytes
 

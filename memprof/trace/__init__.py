@@ -1,6 +1,6 @@
 """The trace on disk: its contract, the journal between processes, writing, and reading.
 
-:mod:`~memprof.trace.schema` is the contract; :mod:`~memprof.trace.journal` carries raw records to
+:mod:`~memprof.schema` is the contract; :mod:`~memprof.trace.journal` carries raw records to
 :mod:`~memprof.trace.worker`, which writes Parquet parts through :mod:`~memprof.trace.writer`;
 :mod:`~memprof.trace.reader` (with :mod:`~memprof.trace.recovery` for a killed run and
 :mod:`~memprof.trace.ranks` for distributed runs) is the one way everything else reads a trace.
@@ -12,6 +12,15 @@ Public names load on first use: the reader's need pandas, which the worker never
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from memprof.schema import (
+        EVENTS,
+        ITERATIONS,
+        LAYERS,
+        META_FILE,
+        SCHEMA_VERSION,
+        TABLES,
+        table_dir_name,
+    )
     from memprof.trace.ranks import (
         RankScan,
         peak_imbalance,
@@ -22,26 +31,17 @@ if TYPE_CHECKING:
         scan_ranks,
     )
     from memprof.trace.reader import RunEntry, Trace, list_runs, load_trace
-    from memprof.trace.schema import (
-        EVENTS,
-        ITERATIONS,
-        LAYERS,
-        META_FILE,
-        SCHEMA_VERSION,
-        TABLES,
-        table_dir_name,
-    )
     from memprof.trace.writer import TraceWriter
 
 _LAZY = {
-    "EVENTS": "memprof.trace.schema",
-    "ITERATIONS": "memprof.trace.schema",
-    "LAYERS": "memprof.trace.schema",
-    "META_FILE": "memprof.trace.schema",
+    "EVENTS": "memprof.schema",
+    "ITERATIONS": "memprof.schema",
+    "LAYERS": "memprof.schema",
+    "META_FILE": "memprof.schema",
     "RankScan": "memprof.trace.ranks",
     "RunEntry": "memprof.trace.reader",
-    "SCHEMA_VERSION": "memprof.trace.schema",
-    "TABLES": "memprof.trace.schema",
+    "SCHEMA_VERSION": "memprof.schema",
+    "TABLES": "memprof.schema",
     "Trace": "memprof.trace.reader",
     "TraceWriter": "memprof.trace.writer",
     "list_runs": "memprof.trace.reader",
@@ -52,7 +52,7 @@ _LAZY = {
     "rank_peaks": "memprof.trace.ranks",
     "rank_summary": "memprof.trace.ranks",
     "scan_ranks": "memprof.trace.ranks",
-    "table_dir_name": "memprof.trace.schema",
+    "table_dir_name": "memprof.schema",
 }
 
 

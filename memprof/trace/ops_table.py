@@ -17,8 +17,8 @@ import pyarrow.parquet as pq
 from memprof.analysis.op_records import OpRecord
 from memprof.atomic import write_atomically
 from memprof.errors import CorruptTraceError
+from memprof.schema import OPS, OPS_SCHEMA, table_dir_name
 from memprof.trace.compaction import parse_part_name, part_name
-from memprof.trace.schema import OPS, OPS_SCHEMA, table_dir_name
 
 __all__ = ["ops_table", "records_from_frame", "write_ops"]
 

@@ -23,10 +23,10 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from memprof.errors import CorruptTraceError, RankTraceError, TraceError
+from memprof.schema import ITERATIONS, ITERATIONS_SCHEMA
 from memprof.trace.rank_aggregate import NUMERIC_COLUMNS, RankAggregate
 from memprof.trace.reader import read_meta, table_parts
 from memprof.trace.recovery import recover, recovered_frame
-from memprof.trace.schema import ITERATIONS, ITERATIONS_SCHEMA
 
 #: The columns of ``iterations`` a rank's summary needs.
 SCAN_COLUMNS: tuple[str, ...] = (*NUMERIC_COLUMNS, "peak_module", "peak_phase")

@@ -1,6 +1,6 @@
 """The ranks of a distributed run side by side: each rank's peaks and how unevenly memory is spread.
 
-Under ``torchrun`` every rank writes ``<run>/rank=<r>/`` (see :mod:`memprof.trace.schema`). A rank that
+Under ``torchrun`` every rank writes ``<run>/rank=<r>/`` (see :mod:`memprof.schema`). A rank that
 peaks higher than the others sets the memory every GPU must have, so the imbalance of peaks is what a
 user of DDP or FSDP looks at first: uneven batches, a rank holding extra state, or sharding skew.
 

@@ -16,9 +16,7 @@ import pyarrow.parquet as pq
 from memprof.analysis.iteration import ProcessedIteration
 from memprof.analysis.op_records import OpRecord
 from memprof.errors import CorruptTraceError, SchemaVersionError, TraceError, TraceNotFoundError
-from memprof.trace.ops_table import records_from_frame
-from memprof.trace.recovery import recover, recovered_frame
-from memprof.trace.schema import (
+from memprof.schema import (
     FORMAT_NAME,
     ITERATIONS,
     LATER_COLUMNS,
@@ -33,6 +31,8 @@ from memprof.trace.schema import (
     V1_DEFAULTS,
     table_dir_name,
 )
+from memprof.trace.ops_table import records_from_frame
+from memprof.trace.recovery import recover, recovered_frame
 
 #: ``(first, last)`` iteration of a part, from its footer's statistics; ``None`` when it has none.
 IterationRange = tuple[int, int] | None

@@ -16,8 +16,8 @@ import pyarrow as pa
 
 from memprof.analysis.iteration import IterationProcessor, ProcessedIteration, flatten
 from memprof.errors import CorruptTraceError
+from memprof.schema import EVENTS, ITERATIONS, LAYERS
 from memprof.trace.journal import JOURNAL_DIR, JournalReader, read_spec, read_state
-from memprof.trace.schema import EVENTS, ITERATIONS, LAYERS
 from memprof.trace.writer import rows_to_table
 
 _ATTEMPTS = 5  # a live worker may delete a segment between our reads: start again

@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 
 from memprof.analysis.iteration import ProcessedIteration, flatten
 from memprof.atomic import write_atomically
+from memprof.schema import EVENTS, ITERATIONS, LATER_COLUMNS, LAYERS, META_FILE, SCHEMAS, table_dir_name
 from memprof.trace.compaction import (
     CompactionPolicy,
     Part,
@@ -28,7 +29,6 @@ from memprof.trace.compaction import (
     parse_part_name,
     part_name,
 )
-from memprof.trace.schema import EVENTS, ITERATIONS, LATER_COLUMNS, LAYERS, META_FILE, SCHEMAS, table_dir_name
 
 
 def write_meta(run_dir: Path, meta: Mapping[str, Any]) -> None:

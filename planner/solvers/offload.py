@@ -22,7 +22,7 @@ import numpy as np
 from memprof.units import format_bytes
 from planner.chain import Chain
 from planner.discretize import DEFAULT_SLOTS, discretize
-from planner.errors import InfeasibleBudgetError, TableTooLargeError
+from planner.errors import TableTooLargeError
 from planner.schedule import Op, OpKind
 from planner.solvers import rotor, rotor_fill
 from planner.solvers.budget_grid import Minimum, lowest_budget, plan_on_own_grid
@@ -137,9 +137,8 @@ def minimum(chain: Chain, slots: int = DEFAULT_SLOTS, host_slots: int = HOST_SLO
 
 
 def min_budget_bytes(chain: Chain, slots: int = DEFAULT_SLOTS) -> int:
-    """The smallest budget for which :func:`plan` finds a schedule (each budget on its own grid)."""
-    if not usable(chain):
-        return rotor.min_budget_bytes(chain, slots)
+    """The smallest budget for which :func:`plan` finds a schedule (each budget on its own grid; a chain with
+    nothing to offload is rotor's, :mod:`planner.solvers.handover`)."""
     found = minimum(chain, slots)
     assert found is not None, "store-all's peak always has a schedule"
     return found.budget_bytes
@@ -152,14 +151,6 @@ def plan(chain: Chain, budget_bytes: int, slots: int = DEFAULT_SLOTS) -> Plan:
         InfeasibleBudgetError: the budget is below the minimum feasible one (named).
         TableTooLargeError: the chain is too long for the tables at this many slots.
     """
-    if not usable(chain):
-        try:
-            found = rotor.plan(chain, budget_bytes, slots)
-        except InfeasibleBudgetError as exc:
-            raise infeasible("offload", int(budget_bytes), exc.min_feasible_bytes,
-                             f"{slots} slots spanning each budget; nothing to offload, so rotor's") from None
-        return Plan(found.ops, {**found.params, "offloaded": [], "transfer": chain.transfer_costs.source})
-
     def solve_on(reference: int, budget: int) -> Plan:
         table = compute_table(chain, reference, slots)
         ops = rebuild(table, budget)

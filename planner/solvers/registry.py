@@ -4,8 +4,9 @@ reads.
 Every algorithm is a module with the protocol's two functions; the registry says what each one is
 (:class:`SolverSpec`): whether it claims an optimum (the tests hold those against an exhaustive search judged by
 the simulator), whether it reads the slots of a discretised memory, and whether users pick it (``exact`` is
-for tests). Recomputation options planned by the held budget (``held``) have an interface of their own
-(:func:`planner.solve.solve_held`).
+for tests). Where one algorithm hands a chain to another (tables too large, nothing to offload) is
+:mod:`planner.solvers.handover`. Recomputation options planned by the held budget (``held``) have an interface
+of their own (:func:`planner.solve.solve_held`).
 """
 
 from __future__ import annotations

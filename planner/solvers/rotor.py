@@ -13,14 +13,13 @@ Values are float32 to halve the table; a rebuilt schedule's makespan is recomput
 simulator.
 
 The fill keeps two tables of ``(L+1)^2 * (slots+1)`` float32 (the costs and their shifted copy): 442 MiB
-at L = 339 with 500 slots. On a chain whose tables would exceed :data:`MAX_TABLE_BYTES`, :func:`plan` and
-:func:`min_budget_bytes` hand the chain to binomial checkpointing (``binomial.py``, no table) with a
-:class:`FallbackWarning`; the plan then names ``"binomial"`` and records the fallback in its params.
+at L = 339 with 500 slots. A chain whose tables would exceed :data:`MAX_TABLE_BYTES` goes to binomial
+checkpointing instead (``binomial.py``, no table), with a :class:`~planner.errors.FallbackWarning`: the turn is
+taken in :mod:`planner.solvers.handover`, for every caller of :func:`planner.solve.solver`.
 """
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from functools import partial
 
@@ -29,9 +28,8 @@ import numpy as np
 from memprof.units import format_bytes
 from planner.chain import Chain
 from planner.discretize import DEFAULT_SLOTS, DiscreteChain, discretize
-from planner.errors import FallbackWarning
 from planner.schedule import Op, OpKind
-from planner.solvers import binomial, rotor_fill
+from planner.solvers import rotor_fill
 from planner.solvers.budget_grid import Minimum, exact_floor, lowest_budget, plan_on_own_grid
 from planner.solvers.common import Plan, infeasible
 from planner.solvers.rotor_fill import Arrays
@@ -206,28 +204,8 @@ def table_bytes_estimate(stages: int, slots: int) -> int:
     return 2 * top * top * (slots + 1) * np.dtype(_F32).itemsize
 
 
-def _too_large(chain: Chain, slots: int) -> int | None:
-    """The tables' estimated bytes when over :data:`MAX_TABLE_BYTES` (warning that binomial runs instead), else ``None``."""
-    needed = table_bytes_estimate(chain.length, slots)
-    if needed <= MAX_TABLE_BYTES:
-        return None
-    warnings.warn(
-        f"rotor on {chain.length} stages with {slots} slots: its tables would take about {format_bytes(needed)} "
-        f"({needed} bytes), over the {format_bytes(MAX_TABLE_BYTES)} ({MAX_TABLE_BYTES} bytes) allowed (planner.solvers.rotor.MAX_TABLE_BYTES); solving "
-        f"with binomial checkpointing instead (no table; see docs/planner.md)",
-        FallbackWarning,
-        stacklevel=4,  # the caller of solve / min_feasible_budget
-    )
-    return needed
-
-
 def min_budget_bytes(chain: Chain, slots: int = DEFAULT_SLOTS) -> int:
-    """The smallest budget for which :func:`plan` finds a schedule (each budget on its own grid).
-
-    Binomial's (with a :class:`FallbackWarning`) when the tables would exceed :data:`MAX_TABLE_BYTES`.
-    """
-    if _too_large(chain, slots) is not None:
-        return binomial.min_budget_bytes(chain)
+    """The smallest budget for which :func:`plan` finds a schedule (each budget on its own grid)."""
     found = minimum(chain, slots)
     assert found is not None, "store-all's peak always has a schedule"
     return found.budget_bytes
@@ -249,22 +227,12 @@ def plan_mode(chain: Chain, budget_bytes: int, slots: int = DEFAULT_SLOTS, mode:
 
 
 def plan(chain: Chain, budget_bytes: int, slots: int = DEFAULT_SLOTS) -> Plan:
-    """The optimal persistent schedule within ``budget_bytes``, on the budget's own grid.
-
-    When the tables would exceed :data:`MAX_TABLE_BYTES`, binomial's plan instead (with a
-    :class:`FallbackWarning`): ``algorithm="binomial"``, and its params record ``fallback_from``, the
-    tables' estimated bytes and the limit.
+    """The optimal persistent schedule within ``budget_bytes``, on the budget's own grid (whatever the tables'
+    size: :mod:`planner.solvers.handover` decides when binomial runs instead).
 
     Raises:
-        InfeasibleBudgetError: the budget is below the minimum feasible one (named; binomial's after a
-            fallback).
+        InfeasibleBudgetError: the budget is below the minimum feasible one (named).
     """
-    needed = _too_large(chain, slots)
-    if needed is not None:
-        found = binomial.plan(chain, budget_bytes)
-        params = {**found.params, "fallback_from": "rotor", "table_bytes_estimate": needed,
-                  "max_table_bytes": MAX_TABLE_BYTES}
-        return Plan(found.ops, params, algorithm="binomial")
     return plan_mode(chain, budget_bytes, slots, "rotor")
 
 

@@ -10,13 +10,13 @@ what it dropped, ``r_k`` more milliseconds. The recurrence is rotor's (``rotor.p
 feasible when ``F_all(s)`` fits beside ``delta^t`` holding a-bar_k^s, and ``B(s)`` (with its recomputation)
 fits with the full a-bar^s. A chain without options gives rotor's table exactly. The table is filled by
 ``rotor_fill.fill`` with an :class:`~planner.solvers.option_grid.OptionGrid`; the schedule is rebuilt
-from it apart, each budget solved on its own grid as rotor's (``budget_grid.py``), with the same fallback
-to binomial checkpointing (no options) when the table would exceed ``rotor.MAX_TABLE_BYTES``.
+from it apart, each budget solved on its own grid as rotor's (``budget_grid.py``); the fallback to binomial
+checkpointing (no options) when the table would exceed ``rotor.MAX_TABLE_BYTES`` is
+:mod:`planner.solvers.handover`'s.
 """
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from functools import partial
 
@@ -25,9 +25,8 @@ import numpy as np
 from memprof.units import format_bytes
 from planner.chain import Chain
 from planner.discretize import DEFAULT_SLOTS, DiscreteChain, discretize
-from planner.errors import FallbackWarning
 from planner.schedule import Op, OpKind
-from planner.solvers import binomial, rotor, rotor_fill
+from planner.solvers import rotor_fill
 from planner.solvers.budget_grid import Minimum, exact_floor, lowest_budget, plan_on_own_grid
 from planner.solvers.common import Plan, infeasible
 from planner.solvers.option_grid import OptionGrid
@@ -158,25 +157,8 @@ def minimum(chain: Chain, slots: int = DEFAULT_SLOTS) -> Minimum | None:
     return lowest_budget(partial(threshold_on, slots), top, slots, exact_floor(threshold_on, top))
 
 
-def _too_large(chain: Chain, slots: int) -> int | None:
-    """The tables' estimated bytes when over ``rotor.MAX_TABLE_BYTES`` (warning of the fallback), else ``None``."""
-    needed = rotor.table_bytes_estimate(chain.length, slots)
-    if needed <= rotor.MAX_TABLE_BYTES:
-        return None
-    warnings.warn(
-        f"selective on {chain.length} stages with {slots} slots: its tables would take about {format_bytes(needed)} "
-        f"({needed} bytes), over the {format_bytes(rotor.MAX_TABLE_BYTES)} allowed (planner.solvers.rotor."
-        f"MAX_TABLE_BYTES); solving with binomial checkpointing instead, without recomputation options",
-        FallbackWarning,
-        stacklevel=4,  # the caller of solve / min_feasible_budget
-    )
-    return needed
-
-
 def min_budget_bytes(chain: Chain, slots: int = DEFAULT_SLOTS) -> int:
-    """The smallest budget for which :func:`plan` finds a schedule (binomial's after a fallback)."""
-    if _too_large(chain, slots) is not None:
-        return binomial.min_budget_bytes(chain)
+    """The smallest budget for which :func:`plan` finds a schedule (each budget on its own grid)."""
     found = minimum(chain, slots)
     assert found is not None, "store-all's peak always has a schedule"
     return found.budget_bytes
@@ -188,13 +170,6 @@ def plan(chain: Chain, budget_bytes: int, slots: int = DEFAULT_SLOTS) -> Plan:
     Raises:
         InfeasibleBudgetError: the budget is below the minimum feasible one (named).
     """
-    needed = _too_large(chain, slots)
-    if needed is not None:
-        found = binomial.plan(chain, budget_bytes)
-        params = {**found.params, "fallback_from": NAME, "table_bytes_estimate": needed,
-                  "max_table_bytes": rotor.MAX_TABLE_BYTES}
-        return Plan(found.ops, params, algorithm="binomial")
-
     def solve_on(reference: int, budget: int) -> Plan:
         table = compute_table(chain, grid=discretize(chain, slots, reference))
         return Plan(rebuild(table, budget), {"slots": slots, "slot_bytes": table.grid.slot_bytes})

@@ -2,21 +2,11 @@
 
 from __future__ import annotations
 
+from planner.baseline import store_all_ops, store_all_peak_bytes
 from planner.chain import Chain
-from planner.schedule import Op
-from planner.simulator import predict
-from planner.solvers.common import Plan, backward_all, forward_all, infeasible
+from planner.solvers.common import Plan, infeasible
 
-
-def store_all_ops(chain: Chain) -> tuple[Op, ...]:
-    """``F_all(1) .. F_all(L+1)`` then ``B(L+1) .. B(1)``."""
-    top = chain.length + 1
-    return tuple(forward_all(1, top) + backward_all(top, 1))
-
-
-def store_all_peak_bytes(chain: Chain) -> int:
-    """Store-all's simulated peak: the largest budget any algorithm needs."""
-    return predict(chain, store_all_ops(chain))[0]
+__all__ = ["min_budget_bytes", "plan", "store_all_ops", "store_all_peak_bytes"]
 
 
 def min_budget_bytes(chain: Chain, slots: int = 0) -> int:

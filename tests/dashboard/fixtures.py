@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from memprof.categories import CATEGORY_COLUMNS
-from memprof.trace.schema import EVENTS, EVENTS_SCHEMA, FORMAT_NAME, ITERATIONS, LAYERS, SCHEMA_VERSION
+from memprof.schema import EVENTS, EVENTS_SCHEMA, FORMAT_NAME, ITERATIONS, LAYERS, SCHEMA_VERSION
 from memprof.trace.writer import TraceWriter, write_meta
 
 HTML_NAME = "<img src=x onerror=alert(1)>"

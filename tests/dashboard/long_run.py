@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 
 from memprof.categories import CATEGORY_COLUMNS
-from memprof.trace.schema import EVENTS, EVENTS_SCHEMA, ITERATIONS, ITERATIONS_SCHEMA, LAYERS, LAYERS_SCHEMA
+from memprof.schema import EVENTS, EVENTS_SCHEMA, ITERATIONS, ITERATIONS_SCHEMA, LAYERS, LAYERS_SCHEMA
 from memprof.trace.writer import TraceWriter, write_meta
 from tests.dashboard.fixtures import meta
 

@@ -7,7 +7,7 @@ import pytest
 from dashboard import callbacks as cb
 from dashboard.cache import BoundedCache
 from dashboard.data import RANK_VIEW_POINTS, TraceStore, rank_view_points
-from memprof.trace.schema import ITERATIONS
+from memprof.schema import ITERATIONS
 from memprof.trace.writer import TraceWriter, write_meta
 from memprof.units import format_bytes
 from tests.dashboard.fixtures import meta

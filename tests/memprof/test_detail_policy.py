@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from memprof import MemoryProfiler, load_trace, zoo
-from memprof.trace.schema import ITERATIONS_SCHEMA
+from memprof.schema import ITERATIONS_SCHEMA
 
 #: Summary columns that must not depend on whether an iteration kept its detail.
 SUMMARY = ["iteration", "epoch", "peak_allocated_bytes", "allocated_bytes", "peak_phase", "peak_module",

@@ -68,17 +68,29 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+_GLOO_TEARDOWN = "terminate called without an active exception"
+
+
 def run_two_ranks(tmp_path: Path, source: str, *args: str) -> None:
     """Writes ``source`` to ``tmp_path/train.py`` and runs it on two gloo ranks with ``args``; raises with the
     ranks' output when it fails."""
     script = tmp_path / "train.py"
     script.write_text(source)
+    done = _launch(tmp_path, script, args)
+    if done.returncode != 0 and _GLOO_TEARDOWN in done.stderr:
+        # a rank aborted as its process tore down (SIGABRT, "terminate called without an active exception": a
+        # native thread still joinable at exit, as in gloo's teardown races): seen once in a 1,746-test CI run
+        # (a DDP test, on a loaded machine), not in 8 reruns. It says nothing of the test: run it once more.
+        done = _launch(tmp_path, script, args)
+    if done.returncode != 0:
+        raise AssertionError(f"torchrun failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}")
+
+
+def _launch(tmp_path: Path, script: Path, args: tuple[str, ...]) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     command = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
                "--master_addr=127.0.0.1", f"--master_port={_free_port()}", str(script), *args]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=170, env=env, cwd=tmp_path)
-    if done.returncode != 0:
-        raise AssertionError(f"torchrun failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}")
+    return subprocess.run(command, capture_output=True, text=True, timeout=170, env=env, cwd=tmp_path)
 
 
 def torchrun(tmp_path: Path, wrapper: str) -> tuple[Path, list[dict]]:

@@ -11,7 +11,7 @@ import pytest
 MEMPROF = Path(__file__).resolve().parents[2] / "memprof"
 ANALYSIS = sorted(f"memprof.analysis.{p.stem}" for p in (MEMPROF / "analysis").glob("*.py") if p.stem != "__init__")
 #: What ``python -m memprof.trace.worker`` imports, and what it needs to write a part.
-WORKER_SIDE = ["memprof.trace.schema", "memprof.trace.journal", "memprof.trace.worker", "memprof.trace.writer",
+WORKER_SIDE = ["memprof.schema", "memprof.trace.journal", "memprof.trace.worker", "memprof.trace.writer",
                "memprof.trace.compaction"]
 
 

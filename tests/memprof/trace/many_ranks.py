@@ -20,9 +20,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from memprof.categories import CATEGORY_COLUMNS
+from memprof.schema import ITERATIONS, ITERATIONS_SCHEMA, LAYERS, LAYERS_SCHEMA, table_dir_name
 from memprof.trace.ranks import rank_dirs
 from memprof.trace.reader import load_trace
-from memprof.trace.schema import ITERATIONS, ITERATIONS_SCHEMA, LAYERS, LAYERS_SCHEMA, table_dir_name
 from memprof.trace.writer import TraceWriter, write_meta
 from tests.dashboard.fixtures import meta
 

@@ -21,7 +21,7 @@ from memprof import (
     list_runs,
     load_trace,
 )
-from memprof.trace.schema import LATER_COLUMNS, SCHEMAS, TABLES
+from memprof.schema import LATER_COLUMNS, SCHEMAS, TABLES
 from tests.bad_input import (
     CASES,
     FUZZ,

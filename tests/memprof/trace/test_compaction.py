@@ -20,9 +20,9 @@ from hypothesis import strategies as st
 
 import memprof.trace.compaction
 import memprof.trace.reader
+from memprof.schema import EVENTS, ITERATIONS, LAYERS, SCHEMAS, TABLES
 from memprof.trace.compaction import CompactionPolicy, Part, parse_part_name, part_name
 from memprof.trace.reader import load_trace, table_parts
-from memprof.trace.schema import EVENTS, ITERATIONS, LAYERS, SCHEMAS, TABLES
 from memprof.trace.writer import TraceWriter, write_meta
 from tests.dashboard.fixtures import meta
 

@@ -13,9 +13,9 @@ import pytest
 
 from memprof.analysis.op_records import OpRecord
 from memprof.errors import CorruptTraceError
+from memprof.schema import OPS_SCHEMA, SCHEMA_VERSION
 from memprof.trace.ops_table import ops_table, write_ops
 from memprof.trace.reader import load_trace
-from memprof.trace.schema import OPS_SCHEMA, SCHEMA_VERSION
 
 EXAMPLE_RUN = Path(__file__).parents[3] / "traces" / "example"
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from memprof.schema import LAYERS
 from memprof.trace.ranks import rank_summary
-from memprof.trace.schema import LAYERS
 from tests.memprof.trace.many_ranks import (
     documented_queries,
     reference_frame,

@@ -13,10 +13,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from memprof import CorruptTraceError, RankTraceError, TraceError
+from memprof.schema import ITERATIONS, table_dir_name
 from memprof.trace import rank_scan
 from memprof.trace.rank_aggregate import RankAggregate, merge_intervals, runs_of
 from memprof.trace.ranks import peak_imbalance, rank_peaks, rank_summary, scan_ranks
-from memprof.trace.schema import ITERATIONS, table_dir_name
 from memprof.trace.writer import TraceWriter, write_meta
 from tests.dashboard.fixtures import meta
 from tests.memprof.trace.many_ranks import (

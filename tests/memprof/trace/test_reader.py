@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from memprof import CorruptTraceError, SchemaVersionError, TraceNotFoundError, list_runs, load_trace
-from memprof.trace.schema import SCHEMAS
+from memprof.schema import SCHEMAS
 from tests.memprof.helpers import profile_steps
 
 
