@@ -58,9 +58,14 @@ def chain_options(store: TraceStore, names: list[str] | None) -> tuple[list[dict
     options = [{"label": "auto-detected chain", "value": AUTO}]
     if names:
         with contextlib.suppress(*VIEW_ERRORS):
-            options += [{"label": f"children of {m}", "value": _MODULE_PREFIX + m}
+            options += [{"label": container_label(m), "value": _MODULE_PREFIX + m}
                         for m in container_choices(store.model_layers(names[0]))]
     return options, AUTO
+
+
+def container_label(name: str) -> str:
+    """How the chain picker names a container (the root's name is empty)."""
+    return f"children of {name}" if name else "children of the model itself (the root)"
 
 
 def describe_chain(model: PlannerModel) -> str:

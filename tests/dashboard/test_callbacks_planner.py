@@ -41,6 +41,8 @@ def test_chain_options(store):
     assert [o["value"] for o in options] == [cp.AUTO, "module:features"]
     assert cp.chain_options(store, ["corrupt"])[0] == [options[0]]
     assert cp.chain_options(store, None)[0] == [options[0]]
+    assert cp.container_label("features") == "children of features"
+    assert cp.container_label("") == "children of the model itself (the root)"  # not "children of "
 
 
 def test_no_run_no_plan(store):
