@@ -17,6 +17,7 @@ fit where the simulator (and binomial's schedule) holds them.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -102,36 +103,31 @@ def discretize(chain: Chain, slots: int = DEFAULT_SLOTS, reference_bytes: int | 
     check_slots(slots)
     if reference_bytes is None:
         reference_bytes = store_all_peak_bytes(chain)
-    slot = aligned_slot_bytes(chain, slot_bytes_for(reference_bytes, slots))
     top = chain.length + 1
     index = range(top + 1)
-
-    def sizes(values: list[int]) -> np.ndarray:
-        return np.array([to_slots(v, slot) for v in values], dtype=np.int64)
-
     stages = chain.stages
     grads_after = _weight_grads_after(chain)
+    raw = {  # the sizes the DPs read, in bytes
+        "a": [chain.a(i) for i in index],
+        "abar": [chain.abar(i) for i in index],
+        "delta": [chain.delta(i) + grads_after[i] for i in index],
+        "forward_overhead": [0] + [s.forward_overhead_bytes for s in stages],
+        "backward_overhead": [0] + [s.backward_overhead_bytes - grads_after[i + 1] for i, s in enumerate(stages)],
+    }
+    slot = aligned_slot_bytes([v for values in raw.values() for v in values], slot_bytes_for(reference_bytes, slots))
     return DiscreteChain(
         chain=chain,
         slot_bytes=slot,
         slots=int(slots),
-        a=sizes([chain.a(i) for i in index]),
-        abar=sizes([chain.abar(i) for i in index]),
-        delta=sizes([chain.delta(i) + grads_after[i] for i in index]),
-        forward_overhead=sizes([0] + [s.forward_overhead_bytes for s in stages]),
-        backward_overhead=sizes([0] + [s.backward_overhead_bytes - grads_after[i + 1] for i, s in enumerate(stages)]),
+        **{name: np.array([to_slots(v, slot) for v in values], dtype=np.int64) for name, values in raw.items()},
         forward_ms=np.array([0.0] + [s.forward_ms for s in stages], dtype=np.float64),
         backward_ms=np.array([0.0] + [s.backward_ms for s in stages], dtype=np.float64),
     )
 
 
-def aligned_slot_bytes(chain: Chain, slot_bytes: int) -> int:
-    """``slot_bytes``, or the smallest divisor at least as large of every size the DPs read, when there is one."""
-    grads_after = _weight_grads_after(chain)
-    sizes = [chain.a(0), *(value for stage in chain.stages for value in (
-        stage.output_bytes, stage.saved_bytes, stage.grad_bytes, stage.forward_overhead_bytes,
-        stage.backward_overhead_bytes, stage.weight_grad_bytes)), *grads_after]
-    common = math.gcd(*(int(v) for v in sizes))
+def aligned_slot_bytes(sizes_bytes: Iterable[int], slot_bytes: int) -> int:
+    """``slot_bytes``, or the smallest divisor at least as large of every one of ``sizes_bytes``, when there is one."""
+    common = math.gcd(*(int(v) for v in sizes_bytes))
     return _divisor_at_least(common, int(slot_bytes)) if common >= slot_bytes > 1 else int(slot_bytes)
 
 

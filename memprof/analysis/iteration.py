@@ -128,7 +128,7 @@ class IterationProcessor:
             grads = {**record.grads, **record.param_grads}
             layers = layer_rows(sw, s, list(spec.infos), record.iteration, order, list(spec.weight_bytes),
                                 subtree_bytes(list(spec.infos), grads), split,
-                                comm_bytes=int(cast(int, summary.get("comm_buffers", 0))))
+                                comm_bytes=cast(int, summary["comm_buffers"]))
         table = self._empty_events
         if detail:
             table = event_table(sw, s, record.iteration, record.start_ns, record.end_ns, list(spec.names),

@@ -17,13 +17,20 @@ import contextlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import torch
 from torch import nn
 
 __all__ = ["gathered", "sharded_modules"]
 
 
 def sharded_modules(modules: Sequence[nn.Module]) -> list[nn.Module]:
-    """The FSDP2 modules among ``modules`` and their submodules (``[]`` without FSDP2)."""
+    """The FSDP2 modules among ``modules`` and their submodules (``[]`` without FSDP2).
+
+    FSDP2 needs a process group, so without one (a single process) no module is walked: a stage runs this at
+    every forward.
+    """
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return []
     return [sub for module in modules for sub in module.modules() if _groups(sub)]
 
 
