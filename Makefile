@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # The CPU build of torch; override with TORCH_SPEC="torch" to take your own.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: setup demo test lint bench mutants gpu-check
+.PHONY: setup demo test lint bench mutants gpu-check screenshots
 
 $(BIN)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -23,14 +23,16 @@ demo: setup
 	$(BIN)/memprof demo $(ARGS)
 
 lint: setup
-	$(BIN)/ruff check memprof planner dashboard cli tests benchmarks scripts
+	$(BIN)/ruff check memprof planner dashboard cli examples tests benchmarks scripts
 	$(BIN)/mypy
 
 test: setup
 	bash scripts/install_browser.sh
-	$(BIN)/ruff check memprof planner dashboard cli tests benchmarks scripts
+	$(BIN)/ruff check memprof planner dashboard cli examples tests benchmarks scripts
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -q --durations=15 $(ARGS)
+	@# the quick suite on every core (pytest-xdist), then the tests marked slow, which plain `pytest` leaves out
+	$(BIN)/python -m pytest -q -n auto --durations=25 $(ARGS)
+	$(BIN)/python -m pytest -q -n auto -m slow --durations=10 $(ARGS)
 	@# deliberate breakages the tests must catch (scripts/mutants.py; a few minutes)
 	$(BIN)/python scripts/mutants.py
 
@@ -45,3 +47,9 @@ bench: setup
 # how). No set-up step: it finds a Python with a CUDA torch itself; without CUDA it says so in one line, exit 0.
 gpu-check:
 	@$(PY) scripts/gpu_check.py --torch-spec "$(TORCH_SPEC)" $(ARGS)
+
+# Every dashboard tab at 1600x1000 into docs/images/ (docs/dashboard.md shows them); the demo's runs are made
+# first in build/screenshot-traces when that folder is empty (a few minutes).
+screenshots: setup
+	bash scripts/install_browser.sh
+	$(BIN)/python scripts/screenshots.py $(ARGS)

@@ -16,7 +16,8 @@ import tempfile
 
 import torch
 
-from memprof import MemoryProfiler, load_trace, zoo
+from examples import zoo
+from memprof import MemoryProfiler, load_trace
 from memprof.categories import CATEGORY_COLUMNS
 from memprof.units import format_bytes
 

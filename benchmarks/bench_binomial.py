@@ -19,13 +19,13 @@ from collections.abc import Sequence
 import numpy as np
 
 from benchmarks.bench_solver import random_chain
-from planner.chain import Chain, Stage
 from planner.errors import InfeasibleBudgetError
-from planner.schedule import OpKind
-from planner.simulator import predict
-from planner.solve import min_feasible_budget, solve, store_all_budget
+from planner.model.chain import Chain, Stage
+from planner.model.schedule import OpKind
+from planner.simulation.simulator import predict
 from planner.solvers.binomial import bisection_ops, memory_bounds
 from planner.solvers.binomial_split import binomial_ops, forward_count
+from planner.solvers.dispatch import min_feasible_budget, solve, store_all_budget
 
 MIB = 2**20
 KNOWN_COUNTS = ((100, 10, 322), (1000, 10, 4636))  # steps, snapshots, forwards (advances + taped), published
@@ -56,9 +56,9 @@ def time_solve(chain: Chain, budget: int, repeats: int) -> dict[str, float]:
         sims.append(time.perf_counter() - start)
     assert schedule is not None
     return {"wall_s": statistics.median(walls), "cpu_s": statistics.median(cpus), "sim_s": statistics.median(sims),
-            "ops": len(schedule.ops), "snapshots": schedule.params["snapshots"], "forwards": forwards(schedule.ops),
-            "optimum": forward_count(chain.length + 1, schedule.params["snapshots"]),
-            "peak": schedule.predicted_peak_bytes or 0, "bound": schedule.params["bound_bytes"]}
+            "ops": len(schedule.ops), "snapshots": schedule.params.snapshots, "forwards": forwards(schedule.ops),
+            "optimum": forward_count(chain.length + 1, schedule.params.snapshots),
+            "peak": schedule.predicted_peak_bytes or 0, "bound": schedule.params.bound_bytes}
 
 
 def long_chains(lengths: list[int], repeats: int) -> None:
@@ -109,7 +109,7 @@ def against_rotor(lengths: list[int], fractions: list[float]) -> None:
             binomial_s = time.perf_counter() - start
             rotor_ms, binomial_ms = rotor.predicted_makespan_ms or 0.0, found.predicted_makespan_ms or 0.0
             print(f"| {length} | {budget / MIB:,.0f} MiB ({fraction:.0%}) | {rotor_ms:,.0f} ms | {binomial_ms:,.0f} ms | "
-                  f"{binomial_ms / rotor_ms:.2f} | {found.params['snapshots'] or 'store-all'} | {rotor_s:.2f} s | "
+                  f"{binomial_ms / rotor_ms:.2f} | {found.params.snapshots or 'store-all'} | {rotor_s:.2f} s | "
                   f"{binomial_s:.3f} s |")
 
 

@@ -2,7 +2,7 @@
 
 Run ``python -m benchmarks.bench_compaction [--iterations N] [--flush K]``. Synthetic ``iterations``
 rows (the schema's 20 columns, values varying as a real run's do) are appended ``K`` at a time, as the
-background worker flushes them, through :class:`memprof.trace.writer.TraceWriter`: once compacting
+background worker flushes them, through :class:`memprof.trace.format.writer.TraceWriter`: once compacting
 after every flush (the default policy, as ``write_iterations`` does), once never compacting (one part
 per flush). Write time is the time spent in ``append`` and ``compact``, rows already built; read
 time is ``load_trace(run).iterations`` in a fresh process-warm state (footers and data both read).
@@ -22,9 +22,9 @@ import numpy as np
 import pyarrow as pa
 
 from memprof.schema import ITERATIONS, SCHEMAS
-from memprof.trace.compaction import FAN_IN, MAX_MERGE_BYTES, MAX_MERGE_ROWS
+from memprof.trace.format.compaction import FAN_IN, MAX_MERGE_BYTES, MAX_MERGE_ROWS
+from memprof.trace.format.writer import TraceWriter, write_meta
 from memprof.trace.reader import load_trace, table_parts
-from memprof.trace.writer import TraceWriter, write_meta
 from memprof.units import format_bytes
 
 PHASES = np.array(["forward", "backward", "optimizer", "other"])

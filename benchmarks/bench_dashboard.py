@@ -59,7 +59,7 @@ def _payload(outputs: list[tuple[str, str]], inputs: list[tuple[str, str, object
 
 SLIDER_OUTPUTS = [(ids.PLANNER_BUDGET_TEXT, "children"), (ids.PLANNER_PEAK, "children"),
                   (ids.PLANNER_MAKESPAN, "children"), (ids.PLANNER_SCHEDULE_TEXT, "children"),
-                  (ids.PLANNER_SCHEDULE_GRAPH, "figure"), (ids.PLANNER_TIMELINE_GRAPH, "figure"),
+                  (ids.PLANNER_SCHEDULE_GRAPH, "figure"),
                   (ids.PLANNER_PARETO_GRAPH, "figure"), (ids.PLANNER_CHOICE, "data")]
 TIMELINE_OUTPUTS = [(ids.TIMELINE_GRAPH, "figure"), (ids.TIMELINE_INFO, "children")]
 

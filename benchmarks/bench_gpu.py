@@ -16,10 +16,10 @@ tokens, AdamW. The checks, in this order (each one's targets are :data:`benchmar
 3. ``link``: pinned copy bandwidths each way (``planner.measure_transfer_bandwidth``): the offload schedules'
    link.
 4. ``planner``: a profiled run (4 steps, ops recorded in one) gives the chain ``transformer.h``; every algorithm of
-   ``planner.solve.ALGORITHMS`` is solved halfway between rotor's minimum and store-all's peak (store-all at its
+   ``planner.solvers.dispatch.ALGORITHMS`` is solved halfway between rotor's minimum and store-all's peak (store-all at its
    own peak, an algorithm infeasible there at its own minimum; offload, and offload with weight streaming, at
    their minimum, where they must move something; one with no schedule at any budget is ``skipped``); each is
-   applied and measured (``planner.measure.measure_schedule``, 3 steps, the first excluded): its whole-step peak
+   applied and measured (``planner.measure.runs.measure_schedule``, 3 steps, the first excluded): its whole-step peak
    against the prediction; then, still applied and with no profiler, the wall time of forward + backward
    synchronised with the device (median of 3 steps) against the predicted makespan. On CUDA the profiled run's
    own step time (``Comparison.measured_step_ms``, host clock between hook events) does not wait for the
@@ -114,7 +114,7 @@ class Context:
     steps: int = 8
     warmup: int = 3
     algorithms: tuple[str, ...] | None = None  # the planner check's; None: every one and STREAM
-    link: Any = None  # planner.transfer.TransferCosts, set by the link check
+    link: Any = None  # planner.model.transfer.TransferCosts, set by the link check
 
     @property
     def cuda(self) -> bool:
@@ -439,7 +439,7 @@ def plan(chain: Any, algorithm: str, budget: int) -> Any:
         planner.errors.InfeasibleBudgetError: the algorithm has no schedule for this chain at any budget.
     """
     from planner.errors import InfeasibleBudgetError
-    from planner.solve import min_feasible_budget, solve
+    from planner.solvers.dispatch import min_feasible_budget, solve
 
     if algorithm == STREAM:
         return solve(chain, min_feasible_budget(chain, "offload", stream_weights=True), "offload",
@@ -455,9 +455,9 @@ def plan(chain: Any, algorithm: str, budget: int) -> Any:
 def schedule_note(schedule: Any) -> str:
     """What a reader needs to know of the schedule measured: its budget, what it offloads or streams."""
     parts = [f"budget {format_bytes(schedule.budget_bytes)}" if schedule.budget_bytes is not None else "no budget"]
-    if schedule.params.get("fallback_from"):
-        parts.append(f"ran as {schedule.algorithm} (fallback from {schedule.params['fallback_from']})")
-    offloaded = schedule.params.get("offloaded") or []
+    if schedule.params.fallback_from:
+        parts.append(f"ran as {schedule.algorithm} (fallback from {schedule.params.fallback_from})")
+    offloaded = schedule.params.offloaded or []
     if offloaded:
         parts.append(f"offloads stages {list(offloaded)}")
     elif schedule.algorithm == "offload":
@@ -511,8 +511,8 @@ def check_planner(ctx: Context) -> Iterator[CheckResult]:
     from planner import chain_from_trace
     from planner.errors import InfeasibleBudgetError
     from planner.executor import remove_schedule
-    from planner.measure import measure_schedule
-    from planner.solve import ALGORITHMS, min_feasible_budget, store_all_budget
+    from planner.measure.runs import measure_schedule
+    from planner.solvers.dispatch import ALGORITHMS, min_feasible_budget, store_all_budget
 
     device, size = ctx.device, ctx.size
     model = build_model(size, device)

@@ -6,7 +6,7 @@ Run ``python -m benchmarks.bench_long_dashboard [--iterations 100000] [--every 1
 Synthetic runs of a 100-module model (:func:`tests.dashboard.long_run.write_long_run`): a long run whose
 first 10, every ``--every``-th and one spiking iteration kept their detail (1,010 of 100,000: 100 layers
 rows and 404 events each), twice per ``--part-iterations`` (iterations per batch; the worker writes 16): with
-the parts merged after each batch, as the writer does (:mod:`memprof.trace.compaction`), and left one per batch
+the parts merged after each batch, as the writer does (:mod:`memprof.trace.format.compaction`), and left one per batch
 and table, the layout before compaction; and a short run of ``--short`` iterations, all detailed (as every
 run was before the detail policy). Medians of ``--repeats`` runs of:
 

@@ -30,7 +30,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from memprof import MemoryProfiler, zoo
+from examples import zoo
+from memprof import MemoryProfiler
 from memprof.analysis.detail import DetailPolicy
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096

@@ -5,7 +5,7 @@ Run ``python -m benchmarks.bench_offload`` (``--help`` for options). A ``transfo
 for a few steps; its chain (``model.layers.0..7``; sizes measured, device-independent) is solved
 activations-only (budgets and peaks are the chain's own memory, the ROTOR paper's M, without the model and
 optimizer state both algorithms share) with the default link, 24 GB/s each way
-(:data:`planner.transfer.DEFAULT_TRANSFER`). Nothing here runs on a GPU: every number is the simulator's.
+(:data:`planner.model.transfer.DEFAULT_TRANSFER`). Nothing here runs on a GPU: every number is the simulator's.
 
 Whether offloading pays depends on how long a layer computes against how long its saved activations take to
 cross the link, so the chain is solved with its measured CPU times and with those times divided by 10, 100
@@ -31,9 +31,9 @@ import torch
 from memprof import MemoryProfiler, load_trace
 from memprof.units import format_bytes
 from planner import chain_from_trace
-from planner.chain import Chain
 from planner.errors import InfeasibleBudgetError
-from planner.solve import min_feasible_budget, solve, store_all_budget
+from planner.model.chain import Chain
+from planner.solvers.dispatch import min_feasible_budget, solve, store_all_budget
 
 HIDDEN, INTERMEDIATE, LAYERS, HEADS, SEQ, BATCH, VOCAB = 512, 1376, 8, 8, 256, 4, 1024
 
@@ -82,7 +82,7 @@ def _solve(chain: Chain, budget: int, algorithm: str) -> tuple[int, float, int, 
         schedule = solve(chain, budget, algorithm)
     except InfeasibleBudgetError:
         return None
-    offloaded = len(schedule.params.get("offloaded", []))
+    offloaded = len(schedule.params.offloaded or ())
     return int(schedule.predicted_peak_bytes or 0), float(schedule.predicted_makespan_ms or 0.0), \
         int(schedule.predicted_host_peak_bytes or 0), offloaded
 

@@ -34,11 +34,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from memprof import MemoryProfiler, load_trace, zoo
+from examples import zoo
+from memprof import MemoryProfiler, load_trace
 from memprof.units import format_bytes
 from planner import Chain, chain_from_trace
-from planner.comparison import compute_ms, step_peak_bytes
-from planner.measure import measure_schedule
+from planner.measure.comparison import compute_ms, step_peak_bytes
+from planner.measure.runs import measure_schedule
 
 ALGORITHMS = ("store_all", "periodic", "sqrt", "revolve", "rotor", "rotor_optimal")
 TIME_LIMIT = 1.35
@@ -112,7 +113,7 @@ def _chain(spec: Spec, out: Path, steps: int) -> tuple[Chain, str, Row]:
     torch.manual_seed(0)
     model, make_batch = spec.build()
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-    # inline: a short run whose layer times feed the planner (see planner.measure.measure_schedule)
+    # inline: a short run whose layer times feed the planner (see planner.measure.runs.measure_schedule)
     with MemoryProfiler(model, optimizer, out_dir=out, print_period=0, background=False) as prof:
         for _ in range(steps):
             zoo.train_step(model, optimizer, make_batch(spec.batch_size))

@@ -92,7 +92,7 @@ def _query(name: str, run: Path) -> Callable[[], object]:
         return lambda: _load_all(run)
     import duckdb
 
-    from tests.memprof.trace.many_ranks import documented_queries
+    from tests.memprof.trace.ranks.many_ranks import documented_queries
 
     question = MEASURES[name][1]
     sql = next(sql for title, (sql, _) in documented_queries().items() if title.startswith(str(question)))
@@ -142,7 +142,7 @@ def _in_fresh_process(name: str, run: Path, warm: Path, repeats: int) -> dict:
 
 def write_run(root: Path, ranks: int, iterations: int, part_rows: int) -> dict:
     """Writes the synthetic run; returns its size and how long writing took."""
-    from tests.memprof.trace.many_ranks import write_many_ranks
+    from tests.memprof.trace.ranks.many_ranks import write_many_ranks
 
     started = time.perf_counter()
     detailed = sorted({0, min(500, iterations - 1), iterations - 1})
@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     sizes = sorted({max(args.iterations // 10, 1), args.iterations})
     with tempfile.TemporaryDirectory(prefix="memprof-bench-ranks-") as tmp:
-        from tests.memprof.trace.many_ranks import write_many_ranks
+        from tests.memprof.trace.ranks.many_ranks import write_many_ranks
 
         warm = write_many_ranks(Path(tmp) / "warm" / "run", 2, 600, part_rows=200, detailed=(0, 500))
         runs = {size: write_run(Path(tmp) / f"n{size}" / "run", args.ranks, size, args.part_rows) for size in sizes}

@@ -47,10 +47,10 @@ from benchmarks.bench_quality import made_in_step  # noqa: E402
 from memprof import MemoryProfiler, load_trace  # noqa: E402
 from memprof.units import format_bytes  # noqa: E402
 from planner import Chain, chain_from_trace, min_feasible_budget, solve, store_all_budget  # noqa: E402
-from planner.comparison import step_peak_bytes  # noqa: E402
 from planner.executor import remove_schedule  # noqa: E402
-from planner.measure import measure_schedule  # noqa: E402
-from planner.schedule import Schedule  # noqa: E402
+from planner.measure.comparison import step_peak_bytes  # noqa: E402
+from planner.measure.runs import measure_schedule  # noqa: E402
+from planner.model.schedule import Schedule  # noqa: E402
 from tests.planner.graph_models import GRAPH_BUILDERS  # noqa: E402
 from tests.planner.real_models import ALL_BUILDERS  # noqa: E402
 
@@ -112,7 +112,7 @@ def run_model(name: str, steps: int, repeats: int, out: Path, algorithms: tuple[
     batch_size = BATCH_SIZES.get(name, 8)
     optimizer = torch.optim.SGD(real.model.parameters(), lr=1e-3)
     recipe, step_loss = made_in_step(real.make_batch, real.loss)
-    # inline: a short run whose layer times feed the planner (see planner.measure.measure_schedule)
+    # inline: a short run whose layer times feed the planner (see planner.measure.runs.measure_schedule)
     with MemoryProfiler(real.model, optimizer, out_dir=out, print_period=0, background=False,
                         ops="selective" in algorithms) as prof:
         for _ in range(steps):

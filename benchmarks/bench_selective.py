@@ -1,27 +1,29 @@
-"""Selective recomputation against torch.compile's min-cut partitioner and block-level rotor, on GPT-2 (CPU).
+"""Selective recomputation against torch.compile's min-cut partitioner and block-level rotor, on causal LMs (CPU).
 
-One run, side by side, on a Hugging Face GPT-2 built from its config with random weights (GPT-2 small by
-default: 12 layers, 768 wide, 12 heads, 124M parameters; batch 2 x 256 tokens, fp32, dropout as configured),
-every method measured the same way on the same model and batch:
+One run, side by side, on a Hugging Face model built from its config with random weights: ``--model gpt2``
+(GPT-2 small by default: 12 layers, 768 wide, 12 heads, 124M parameters; batch 2 x 256 tokens, fp32,
+dropout as configured) or ``--model llama`` (the large-vocabulary case: a Llama-style model with a 128,256-token
+vocabulary and 4 layers of 128, batch 1 x 512 tokens, sized for a 2-core machine with 24 GiB), every method
+measured the same way on the same model and batch:
 
 - *activations held*: what the forward leaves allocated for the backward, read from the CPU allocator
   (torch.profiler's ``[memory]`` events summed over the forward, the loss included); it counts the saved
-  tensors of plain autograd, of ``torch.utils.checkpoint`` (inputs, cached outputs of selective policies) and
-  of compiled graphs alike, where ``saved_tensors_hooks`` miss what a checkpoint holds;
-- *model only*: the same less what the loss saves after the LM head (its log-softmax, measured once by a
-  pack hook), which every method keeps as plain autograd does: the model's own activations;
+  tensors of plain autograd, of ``torch.utils.checkpoint`` (inputs, cached outputs of selective policies), of
+  compiled graphs and of the chunked loss alike, where ``saved_tensors_hooks`` miss what a checkpoint holds;
 - *saved (hooks)*: the issue's measure, for the methods that keep no checkpoint (plain autograd,
   torch.compile): the distinct storages a ``torch.autograd.graph.saved_tensors_hooks`` pack hook sees
   during the forward, parameters left out (they are the model's, not activations); a check that
   *activations held* measures the same thing where both apply;
 - *fwd+bwd peak*: the highest the allocator's total rises above the step's start during forward and
   backward (parameter gradients already allocated by a warm-up step), what the planner's budgets bound;
+- *step peak*: that plus the parameters and their gradients (no optimizer): the whole step's peak;
 - *FLOPs*: forward + backward, ``torch.utils.flop_counter.FlopCounterMode`` around the eager step; for
   torch.compile, the same counter run inside the compiled forward and backward graphs (the partitioner's
   recomputation is in the backward graph), since a counter outside a compiled call does not see them;
 - *step time*: median forward + backward wall time over ``--repeats`` steps (the first excluded).
 
-Methods: plain autograd (store all); eager ``torch.utils.checkpoint`` of every other block; torch.compile
+Methods: plain autograd (store all); eager ``torch.utils.checkpoint`` of every block and of every other block;
+torch.compile
 (``aot_autograd`` with inductor's decompositions and the min-cut partitioner, eager kernels, i.e. the
 ``aot_eager_decomp_partition`` backend with FLOP counting) at ``activation_memory_budget`` 1.0, 0.5, 0.3,
 0.1 and 0.0 (``--compile-budgets``; 0.0 shows what the partitioner keeps at any cost); memprof ``rotor``
@@ -31,10 +33,12 @@ weighs them) at ``--budgets`` whole-step budgets from the lowest feasible to
 store-all's, planned from one profiled step with op records (``MemoryProfiler(..., ops=True)``). The budgets
 count the chain's activations alone (:func:`activations_chain`). memprof ``held`` (``solve_held``, options
 weighed by time and by FLOPs) bounds what the forward holds instead of the peak, at ``--held-fractions`` of
-what the blocks hold keeping everything.
+what the blocks and the loss hold keeping everything. ``selective`` and ``held`` also choose the loss stage's
+options (the LM head and its cross-entropy in 4, 16 or 64 chunks, recomputed or with the gradients computed
+in the forward: :mod:`planner.discovery.loss_options`); rotor keeps the loss as written.
 
-Run ``python -m benchmarks.bench_selective [--layers 12 --width 768 --heads 12] [--repeats 3] [--budgets 8]
-[--compile-budgets 1.0,0.5,0.3,0.1,0.0] [--held-fractions 0.5,0.3,0.2,0.15,0.12,0.1,0.08]``
+Run ``python -m benchmarks.bench_selective [--model gpt2|llama] [--layers 12 --width 768 --heads 12] [--repeats 3]
+[--budgets 8] [--compile-budgets 1.0,0.5,0.3,0.1,0.0] [--held-fractions 0.5,0.3,0.2,0.15,0.12,0.1,0.08]``
 (``--quick``: a 4-layer, 256-wide model for a smoke run).
 """
 
@@ -47,7 +51,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -56,9 +60,9 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from memprof.units import format_bytes
-from planner.chain import Chain
-from planner.compile_baseline import COMPILE_BUDGETS, CountingBackend, memory_events, running_peak
-from planner.schedule import Schedule
+from planner.measure.compile_baseline import COMPILE_BUDGETS, CountingBackend, memory_events, running_peak
+from planner.model.chain import Chain
+from planner.model.schedule import Schedule
 
 HELD_FRACTIONS = (0.5, 0.3, 0.2, 0.15, 0.12, 0.1, 0.08)
 
@@ -79,10 +83,12 @@ class Point:
 
 @dataclass(frozen=True)
 class Workload:
-    """The model and its batch: ``step()`` runs forward + backward and returns the loss."""
+    """The model, its repeated blocks and its batch: ``forward()`` runs the forward and returns the loss."""
 
     model: nn.Module
     ids: torch.Tensor
+    blocks: nn.ModuleList
+    name: str = "GPT-2"
 
     def forward(self, model: Callable[..., Any] | None = None) -> torch.Tensor:
         return (self.model if model is None else model)(input_ids=self.ids, labels=self.ids).loss
@@ -99,7 +105,21 @@ def build(layers: int, width: int, heads: int, batch: int, seq: int, vocab: int)
     config = GPT2Config(n_layer=layers, n_embd=width, n_head=heads, vocab_size=vocab, n_positions=max(seq, 64),
                         use_cache=False)
     model = GPT2LMHeadModel(config).train()
-    return Workload(model, torch.randint(0, vocab, (batch, seq)))
+    return Workload(model, torch.randint(0, vocab, (batch, seq)), model.transformer.h)
+
+
+def build_llama(layers: int, width: int, heads: int, batch: int, seq: int, vocab: int) -> Workload:
+    """A Llama-style model from its config (untied head, grouped-query attention), random weights, training."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=vocab, hidden_size=width, intermediate_size=width * 8 // 3, num_hidden_layers=layers,
+                         num_attention_heads=heads, num_key_value_heads=max(heads // 2, 1),
+                         max_position_embeddings=max(seq, 64), use_cache=False)
+    model = LlamaForCausalLM(config).train()
+    return Workload(model, torch.randint(0, vocab, (batch, seq)), model.model.layers, "Llama")
 
 
 def held_and_peak_bytes(forward: Callable[[], torch.Tensor]) -> tuple[int, int]:
@@ -170,14 +190,20 @@ def measure(method: str, setting: str, forward: Callable[[], torch.Tensor], repe
     return Point(method, setting, held, peak, counted, ms, note, hooks)
 
 
+def state_bytes(model: nn.Module) -> int:
+    """Bytes of the distinct storages of the parameters and their gradients."""
+    tensors = [t for p in model.parameters() for t in (p, p.grad) if t is not None]
+    return sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}.values())
+
+
 @contextmanager
-def every_other_block_checkpointed(blocks: nn.ModuleList) -> Iterator[None]:
-    """Wraps blocks 0, 2, 4 ... in non-reentrant ``torch.utils.checkpoint`` (restored on exit)."""
+def blocks_checkpointed(blocks: nn.ModuleList, every: int = 2) -> Iterator[None]:
+    """Wraps blocks 0, every, 2 x every ... in non-reentrant ``torch.utils.checkpoint`` (restored on exit)."""
     from torch.utils.checkpoint import checkpoint
 
-    patched = list(blocks)[::2]
+    patched = list(blocks)[::every]
     for block in patched:
-        block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)  # type: ignore[method-assign]
+        block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
     try:
         yield
     finally:
@@ -217,8 +243,9 @@ def activations_chain(chain: Chain) -> Chain:
     allocated and every activation freed: under either budget the blocks' activations are left free, and
     the DPs keep most of them. Budgets on the activations alone trade exactly what this table measures.
     """
-    stages = tuple(replace(stage, weight_grad_bytes=0) for stage in chain.stages)
-    return replace(chain.activations_only(), stages=stages)
+    from planner.discovery.loss_options import without_weight_grads
+
+    return without_weight_grads(chain.activations_only())
 
 
 def profiled_chains(work: Workload, out: Path) -> dict[str, Chain]:
@@ -232,7 +259,11 @@ def profiled_chains(work: Workload, out: Path) -> dict[str, Chain]:
             work.model.zero_grad(set_to_none=True)
             prof.record_stats()
     trace = load_trace(prof.run_dir)
-    chains = {cost: activations_chain(chain_from_trace(trace, recompute_cost=cost)) for cost in ("time", "flops")}
+    # The blocks are named: with a large vocabulary the chain finder, which ranks candidates without the loss's
+    # options, prefers (model, lm_head), where the head is a stage of its own and the loss cannot chunk it.
+    blocks = [name for name, module in work.model.named_modules() if any(module is b for b in work.blocks)]
+    chains = {cost: activations_chain(chain_from_trace(trace, checkpoints=blocks, recompute_cost=cost))
+              for cost in ("time", "flops")}
     print(f"  chain: {chains['time'].length} stages, {sum(len(s.options) for s in chains['time'].stages)} options "
           f"by time, {sum(len(s.options) for s in chains['flops'].stages)} by FLOPs", flush=True)
     return chains
@@ -251,17 +282,23 @@ def _measure_applied(work: Workload, schedule: Schedule, method: str, setting: s
 
 
 def planned_points(work: Workload, chains: dict[str, Chain], repeats: int, budgets: int) -> list[Point]:
-    """memprof rotor and selective at ``budgets`` peak budgets on the chain's activations."""
+    """memprof rotor and selective at the same ``budgets`` peak budgets on the chain's activations, from the
+    lowest any of them reaches to store-all's (rotor skips those below its own minimum)."""
     from planner import min_feasible_budget, solve, store_all_budget
 
+    methods = (("rotor", "time"), ("selective", "time"), ("selective", "flops"))
+    floors = {(algorithm, cost): min_feasible_budget(chains[cost], algorithm) for algorithm, cost in methods}
+    low = min(floors.values())
+    high = max(store_all_budget(chains[cost]) for _, cost in methods)
     points: list[Point] = []
-    for algorithm, cost in (("rotor", "time"), ("selective", "time"), ("selective", "flops")):
+    for algorithm, cost in methods:
         chain = chains[cost]
         method = f"memprof {algorithm}" + (f" ({cost})" if algorithm == "selective" else "")
-        low, high = min_feasible_budget(chain, algorithm), store_all_budget(chain)
         seen: set[tuple] = set()
         for i in range(budgets):
             budget = low + (high - low) * i // max(budgets - 1, 1)
+            if budget < floors[(algorithm, cost)]:
+                continue
             schedule = solve(chain, budget, algorithm)
             if schedule.ops not in seen:
                 seen.add(schedule.ops)
@@ -289,60 +326,65 @@ def held_points(work: Workload, chains: dict[str, Chain], repeats: int, fraction
     return points
 
 
-def table(points: list[Point], loss_bytes: int) -> str:
-    """The Markdown table, ratios against plain autograd (the first point); *model only* leaves out the
-    loss's ``loss_bytes``."""
+def table(points: list[Point], state_bytes: int) -> str:
+    """The Markdown table, ratios against plain autograd (the first point); the step peak adds ``state_bytes``
+    (parameters and their gradients) to each fwd+bwd peak."""
     base = points[0]
-    lines = ["| method | setting | activations held | x store-all | model only | x store-all | saved (hooks) | "
-             "fwd+bwd peak | x store-all | fwd+bwd GFLOP | FLOPs vs store-all | step ms | time vs store-all |",
+    lines = ["| method | setting | activations held | x store-all | saved (hooks) | fwd+bwd peak | x store-all | "
+             "step peak | x store-all | fwd+bwd GFLOP | FLOPs vs store-all | step ms | time vs store-all |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for p in points:
         hooks = format_bytes(p.hooks_bytes) if p.hooks_bytes is not None else "-"
-        model = p.held_bytes - loss_bytes
         lines.append(
-            f"| {p.method} | {p.setting} | {format_bytes(p.held_bytes)} | {p.held_bytes / base.held_bytes:.2f}x | "
-            f"{format_bytes(model)} | {model / (base.held_bytes - loss_bytes):.3f}x | {hooks} | "
-            f"{format_bytes(p.peak_bytes)} | {p.peak_bytes / base.peak_bytes:.2f}x | "
+            f"| {p.method} | {p.setting} | {format_bytes(p.held_bytes)} | {p.held_bytes / base.held_bytes:.3f}x | "
+            f"{hooks} | {format_bytes(p.peak_bytes)} | {p.peak_bytes / base.peak_bytes:.2f}x | "
+            f"{format_bytes(state_bytes + p.peak_bytes)} | "
+            f"{(state_bytes + p.peak_bytes) / (state_bytes + base.peak_bytes):.2f}x | "
             f"{p.flops / 1e9:.1f} | {100 * (p.flops / base.flops - 1):+.1f}% | {p.step_ms:.0f} | "
             f"{100 * (p.step_ms / base.step_ms - 1):+.1f}% |"
         )
     return "\n".join(lines)
 
 
+_SIZES = {  # --model: layers, width, heads, vocabulary, batch, sequence (and --quick's)
+    "gpt2": ((12, 768, 12, 50257, 2, 256), (4, 256, 4, 1000, 2, 256)),
+    "llama": ((4, 128, 4, 128256, 1, 512), (2, 128, 4, 32000, 1, 256)),
+}
+
+
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--layers", type=int, default=12)
-    parser.add_argument("--width", type=int, default=768)
-    parser.add_argument("--heads", type=int, default=12)
-    parser.add_argument("--vocab", type=int, default=50257)
-    parser.add_argument("--batch", type=int, default=2)
-    parser.add_argument("--seq", type=int, default=256)
+    parser.add_argument("--model", choices=tuple(_SIZES), default="gpt2")
+    for name in ("layers", "width", "heads", "vocab", "batch", "seq"):
+        parser.add_argument(f"--{name}", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--budgets", type=int, default=8)
     parser.add_argument("--compile-budgets", type=_fractions, default=(*COMPILE_BUDGETS, 0.0),
                         help="torch.compile's activation_memory_budget values, comma-separated")
     parser.add_argument("--held-fractions", type=_fractions, default=HELD_FRACTIONS,
-                        help="solve_held budgets as fractions of what the blocks hold keeping everything")
-    parser.add_argument("--quick", action="store_true", help="a 4-layer, 256-wide GPT-2 (smoke run)")
+                        help="solve_held budgets as fractions of what the blocks and the loss hold keeping everything")
+    parser.add_argument("--quick", action="store_true", help="a small model of the same kind (smoke run)")
     args = parser.parse_args(argv)
-    if args.quick:
-        args.layers, args.width, args.heads, args.vocab = 4, 256, 4, 1000
-    work = build(args.layers, args.width, args.heads, args.batch, args.seq, args.vocab)
+    sizes = dict(zip(("layers", "width", "heads", "vocab", "batch", "seq"), _SIZES[args.model][int(args.quick)]))
+    for name, value in sizes.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    make = build if args.model == "gpt2" else build_llama
+    work = make(args.layers, args.width, args.heads, args.batch, args.seq, args.vocab)
     params = sum(p.numel() for p in work.model.parameters())
-    print(f"GPT-2 {args.layers} layers x {args.width} ({params / 1e6:.0f}M parameters), batch {args.batch} x "
-          f"{args.seq} tokens, fp32, {torch.get_num_threads()} threads", flush=True)
+    print(f"{work.name} {args.layers} layers x {args.width} ({params / 1e6:.0f}M parameters), vocabulary {args.vocab}, "
+          f"batch {args.batch} x {args.seq} tokens, fp32, {torch.get_num_threads()} threads", flush=True)
     points = [measure("plain autograd", "store all", work.forward, args.repeats, hooks_of=work.model)]
-    # what the loss saves after the LM head (its log-softmax): every method keeps it as plain autograd does
-    loss_bytes = hooks_saved_bytes(work.forward, work.model, after=work.model.lm_head)
-    print(f"  the loss saves {format_bytes(loss_bytes)} for its backward", flush=True)
-    with every_other_block_checkpointed(work.model.transformer.h):
-        points.append(measure("torch.utils.checkpoint", "every other block", work.forward, args.repeats))
+    state = state_bytes(work.model)  # the warm-up step left every parameter gradient allocated
+    for every, setting in ((1, "every block"), (2, "every other block")):
+        with blocks_checkpointed(work.blocks, every):
+            points.append(measure("torch.utils.checkpoint", setting, work.forward, args.repeats))
     points += compiled_points(work, args.repeats, args.compile_budgets)
     with tempfile.TemporaryDirectory() as tmp:
         chains = profiled_chains(work, Path(tmp))
     points += planned_points(work, chains, args.repeats, args.budgets)
     points += held_points(work, chains, args.repeats, args.held_fractions)
-    text = table(points, loss_bytes)
+    text = table(points, state)
     print(text)
     return text
 

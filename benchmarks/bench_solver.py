@@ -17,8 +17,8 @@ import time
 import tracemalloc
 from collections.abc import Sequence
 
-from planner.chain import Chain, Stage
-from planner.pareto import pareto_front
+from planner.fronts.pareto import pareto_front
+from planner.model.chain import Chain, Stage
 from planner.solvers.rotor import compute_table
 
 MIB = 2**20

@@ -5,7 +5,7 @@ Run ``python -m benchmarks.bench_weights`` (``--help`` for options). The Llama o
 fp32) is profiled on this machine for a few steps, trained with AdamW (two fp32 moments per parameter, the
 usual optimizer for such a model). Its chain (``model.layers.0..7``) is solved with the whole step counted
 -- budgets and peaks are the step's: weights, gradients, optimizer state, batch, activations -- at the
-documented default link, 24 GB/s each way (:data:`planner.transfer.DEFAULT_TRANSFER`). Nothing here runs on
+documented default link, 24 GB/s each way (:data:`planner.model.transfer.DEFAULT_TRANSFER`). Nothing here runs on
 a GPU: every number is the simulator's.
 
 The chain is solved with its measured CPU times, and with those times scaled to a layer throughput of 1, 10
@@ -35,9 +35,9 @@ from benchmarks.bench_offload import (
     scaled,
 )
 from memprof.units import format_bytes
-from planner.chain import Chain
 from planner.errors import InfeasibleBudgetError
-from planner.solve import min_feasible_budget, solve, store_all_budget
+from planner.model.chain import Chain
+from planner.solvers.dispatch import min_feasible_budget, solve, store_all_budget
 
 TARGETS_TFLOPS = (1.0, 10.0, 50.0)
 """Compute speeds the chain is also solved at, besides this CPU's: its times scaled to these layer throughputs."""

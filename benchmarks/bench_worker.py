@@ -24,7 +24,8 @@ from collections.abc import Sequence
 import torch
 
 from benchmarks.bench_profiler import MODELS, ModelSpec, steady_malloc
-from memprof import MemoryProfiler, zoo
+from examples import zoo
+from memprof import MemoryProfiler
 
 PHASE_STEPS = 6  # steps per phase; the first of each is not counted (the switch itself)
 WARMUP_STEPS = 10

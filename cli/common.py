@@ -15,7 +15,7 @@ from memprof.atomic import write_atomically
 from memprof.errors import MemprofError
 
 if TYPE_CHECKING:
-    from planner.chain import Chain
+    from planner import Chain
 
 DASHBOARD_EXTRA = "the dashboard needs the dashboard extra: pip install 'memprof[dashboard]'"
 
@@ -76,13 +76,12 @@ def load_chain(source: str | Path, container: str | None = None, checkpoints: li
         NotAChainError, TraceError: the run directory has no usable chain or is not a readable run.
         OptionError: ``container`` was given with a chain file.
     """
-    from planner.chain import Chain
-    from planner.errors import ChainError
+    from planner import Chain, ChainError
 
     path = Path(source)
     if path.is_dir():
         from memprof.trace import load_trace
-        from planner.from_trace import chain_from_trace
+        from planner import chain_from_trace
 
         if checkpoints is not None and container is not None:
             raise OptionError("--checkpoints names the stages themselves; drop --container")

@@ -28,10 +28,9 @@ from memprof.units import format_bytes
 if TYPE_CHECKING:
     import torch
 
+    from examples.zoo import ModelAndData
     from memprof import Estimate
-    from memprof.zoo import ModelAndData
-    from planner.measure import Comparison
-    from planner.schedule import Schedule
+    from planner import Comparison, Schedule
 
 # fractions of the way from the minimum feasible budget to store-all's peak (whole-step budgets)
 BUDGET_FRACTIONS = (0.0, 0.25, 0.5, 1.0)
@@ -42,14 +41,14 @@ class DemoModel:
     """An embedded model, its batch size and the container holding its chain."""
 
     name: str
-    builder: str  # a function of memprof.zoo
+    builder: str  # a function of examples.zoo
     options: dict[str, int]
     batch_size: int
     container: str | None
 
     def build(self) -> ModelAndData:
-        """The model and its batch maker, from :mod:`memprof.zoo`."""
-        from memprof import zoo
+        """The model and its batch maker, from :mod:`examples.zoo`."""
+        from examples import zoo
 
         make: Callable[..., ModelAndData] = getattr(zoo, self.builder)
         return make(**self.options)
@@ -96,7 +95,8 @@ def profile_model(spec: DemoModel, out_dir: Path, tag: str, iterations: int) -> 
     """Profiles a few training iterations of one embedded model; returns the run directory."""
     import torch
 
-    from memprof import MemoryProfiler, zoo
+    from examples import zoo
+    from memprof import MemoryProfiler
 
     torch.manual_seed(0)
     model, make_batch = spec.build()
@@ -146,9 +146,15 @@ def plan_and_measure(spec: DemoModel, run_dir: Path, out_dir: Path, tag: str, me
     import torch
 
     from memprof import load_trace
-    from planner import ALGORITHMS, chain_from_trace, min_feasible_budget, solve, store_all_budget
-    from planner.errors import InfeasibleBudgetError
-    from planner.measure import measure_schedule
+    from planner import (
+        ALGORITHMS,
+        InfeasibleBudgetError,
+        chain_from_trace,
+        measure_schedule,
+        min_feasible_budget,
+        solve,
+        store_all_budget,
+    )
 
     trace = load_trace(run_dir)
     chain = chain_from_trace(trace, spec.container)
@@ -213,27 +219,25 @@ def long_chain_lines(length: int = LONG_CHAIN_STAGES, snapshots: int = LONG_CHAI
 
     Too long for rotor's table (it would fall back to binomial); the budget fits ``snapshots`` snapshots.
     """
-    from planner import Chain, Stage, solve
-    from planner.schedule import OpKind
-    from planner.simulator import predict
-    from planner.solvers.binomial import memory_bounds
-    from planner.solvers.binomial_split import forward_count
+    from planner import Chain, OpKind, Stage, simulate, solve
+    from planner.solvers import binomial
     from planner.solvers.store_all import store_all_ops
 
     stage = Stage(forward_ms=0.2, backward_ms=0.4, output_bytes=2**20, saved_bytes=2**20, grad_bytes=2**20)
     chain = Chain(f"long-{length}", 2**20, (stage,) * (length + 1))
-    budget = int(memory_bounds(chain)[snapshots])
+    budget = int(binomial.memory_bounds(chain)[snapshots])
     started = time.perf_counter()
     schedule = solve(chain, budget, "binomial")
     seconds = time.perf_counter() - started
     forwards = sum(op.kind is not OpKind.B for op in schedule.ops)
-    all_peak, all_ms = predict(chain, store_all_ops(chain))
+    store_all = simulate(chain, store_all_ops(chain))
+    all_peak, all_ms = store_all.peak_bytes, store_all.makespan_ms
     return [
         f"long chain: {length} stages of {format_bytes(stage.output_bytes)}; binomial checkpointing with "
-        f"{schedule.params['snapshots']} snapshots in {format_bytes(budget)} (store-all {format_bytes(all_peak)}) "
+        f"{schedule.params.snapshots} snapshots in {format_bytes(budget)} (store-all {format_bytes(all_peak)}) "
         f"solved in {seconds:.2f} s",
         f"  {forwards} forward evaluations (optimal for {length + 1} steps and {snapshots} snapshots: "
-        f"{forward_count(length + 1, snapshots)}); predicted peak {format_bytes(schedule.predicted_peak_bytes or 0)}, "
+        f"{binomial.forward_count(length + 1, snapshots)}); predicted peak {format_bytes(schedule.predicted_peak_bytes or 0)}, "
         f"time {schedule.predicted_makespan_ms:.0f} ms (store-all {all_ms:.0f} ms)",
     ]
 

@@ -129,9 +129,7 @@ def summary(found: Any, spec: str, batch_size: int, optimizer: str) -> str:
 
 
 def _run_max_batch(args: argparse.Namespace) -> int:
-    from cli.max_batch import largest_fitting, planned_fit
-    from planner.errors import NotAChainError
-    from planner.solve import solver
+    from planner import NotAChainError, largest_fitting, planned_fit, solver
 
     if args.memory is None:
         raise OptionError("--max-batch needs --memory, the memory to fit (e.g. --memory 16GiB)")

@@ -10,7 +10,7 @@ import argparse
 from pathlib import Path
 
 from cli.common import OptionError, write_output
-from planner.schedule import Schedule
+from planner import Schedule
 
 FORMATS = ("json", "python")
 
@@ -35,7 +35,7 @@ def run_export(args: argparse.Namespace) -> int:
         OptionError: a bad ``--format`` or ``--out``.
         MemprofError: the schedule file is missing, foreign or a schedule the executor cannot run.
     """
-    from planner.export import export_json, export_python
+    from planner import export_json, export_python
 
     fmt = output_format(args.format, args.out)
     schedule = Schedule.from_json(Path(args.schedule))

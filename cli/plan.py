@@ -14,13 +14,11 @@ from typing import TYPE_CHECKING
 
 from cli.common import OptionError, load_chain, positive_int, write_output
 from memprof.units import format_bytes, parse_bytes
-from planner.schedule import OpKind, Schedule
+from planner import OpKind, Schedule, StepCosts, TransferCosts
 from planner.solvers import held
-from planner.step import StepCosts
-from planner.transfer import TransferCosts
 
 if TYPE_CHECKING:
-    from planner.chain import Chain
+    from planner import Chain
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -82,10 +80,7 @@ def run_plan(args: argparse.Namespace) -> int:
         OptionError: a bad ``--slots``, ``--container`` or ``--out``.
         MemprofError: an unknown algorithm, an unreadable source, an infeasible budget.
     """
-    from planner.discretize import DEFAULT_SLOTS
-    from planner.export import export_json
-    from planner.simulator import simulate
-    from planner.solve import solve, solve_held, solver
+    from planner import DEFAULT_SLOTS, export_json, simulate, solve, solve_held, solver
     from planner.solvers.held import DEFAULT_HELD_SLOTS
     from planner.solvers.store_all import store_all_ops
 
@@ -172,8 +167,8 @@ def summary(schedule: Schedule, store_all_peak_bytes: int, store_all_makespan_ms
         f"  operations       {len(schedule.ops)} ({recomputations} recomputed forwards)",
     ]
     if schedule.algorithm == held.NAME:
-        kept, full = int(schedule.params["held_bytes"]), held.store_all_held_bytes(schedule.chain)
-        chosen = sum(1 for k in schedule.params["options"] if k)
+        kept, full = schedule.params.held_bytes or 0, held.store_all_held_bytes(schedule.chain)
+        chosen = sum(1 for k in schedule.params.options or () if k)
         lines.append(f"  held             {format_bytes(kept)} for the backward (store-all {format_bytes(full)}, "
                      f"{_change(kept, full)}); {chosen} of {schedule.chain.length} stages keep less than everything")
     if schedule.algorithm == "offload" or schedule.has_transfers:

@@ -120,7 +120,7 @@ def run_profile_ops(args: argparse.Namespace) -> int:
 
 
 def _compile_baseline(model: Any, batch: Any, loss_fn: Any, optimizer_name: str, run_dir: Path) -> str:
-    from planner.compile_baseline import COMPILE_BUDGETS, measure_compile, write_points
+    from planner import COMPILE_BUDGETS, measure_compile, write_compile_points
 
     print(f"measuring torch.compile at activation_memory_budget {', '.join(map(str, COMPILE_BUDGETS))} ...",
           flush=True)
@@ -134,7 +134,7 @@ def _compile_baseline(model: Any, batch: Any, loss_fn: Any, optimizer_name: str,
     except Exception as exc:  # torch.compile could not compile or run the step: one line, as bad input
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise StepError(f"torch.compile failed on the step: {type(exc).__name__}: {text}") from None
-    path = write_points(run_dir, points)
+    path = write_compile_points(run_dir, points)
     lines = [f"torch.compile (min-cut partitioner), written to {path}:"]
     for p in points:
         lines.append(f"  budget {p.activation_memory_budget:<4} step peak {format_bytes(p.step_peak_bytes):>11}  "

@@ -34,14 +34,15 @@ def run_report(args: argparse.Namespace) -> int:
     from memprof.analysis import format_failure, format_report  # the reader needs pandas: only when run
     from memprof.trace import load_trace
     from memprof.trace.ranks import rank_dirs
-    from planner.advice import planner_advice
+    from planner import planner_advice
 
     if not (Path(args.run_dir) / "meta.json").exists() and rank_dirs(args.run_dir):
         return run_rank_report(args)
     trace = load_trace(args.run_dir)
     iterations = trace.iterations
     if iterations.empty:
-        print(f"run {trace.run_id}: no iteration recorded yet (status {trace.meta.get('status')})")
+        what = "is readable (see the warning)" if trace.damage else "recorded yet"
+        print(f"run {trace.run_id}: no iteration {what} (status {trace.state})")
         return 0
     if args.iteration is None:
         row = iterations.loc[iterations.peak_allocated_bytes.idxmax()]

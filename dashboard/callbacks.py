@@ -14,8 +14,8 @@ import dash
 import plotly.graph_objects as go
 from dash import Input, Output, State
 
-from dashboard import ids
-from dashboard.data import VIEW_ERRORS, TraceStore
+from dashboard import drilldown, ids, live
+from dashboard.data import VIEW_ERRORS, TraceStore, plain_message
 from dashboard.estimates import estimate_vs_measured, is_estimate
 from dashboard.figures import (
     empty_figure,
@@ -26,13 +26,34 @@ from dashboard.figures import (
 from dashboard.figures_overview import breakdown_figure, peaks_figure
 from dashboard.figures_timeline import DEFAULT_MAX_POINTS, relayout_range, timeline_figure
 from dashboard.layout import LAYER_TABLE_COLUMNS, TREE_SIZES, first_trace_help
-from dashboard.pickers import detail_note, iteration_options, nearest_detailed
+from dashboard.pickers import detail_note, iteration_options, keep_open, nearest_detailed
+from dashboard.runs import group_runs
+from dashboard.tables import layer_rows
 from memprof.analysis import format_failure
 from memprof.trace import Trace, peak_imbalance
 from memprof.trace.ranks import RankImbalance, RankScan
 from memprof.units import format_bytes
 
 _NO_RUN = "Choose a run on the Runs tab."
+
+
+def cannot_read(store: TraceStore, names: list[str], exc: Exception) -> str:
+    """The one line a view shows when it cannot read a chosen run: the run's problem line when it has one.
+
+    The same words as above every tab (:meth:`TraceStore.problem`), never a raw exception or an absolute path.
+    """
+    for name in names[:2]:
+        problem = store.problem(name)
+        if problem:
+            return problem
+    return f"Run {' / '.join(names[:2])} cannot be read: {plain_message(str(exc), store.traces_dir)}"
+
+
+def _no_iteration(store: TraceStore, names: list[str] | None) -> str:
+    """What a detail view says when no iteration is open: choose a run, or why the chosen one has none."""
+    if not names:
+        return _NO_RUN
+    return store.problem(names[0]) or f"Run {names[0]} has no iteration with detail (layers and timeline) yet."
 
 
 def runs_view(store: TraceStore, search: str | None = None) -> tuple[list[dict], list[int], Any, str]:
@@ -46,7 +67,7 @@ def runs_view(store: TraceStore, search: str | None = None) -> tuple[list[dict],
         The table rows, the selected row indices (the URL's run, else the first readable profiled
         run), the help shown when the folder is empty (else ``None``) and a status message.
     """
-    rows = [store.summary(entry) for entry in store.runs()]
+    rows = group_runs([store.summary(entry) for entry in store.runs()])  # measured runs under their source
     if not rows:
         return [], [], first_trace_help(str(store.traces_dir)), ""
     wanted = parse_qs((search or "").lstrip("?")).get("run", [None])[0]
@@ -82,7 +103,7 @@ def selected_names(selected_rows: list[int] | None, rows: list[dict] | None) -> 
 
 def post_mortem(trace: Trace, failure: dict) -> str:
     """The failed step's post-mortem and the planner's answer, as one paragraph of text."""
-    from planner.advice import planner_advice
+    from planner import planner_advice
 
     lines = [line.strip() for line in format_failure(failure).splitlines() if line.strip()]
     lines += [line.strip() for line in planner_advice(trace, failure)]
@@ -97,7 +118,7 @@ def overview_view(store: TraceStore, names: list[str] | None) -> tuple[str, go.F
         iterations = store.iterations(names[0])
         compare = store.iterations(names[1]) if len(names) > 1 else None
     except VIEW_ERRORS as exc:
-        message = f"Cannot read {names[0] if len(names) < 2 else ' / '.join(names)}: {exc}"
+        message = cannot_read(store, names, exc)
         return message, empty_figure(message), empty_figure(message)
     text = headline(iterations)
     failure = store.meta(names[0]).get("failure")
@@ -125,8 +146,8 @@ def ranks_view(store: TraceStore, names: list[str] | None) -> tuple[dict, str, g
         return _HIDDEN, "", empty_figure(_NO_RUN)
     try:
         scan = store.rank_peaks(names[0])
-    except VIEW_ERRORS as exc:
-        message = f"Cannot compare the ranks of {names[0]}: {exc}"
+    except VIEW_ERRORS as exc:  # often another rank's problem, not this run's: said as such
+        message = f"Cannot compare the ranks of {names[0]}: {plain_message(str(exc), store.traces_dir)}"
         return _SHOWN, message, empty_figure(message)
     if scan is None:
         return _HIDDEN, "", empty_figure("not a distributed run")
@@ -155,17 +176,14 @@ def layers_view(store: TraceStore, names: list[str] | None, iteration: int | Non
                 size_column: str | None) -> tuple[list[dict], go.Figure]:
     """The Layers table rows and the module treemap of one iteration of the first chosen run."""
     if not names or iteration is None:
-        return [], empty_figure(_NO_RUN)
+        return [], empty_figure(_no_iteration(store, names))
     column = size_column if size_column in dict(TREE_SIZES) else "weight_bytes"
     try:
         layers = store.layers_at(names[0], int(iteration))
         model = str(store.meta(names[0]).get("model", "model"))
     except VIEW_ERRORS as exc:
-        return [], empty_figure(f"Cannot read {names[0]}: {exc}")
-    keys = [key for key, _ in LAYER_TABLE_COLUMNS]
-    rows = layers[keys].to_dict("records")
-    for row in rows:
-        row["module"] = row["module"] or "(model)"
+        return [], empty_figure(cannot_read(store, names, exc))
+    rows = layer_rows(layers, [key for key, _ in LAYER_TABLE_COLUMNS])  # bytes also as text in binary units
     return rows, layer_tree_figure(layers, column, root_label=model)
 
 
@@ -204,12 +222,12 @@ def timeline_view(store: TraceStore, names: list[str] | None, iteration: int | N
         max_points: the most events drawn per series.
     """
     if not names or iteration is None:
-        return empty_figure(_NO_RUN), ""
+        return empty_figure(_no_iteration(store, names)), ""
     try:
         frame = store.timeline(names[0], int(iteration))
         compare = store.timeline(names[1], int(iteration)) if len(names) > 1 else None
     except VIEW_ERRORS as exc:
-        message = f"Cannot read the timeline: {exc}"
+        message = cannot_read(store, names, exc)
         return empty_figure(message), message
     if frame.empty:
         return empty_figure(f"iteration {iteration} has no events"), ""
@@ -227,6 +245,8 @@ def timeline_view(store: TraceStore, names: list[str] | None, iteration: int | N
 
 def register(app: dash.Dash, store: TraceStore) -> None:
     """Wires the trace views' callbacks (the planner's are :func:`dashboard.callbacks_planner.register`)."""
+    live.register(app, store)  # the problem line above every tab, and a live run's refresh
+    drilldown.register(app, store)  # a click on the timeline lists the tensors alive then
     @app.callback(Output(ids.RUNS_TABLE, "data"), Output(ids.RUNS_TABLE, "selected_rows"),
                   Output(ids.RUNS_EMPTY, "children"), Output(ids.STATUS, "children"),
                   Input(ids.URL, "search"))
@@ -239,8 +259,9 @@ def register(app: dash.Dash, store: TraceStore) -> None:
         return selected_names(selected_rows, rows)
 
     @app.callback(Output(ids.OVERVIEW_HEADLINE, "children"), Output(ids.OVERVIEW_PEAKS, "figure"),
-                  Output(ids.OVERVIEW_BREAKDOWN, "figure"), Input(ids.SELECTED_RUNS, "data"))
-    def _overview(names):
+                  Output(ids.OVERVIEW_BREAKDOWN, "figure"), Input(ids.SELECTED_RUNS, "data"),
+                  Input(ids.LIVE_STAMP, "data"))  # a live run's new iterations (dashboard.live)
+    def _overview(names, _stamp):
         return overview_view(store, names)
 
     @app.callback(Output(ids.OVERVIEW_RANKS_BOX, "style"), Output(ids.OVERVIEW_RANKS_TEXT, "children"),
@@ -252,9 +273,15 @@ def register(app: dash.Dash, store: TraceStore) -> None:
                   Output(ids.TIMELINE_ITERATION, "options"), Output(ids.TIMELINE_ITERATION, "value"),
                   Output(ids.OVERVIEW_DETAIL, "children"), Output(ids.LAYERS_DETAIL, "children"),
                   Output(ids.TIMELINE_DETAIL, "children"),
-                  Input(ids.SELECTED_RUNS, "data"), Input(ids.OVERVIEW_PEAKS, "clickData"))
-    def _iterations(names, click):
+                  Input(ids.SELECTED_RUNS, "data"), Input(ids.OVERVIEW_PEAKS, "clickData"),
+                  Input(ids.LIVE_STAMP, "data"), State(ids.LAYERS_ITERATION, "value"),
+                  State(ids.TIMELINE_ITERATION, "value"))
+    def _iterations(names, click, _stamp, layers_value, timeline_value):
         note = detail_note(store, names)
+        if dash.ctx.triggered_id == ids.LIVE_STAMP:  # new iterations of a live run: the open ones stay open
+            options, value = iteration_options(store, names)
+            kept = keep_open(options, value, layers_value, timeline_value)
+            return options, kept[0], options, kept[1], note, note, note
         if dash.ctx.triggered_id == ids.OVERVIEW_PEAKS:
             # a click on the peaks figure picks the nearest detailed iteration; the options stay
             chosen = nearest_detailed(store, names, click)

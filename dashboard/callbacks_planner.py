@@ -17,23 +17,21 @@ import dash
 from dash import Input, Output, State, dcc, html
 
 import planner
-import planner.export
 from dashboard import ids
 from dashboard.data import VIEW_ERRORS, TraceStore
 from dashboard.figures import empty_figure
 from dashboard.figures_options import option_summary, schedule_figure_with_options
-from dashboard.figures_planner import memory_figure, schedule_text, with_current
+from dashboard.figures_pareto import with_current
+from dashboard.figures_planner import memory_figure, schedule_text
+from dashboard.figures_schedule import planner_figure
+from dashboard.measured import MeasuredRun, compare_measured, measured_runs, same_schedule
 from dashboard.planning import (
     SLIDER_STEPS,
-    MeasuredRun,
     PlannerModel,
-    compare_measured,
     container_choices,
     default_budget,
-    measured_runs,
     planner_model,
     prediction_frame,
-    same_schedule,
     with_option_columns,
 )
 from memprof.units import format_bytes
@@ -111,8 +109,8 @@ def planner_bounds(store: TraceStore, names: list[str] | None, choice: str | Non
         return 0, 1, 0.01, None, 0.5, True, _NO_RUN
     try:
         model = planner_model(store, names[0], container_of(choice))
-    except VIEW_ERRORS as exc:
-        return 0, 1, 0.01, None, 0.5, True, f"No plan for {names[0]}: {exc}"
+    except VIEW_ERRORS as exc:  # a damaged or unreadable run: its one problem line (dashboard.live), once
+        return 0, 1, 0.01, None, 0.5, True, store.problem(names[0]) or f"No plan for {names[0]}: {exc}"
     low, high = model.min_budget_bytes, model.max_budget_bytes
     if high <= low:
         marks = {str(low): f"{format_bytes(low)} (store-all)"}
@@ -157,18 +155,21 @@ def planner_view(store: TraceStore, names: list[str] | None, choice: str | None,
     """What the budget slider shows: the optimal schedule at ``budget`` and its prediction.
 
     Returns:
-        ``(budget text, peak text, makespan text, operations text, schedule figure, memory figure,
-        Pareto figure, planner choice)``; the choice (run, container, budget) feeds the Export tab.
+        ``(budget text, peak text, makespan text, operations text, schedule-and-memory figure, Pareto figure,
+        planner choice)``; the choice (run, container, budget) feeds the Export tab. The schedule and its
+        predicted memory share one time axis (:func:`dashboard.figures_schedule.planner_figure`).
     """
     if not names:
         blank = empty_figure(_NO_RUN)
-        return "", "", "", "", blank, blank, blank, None
+        return "", "", "", "", blank, blank, None
     try:
         model = planner_model(store, names[0], container_of(choice))
     except VIEW_ERRORS as exc:
+        if store.problem(names[0]):  # said once, by the problem line and the message above the slider
+            return "", "", "", "", empty_figure(""), empty_figure(""), None
         message = f"No plan for {names[0]}: {exc}"
         failed = empty_figure(message)
-        return message, "", "", "", failed, failed, failed, None
+        return message, "", "", "", failed, failed, None
     budget_bytes = model.clamp(budget)
     schedule = model.front.schedule_at(budget_bytes)
     prediction = planner.simulate(model.chain, schedule)
@@ -207,8 +208,9 @@ def planner_view(store: TraceStore, names: list[str] | None, choice: str | None,
     picked = {"run": names[0], "container": container_of(choice), "budget_bytes": budget_bytes}
     options = option_summary(frame)
     ops_text = schedule_text(schedule.ops) + (f"\n\nrecomputation options:\n{options}" if options else "")
-    return (budget_text, peak_text, makespan_text, ops_text,
-            schedule_figure_with_options(frame, model.chain.module_names), memory, pareto, picked)
+    base = step.base_bytes if step is not None else 0
+    figure = planner_figure(schedule_figure_with_options(frame, model.chain.module_names, base), memory)
+    return budget_text, peak_text, makespan_text, ops_text, figure, pareto, picked
 
 
 def measured_view(store: TraceStore, names: list[str] | None) -> list[Any]:
@@ -218,7 +220,7 @@ def measured_view(store: TraceStore, names: list[str] | None) -> list[Any]:
     try:
         found = comparisons(store, names[0])
     except VIEW_ERRORS as exc:
-        return [html.P(f"Cannot list measured runs: {exc}")]
+        return [html.P(store.problem(names[0]) or f"Cannot list measured runs: {exc}")]
     if not found:
         return [html.P("No schedule made from this run has been executed and measured yet "
                        "(a measured run is a run whose meta.json names this run as its source_run).")]
@@ -236,7 +238,7 @@ def measured_view(store: TraceStore, names: list[str] | None) -> list[Any]:
     return blocks
 
 
-def current_schedule(store: TraceStore, choice: dict | None, names: list[str] | None) -> Any:
+def current_schedule(store: TraceStore, choice: dict | None, names: list[str] | None) -> planner.Schedule:
     """The schedule the Planner shows (or, before it was opened, the first run's at the default budget)."""
     if choice and isinstance(choice, dict) and choice.get("run"):
         run, container, budget = str(choice["run"]), choice.get("container"), choice.get("budget_bytes")
@@ -250,7 +252,7 @@ def current_schedule(store: TraceStore, choice: dict | None, names: list[str] | 
     return schedule.with_prediction(prediction.peak_bytes, prediction.makespan_ms)
 
 
-def _file_stem(schedule: Any) -> str:
+def _file_stem(schedule: planner.Schedule) -> str:
     chain = re.sub(r"[^A-Za-z0-9._-]+", "_", schedule.chain.name or "chain").strip("_") or "chain"
     return f"schedule_{chain}_{schedule.algorithm}_{schedule.budget_bytes}"
 
@@ -260,14 +262,17 @@ def export_summary(store: TraceStore, choice: dict | None, names: list[str] | No
     try:
         schedule = current_schedule(store, choice, names)
     except (*VIEW_ERRORS, LookupError) as exc:
-        return f"Nothing to export yet: {exc}"
+        problem = store.problem(names[0]) if names else None
+        return problem or f"Nothing to export yet: {exc}"
     run = choice.get("run") if isinstance(choice, dict) and choice.get("run") else (names or ["?"])[0]
+    # a schedule from the front has a budget and, once simulated (current_schedule), a peak
+    budget_bytes, chain_peak = schedule.budget_bytes or 0, schedule.predicted_peak_bytes or 0
     if schedule.predicted_step_peak_bytes is not None:
-        budget = f"{format_bytes(schedule.budget_bytes)} for the whole step"
+        budget = f"{format_bytes(budget_bytes)} for the whole step"
         peak = (f"{format_bytes(schedule.predicted_step_peak_bytes)} for the whole step (the chain's own "
-                f"{format_bytes(schedule.predicted_peak_bytes)})")
+                f"{format_bytes(chain_peak)})")
     else:
-        budget, peak = format_bytes(schedule.budget_bytes), format_bytes(schedule.predicted_peak_bytes)
+        budget, peak = format_bytes(budget_bytes), format_bytes(chain_peak)
     options = sum(1 for op in schedule.ops if op.option)
     chosen = f" {options} recorded forwards keep less than everything (recomputation options)." if options else ""
     return (f"{schedule.algorithm} schedule of run {run}, chain {schedule.chain.name}, at budget {budget}: "
@@ -285,7 +290,7 @@ def export_python(store: TraceStore, choice: dict | None, names: list[str] | Non
     """The download of the current schedule as the planner's standalone Python file."""
     schedule = current_schedule(store, choice, names)
     # The generated file documents its use as `from apply_schedule import apply_schedule`.
-    return dcc.send_string(planner.export.export_python(schedule), PYTHON_FILENAME)
+    return dcc.send_string(planner.export_python(schedule), PYTHON_FILENAME)
 
 
 def register(app: dash.Dash, store: TraceStore) -> None:
@@ -306,8 +311,8 @@ def register(app: dash.Dash, store: TraceStore) -> None:
 
     @app.callback(Output(ids.PLANNER_BUDGET_TEXT, "children"), Output(ids.PLANNER_PEAK, "children"),
                   Output(ids.PLANNER_MAKESPAN, "children"), Output(ids.PLANNER_SCHEDULE_TEXT, "children"),
-                  Output(ids.PLANNER_SCHEDULE_GRAPH, "figure"), Output(ids.PLANNER_TIMELINE_GRAPH, "figure"),
-                  Output(ids.PLANNER_PARETO_GRAPH, "figure"), Output(ids.PLANNER_CHOICE, "data"),
+                  Output(ids.PLANNER_SCHEDULE_GRAPH, "figure"), Output(ids.PLANNER_PARETO_GRAPH, "figure"),
+                  Output(ids.PLANNER_CHOICE, "data"),
                   Input(ids.PLANNER_BUDGET, "value"), Input(ids.SELECTED_RUNS, "data"),
                   Input(ids.PLANNER_CONTAINER, "value"))
     def _plan(budget, names, choice):
@@ -318,8 +323,11 @@ def register(app: dash.Dash, store: TraceStore) -> None:
         return measured_view(store, names)
 
     @app.callback(Output(ids.EXPORT_SUMMARY, "children"), Input(ids.PLANNER_CHOICE, "data"),
-                  Input(ids.SELECTED_RUNS, "data"))
-    def _summary(choice, names):
+                  Input(ids.SELECTED_RUNS, "data"), Input(ids.TABS, "value"))
+    def _summary(choice, names, tab):
+        # solved again only where it is read: not on every slider move, beside the Planner's own redraw
+        if tab != ids.TAB_EXPORT:
+            raise dash.exceptions.PreventUpdate
         return export_summary(store, choice, names)
 
     @app.callback(Output(ids.EXPORT_JSON_DOWNLOAD, "data"), Output(ids.EXPORT_MESSAGE, "children", allow_duplicate=True),

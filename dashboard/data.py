@@ -8,6 +8,7 @@ refused when it points outside the folder (``..``, absolute paths, symbolic link
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Hashable
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any, TypeVar
@@ -19,6 +20,7 @@ from dashboard.cache import BoundedCache
 from memprof import RunEntry, Trace, list_runs, load_trace
 from memprof.categories import CATEGORY_COLUMNS
 from memprof.errors import MemprofError, TraceError, TraceNotFoundError
+from memprof.schema import OPS
 from memprof.trace import (
     EVENTS,
     ITERATIONS,
@@ -31,6 +33,8 @@ from memprof.trace import (
     scan_ranks,
     table_dir_name,
 )
+from memprof.trace.liveness import INTERRUPTED, RUNNING
+from memprof.trace.pipeline.journal import JOURNAL_DIR
 from memprof.units import format_bytes
 
 T = TypeVar("T")
@@ -51,6 +55,8 @@ _SUMMARY_COLUMNS = ("iteration", "peak_allocated_bytes", "peak_reserved_bytes")
 RANK_VIEW_POINTS = 32_000
 #: Points per rank for a few ranks: more than a plot can show apart.
 RANK_VIEW_MAX_POINTS_PER_RANK = 2_000
+#: Parts whose footer or frame the store keeps (a footer check is small; a part read is bounded by the bytes).
+PART_CACHE_ENTRIES = 4096
 #: Exceptions a view turns into a message instead of a server error (bad names, corrupt runs ...).
 VIEW_ERRORS = (MemprofError, OSError, KeyError, ValueError)
 
@@ -86,14 +92,36 @@ def resolve_run(traces_dir: str | Path, name: str) -> Path:
 
 
 def run_stamp(run_dir: Path) -> tuple[int, ...]:
-    """Modification times of a run's metadata and table folders; changes whenever a part is written."""
-    stamps = []
-    for path in (run_dir / META_FILE, *(run_dir / table_dir_name(t) for t in TABLES)):
+    """Modification times of a run's metadata, table folders and journal; changes whenever a part is written.
+
+    A part is renamed into its table's folder (the folder's time changes); a running run's journal gets
+    records before any part (its newest segment's time changes).
+    """
+    stamps: list[int] = []
+    journal = run_dir / JOURNAL_DIR
+    segments = sorted(journal.glob("seg-*.log")) if journal.is_dir() else []
+    watched = (run_dir / META_FILE, *(run_dir / table_dir_name(t) for t in (*TABLES, OPS)), journal,
+               *segments[-1:])
+    for path in watched:
         try:
-            stamps.append(os.stat(path).st_mtime_ns)
+            stat = os.stat(path)
+            stamps.extend((stat.st_mtime_ns, stat.st_size if path.is_file() else 0))
         except OSError:
-            stamps.append(0)
+            stamps.extend((0, 0))
     return tuple(stamps)
+
+
+#: A word that names an exception class (``ArrowInvalid``, ``OSError``): meaningless to a dashboard's user.
+_EXCEPTION_NAME = re.compile(r"\b(?:[A-Z][A-Za-z]*(?:Error|Exception|Invalid|Warning)|ArrowInvalid)\b:?\s*")
+
+
+def plain_message(text: str, traces_dir: Path) -> str:
+    """An error's text fit for the page: one line, paths relative to the traces folder, no exception class names."""
+    for root in {str(traces_dir.resolve()), str(traces_dir.absolute()), str(traces_dir)}:
+        if root not in (".", ""):
+            text = text.replace(root.rstrip("/") + "/", "").replace(root, "the traces folder")
+    text = _EXCEPTION_NAME.sub("", text)
+    return " ".join(text.split())
 
 
 class TraceStore:
@@ -107,9 +135,13 @@ class TraceStore:
         cache: the cache to use; a new bounded one when ``None``.
     """
 
-    def __init__(self, traces_dir: str | Path, cache: BoundedCache | None = None) -> None:
+    def __init__(self, traces_dir: str | Path, cache: BoundedCache | None = None,
+                 part_cache: BoundedCache | None = None) -> None:
         self.traces_dir = Path(traces_dir)
         self.cache = cache if cache is not None else BoundedCache()
+        # footers and frames of single parts, keyed on each part's name, time and size: opening a live run
+        # again (its stamp changed) reads only the parts written since
+        self.part_cache = part_cache if part_cache is not None else BoundedCache(PART_CACHE_ENTRIES, 256 << 20)
 
     def path(self, name: str) -> Path:
         """The directory of run ``name`` (see :func:`resolve_run`)."""
@@ -129,8 +161,41 @@ class TraceStore:
             return []
 
     def trace(self, name: str) -> Trace:
-        """The opened run (metadata and footers validated)."""
-        return self.memo(name, "trace", load_trace)
+        """The opened run (metadata and footers validated; damaged parts skipped, see ``Trace.damage``)."""
+        return self.memo(name, "trace", lambda run_dir: load_trace(run_dir, cache=self.part_cache))
+
+    def problem(self, name: str | None) -> str | None:
+        """What is wrong with run ``name``, in one line: the same words on every tab; ``None`` when nothing is.
+
+        Unreadable, damaged (parts skipped, iterations lost) and interrupted (its writer died) runs each
+        get a sentence; paths are relative to the traces folder and exception class names are left out.
+        """
+        if not name:
+            return None
+        try:
+            trace = self.trace(name)
+            said = [trace.damage_message] if trace.damage else []
+            if trace.state == INTERRUPTED:
+                said.append(f"its process ended without closing it (killed or crashed); the {len(self.iterations(name))} "
+                            "iterations it completed are shown")
+        except VIEW_ERRORS as exc:
+            return f"Run {name} cannot be opened: {plain_message(str(exc), self.traces_dir)}"
+        if not said:
+            return None
+        return f"Run {name}: " + plain_message("; ".join(s.rstrip(".") for s in said if s), self.traces_dir) + "."
+
+    def is_live(self, name: str | None) -> bool:
+        """Whether run ``name`` is still being written by a living process (the page then follows it)."""
+        if not name:
+            return False
+        try:
+            return self.trace(name).state == RUNNING
+        except VIEW_ERRORS:
+            return False
+
+    def stamp(self, name: str) -> tuple[int, ...]:
+        """:func:`run_stamp` of run ``name``."""
+        return run_stamp(self.path(name))
 
     def meta(self, name: str) -> dict[str, Any]:
         """The run's ``meta.json``."""
@@ -151,7 +216,8 @@ class TraceStore:
             numbers = frame["iteration"].to_numpy(dtype=np.int64)
             if "detail" in frame.columns:
                 numbers = numbers[frame["detail"].to_numpy(dtype=bool)]
-            return np.unique(numbers)
+            lost = [i for d in self.trace(name).damage if d.table in (LAYERS, EVENTS) for i in d.iterations]
+            return np.setdiff1d(np.unique(numbers), np.asarray(lost, dtype=np.int64))
 
         return self.memo(name, "detail", build)
 
@@ -198,9 +264,13 @@ class TraceStore:
     def summary(self, entry: RunEntry) -> dict[str, Any]:
         """One row of the Runs table: what a user needs to tell runs apart, or why one is unreadable."""
         row: dict[str, Any] = {"name": entry.name, "model": "", "device": "", "created": "", "rank": "",
-                               "iterations": 0, "peak_bytes": 0, "peak": "", "kind": "", "error": entry.error or ""}
+                               "iterations": None, "peak_bytes": 0, "peak": "", "kind": "", "state": entry.state,
+                               "source": "", "run_id": "", "error": plain_message(entry.error or "", self.traces_dir)}
         if entry.meta is None:
             return row
+        row["run_id"] = str(entry.meta.get("run_id", ""))
+        source = entry.meta.get("source_run")
+        row["source"] = str(source) if isinstance(source, str) and isinstance(entry.meta.get("schedule"), dict) else ""
         meta = entry.meta
         row.update(model=str(meta.get("model", "")), device=str(meta.get("device", "")),
                    created=str(meta.get("created_at", ""))[:19].replace("T", " "),
@@ -210,11 +280,14 @@ class TraceStore:
             table = self.memo(entry.name, "summary", lambda _: self.trace(entry.name).read(
                 ITERATIONS, columns=list(_SUMMARY_COLUMNS)))
         except (TraceError, OSError) as exc:
-            row["error"] = str(exc)
+            row["error"] = plain_message(str(exc), self.traces_dir)
             return row
         peak = int(table["peak_allocated_bytes"].max()) if len(table) else 0
         row.update(iterations=len(table), peak_bytes=peak)
         row["peak"] = format_bytes(peak) if len(table) else "no iterations"
+        problem = self.problem(entry.name)
+        if problem:  # damaged or interrupted: readable, with a warning (the error column says it in words)
+            row["error"] = problem
         return row
 
 

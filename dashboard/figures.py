@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from dashboard.figures_tree import tree_boxes
 from memprof.categories import CATEGORY_COLUMNS
 from memprof.phases import Phase
 from memprof.units import binary_unit, format_bytes
@@ -64,6 +65,45 @@ def byte_ticks(top_bytes: float, ticks: int = 6, bottom_bytes: float = 0.0) -> d
     values = np.arange(start, top_bytes + step * unit, step * unit)
     return {"tickmode": "array", "tickvals": values.tolist(),
             "ticktext": ["0" if v == 0 else f"{v / unit:g} {name}" for v in values]}
+
+
+def byte_axis(title: str, top_bytes: float, bottom_bytes: float = 0.0, ticks: int = 6) -> dict[str, Any]:
+    """A memory axis in one binary unit: the title names it (``"peak allocated (MiB)"``), the ticks are numbers.
+
+    The unit is the one :func:`memprof.units.format_bytes` writes the axis's top in, so the axis, its hover and
+    the text beside the figure say the same unit; ``automargin`` keeps the title clear of the tick labels.
+    """
+    valid = math.isfinite(top_bytes) and top_bytes > 0
+    name, unit = binary_unit(top_bytes) if valid else ("B", 1)
+    axis: dict[str, Any] = {"title": {"text": f"{title} ({name})", "standoff": 10}, "automargin": True}
+    ticked = byte_ticks(top_bytes, ticks, bottom_bytes)
+    if ticked:
+        ticked["ticktext"] = ["0" if v == 0 else f"{v / unit:g}" for v in ticked["tickvals"]]
+        axis.update(ticked)
+    return axis
+
+
+_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+
+
+def bytes_texts(values: Sequence[float] | np.ndarray) -> list[str]:
+    """:func:`memprof.units.format_bytes` of many sizes at once (the same texts, about ten times faster).
+
+    Figures redrawn on every move of the budget slider label hundreds of points; this keeps them in budget.
+    """
+    sizes = np.asarray(values, dtype=float)
+    if sizes.size == 0:
+        return []
+    magnitude = np.abs(sizes)
+    power = np.zeros(sizes.shape, dtype=int)
+    for _ in range(len(_UNITS) - 1):  # the largest unit not above each size, as binary_unit picks it
+        power += (magnitude / 1024.0**power >= 1024) & (power < len(_UNITS) - 1)
+    scaled = magnitude / 1024.0**power
+    texts = []
+    for size, value, p in zip(sizes.tolist(), scaled.tolist(), power.tolist()):
+        sign = "-" if size < 0 else ""
+        texts.append(f"{sign}{int(round(value))} B" if p == 0 else f"{sign}{value:.1f} {_UNITS[p]}")
+    return texts
 
 
 def iteration_axis(iterations: Sequence[int] | np.ndarray) -> dict[str, Any]:
@@ -117,7 +157,7 @@ def rank_peaks_figure(peaks: pd.DataFrame, highlight_rank: int | None = None, de
     if decimated:
         title += " (each point: the highest of its stretch of iterations)"
     fig.update_layout(title=title, xaxis=iteration_axis(peaks["iteration"]),
-                      yaxis={"title": "bytes", "rangemode": "tozero", **byte_ticks(top)}, margin=_MARGIN,
+                      yaxis={"rangemode": "tozero", **byte_axis("peak allocated", top)}, margin=_MARGIN,
                       height=340, legend={"orientation": "h", "y": -0.2}, template=TEMPLATE)
     return fig
 
@@ -142,24 +182,6 @@ def headline(iterations: pd.DataFrame) -> str:
             f"{top} dominates with {format_bytes(shares[top])} ({share:.0%}); {cache_text}.")
 
 
-def _tree_values(layers: pd.DataFrame, column: str) -> dict[str, int]:
-    # A treemap with branchvalues="total" needs every parent to be at least the sum of its children;
-    # a container's own figure may count its children or not, so take the larger of the two.
-    rows = sorted(zip(layers["depth"], layers["module"], layers["parent"], layers[column]),
-                  key=lambda r: -int(r[0]))
-    known = {r[1] for r in rows}
-    below: dict[str, int] = {}
-    values: dict[str, int] = {}
-    for _, module, parent, own in rows:
-        values[module] = max(int(own), below.get(module, 0))
-        if module != "":
-            # An orphan (its parent not recorded) hangs under the root, as in the figure.
-            key = parent if parent in known else ""
-            below[key] = below.get(key, 0) + values[module]
-    values.setdefault("", below.get("", 0))
-    return values
-
-
 def layer_tree_figure(layers: pd.DataFrame, column: str, root_label: str = "model") -> go.Figure:
     """Treemap of the module tree of one iteration, each box sized by ``column`` (bytes).
 
@@ -171,22 +193,23 @@ def layer_tree_figure(layers: pd.DataFrame, column: str, root_label: str = "mode
     """
     if layers.empty:
         return empty_figure("no modules recorded in this iteration")
-    values = _tree_values(layers, column)
-    known = set(layers["module"])
+    kinds = dict(zip(layers["module"], layers["kind"]))
     ids, parents, labels, sizes, texts = [], [], [], [], []
-    for module, parent, kind in zip(layers["module"], layers["parent"], layers["kind"]):
-        # Ids are prefixed so that the root (empty name) gets a non-empty id of its own.
-        ids.append("m:" + module)
-        parents.append("" if module == "" else "m:" + (parent if parent in known else ""))
-        labels.append(plot_text(module.rsplit(".", 1)[-1] if module else root_label))
-        sizes.append(values[module])
-        texts.append(f"{plot_text(module_label(module))} ({plot_text(kind)}): {format_bytes(values[module])}")
-    if "" not in known:
-        ids.append("m:")
-        parents.append("")
-        labels.append(plot_text(root_label))
-        sizes.append(values[""])
-        texts.append(plot_text(root_label))
+    for box in tree_boxes(layers, column):
+        name = plot_text(module_label(box.module) if box.module else root_label)
+        ids.append(box.id)
+        parents.append(box.parent)
+        sizes.append(box.value_bytes)
+        if box.own:
+            labels.append("(own)")
+            texts.append(f"{name}: {format_bytes(box.value_bytes)} held by the module itself, in none of its children")
+            continue
+        labels.append(plot_text(box.module.rsplit(".", 1)[-1]) if box.module else plot_text(root_label))
+        kind = f" ({plot_text(kinds[box.module])})" if box.module in kinds else ""
+        text = f"{name}{kind}: {format_bytes(box.value_bytes)}"
+        if box.shared_bytes:
+            text += f" (+ {format_bytes(box.shared_bytes)} shared with an earlier module and counted there)"
+        texts.append(text)
     fig = go.Figure(go.Treemap(ids=ids, parents=parents, labels=labels, values=sizes, branchvalues="total",
                                hovertext=texts, hoverinfo="text", textinfo="label"))
     fig.update_layout(title=f"Module tree sized by {column}", margin=_MARGIN, height=480, template=TEMPLATE)

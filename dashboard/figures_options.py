@@ -7,7 +7,7 @@ Builders on top of :mod:`dashboard.figures_planner` (plotly's JSON form, as ther
   drawn in its option's colour, labelled with the option's name, and its hover says what it keeps and what
   ``B`` recomputes; plain operations are drawn as before.
 * :func:`pareto_with_options`: the Pareto figure with the slider's front named after its DP (``selective``
-  or ``rotor``) and torch.compile's measured points (:class:`planner.compile_baseline.CompilePoint`) as
+  or ``rotor``) and torch.compile's measured points (:class:`planner.measure.compile_baseline.CompilePoint`) as
   distinct markers, labelled with their ``activation_memory_budget``.
 
 What the axes mean for torch.compile's points: the planner's points are *predicted* whole-step peaks (the
@@ -29,8 +29,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from dashboard.figures import byte_ticks, plot_text
-from dashboard.figures_planner import ALGORITHM_COLORS, Figure, pareto_base, schedule_figure
+from dashboard.figures import byte_axis, plot_text
+from dashboard.figures_pareto import pareto_base
+from dashboard.figures_planner import ALGORITHM_COLORS, Figure, memory_labels, schedule_figure
 from memprof.units import format_bytes
 
 #: Colours of the options, by the order their names first appear in the schedule.
@@ -47,7 +48,7 @@ def _stage_labels(stage_names: Sequence[str]) -> list[str]:
     return [*(plot_text(n) for n in stage_names), "loss"]
 
 
-def option_bars(rows: pd.DataFrame, stage_names: Sequence[str]) -> list[dict[str, Any]]:
+def option_bars(rows: pd.DataFrame, stage_names: Sequence[str], base_bytes: int = 0) -> list[dict[str, Any]]:
     """One bar trace per option name for the ``F_all`` rows that use an option.
 
     Args:
@@ -55,19 +56,22 @@ def option_bars(rows: pd.DataFrame, stage_names: Sequence[str]) -> list[dict[str
             :func:`dashboard.planning.with_option_columns` (``option_name``, ``option_saved_bytes``,
             ``option_recompute_ms``, ``stage_saved_bytes``).
         stage_names: labels of stages 1..L.
+        base_bytes: what the step holds beside the chain, added to the memory in the hover.
     """
     labels = _stage_labels(stage_names)
     names = rows["option_name"].astype(str).to_numpy()
+    peaks, after = memory_labels(rows, base_bytes)
     traces = []
     for position, name in enumerate(dict.fromkeys(names)):
         chosen = rows[names == name]
         start = chosen["start_ms"].to_numpy(dtype=float)
         stage = chosen["stage"].to_numpy(dtype=int)
+        rows_at = np.flatnonzero(names == name)
         custom = [[labels[s - 1] if 0 < s <= len(labels) else str(s), f"F_all({s})[{o}]",
-                   format_bytes(int(kept)), format_bytes(int(full)), float(ms)]
-                  for s, o, kept, full, ms in zip(stage, chosen["option"].to_numpy(dtype=int),
-                                                  chosen["option_saved_bytes"], chosen["stage_saved_bytes"],
-                                                  chosen["option_recompute_ms"])]
+                   format_bytes(int(kept)), format_bytes(int(full)), float(ms), peaks[r], after[r]]
+                  for s, o, kept, full, ms, r in zip(stage, chosen["option"].to_numpy(dtype=int),
+                                                     chosen["option_saved_bytes"], chosen["stage_saved_bytes"],
+                                                     chosen["option_recompute_ms"], rows_at)]
         shown = plot_text(name)
         traces.append({
             "type": "bar", "orientation": "h", "name": f"F_all [{shown}]", "y": stage, "base": start,
@@ -77,29 +81,31 @@ def option_bars(rows: pd.DataFrame, stage_names: Sequence[str]) -> list[dict[str
             "textfont": {"color": "white", "size": 10}, "customdata": custom,
             "hovertemplate": ("%{customdata[1]} %{customdata[0]}: option " + shown + " keeps %{customdata[2]} "
                               "of %{customdata[3]}; B recomputes the rest first (%{customdata[4]:.3f} ms): "
-                              "%{base:.3f} ms + %{x:.3f} ms<extra></extra>"),
+                              "%{base:.3f} ms + %{x:.3f} ms<br>memory: up to %{customdata[5]} while it runs, "
+                              "%{customdata[6]} after<extra></extra>"),
         })
     return traces
 
 
-def schedule_figure_with_options(prediction: pd.DataFrame, stage_names: Sequence[str]) -> Figure:
+def schedule_figure_with_options(prediction: pd.DataFrame, stage_names: Sequence[str], base_bytes: int = 0) -> Figure:
     """:func:`dashboard.figures_planner.schedule_figure`, with each option's ``F_all`` in its own colour.
 
     Args:
         prediction: the simulator's frame (:func:`dashboard.planning.prediction_frame`), with the option
             columns (:func:`dashboard.planning.with_option_columns`) when some ``F_all`` uses an option.
         stage_names: labels of stages 1..L.
+        base_bytes: what the step holds beside the chain, added to each operation's memory in the hover.
     """
     if "option_name" not in prediction.columns or not (prediction["option"].to_numpy() > 0).any():
-        return schedule_figure(prediction, stage_names)
+        return schedule_figure(prediction, stage_names, base_bytes)
     chosen = prediction["option"].to_numpy() > 0
-    figure = schedule_figure(prediction[~chosen], stage_names)
+    figure = schedule_figure(prediction[~chosen], stage_names, base_bytes)
     data = [{**t, "name": KEEP_ALL} if t.get("name") == PLAIN_F_ALL else t for t in figure["data"]]
     layout = dict(figure["layout"])
     layout["title"] = {"text": "Schedule: operations over time, one row per stage; an F_all with a recomputation "
                                "option is coloured and labelled by it (its B recomputes first)"}
     layout["uniformtext"] = {"mode": "hide", "minsize": 8}  # a label that does not fit its bar is left out
-    return {"data": [*data, *option_bars(prediction[chosen], stage_names)], "layout": layout}
+    return {"data": [*data, *option_bars(prediction[chosen], stage_names, base_bytes)], "layout": layout}
 
 
 def option_summary(rows: pd.DataFrame) -> str:
@@ -153,11 +159,30 @@ def _x_range(data: Sequence[dict[str, Any]]) -> tuple[float, float]:
     return float(np.min(joined)), float(np.max(joined))
 
 
+#: Algorithms whose schedules copy activations (or weights) to the host: they need a device-host link.
+OFFLOAD_ALGORITHMS = ("offload", "offload+weights")
+NEEDS_A_GPU = "needs a GPU"
+
+
+def needs_a_gpu(trace: dict[str, Any]) -> dict[str, Any]:
+    """An offload trace of a run without a device-host link: hollow grey markers, said in its name and hover.
+
+    The planner prices offload on such a chain with its default link (``planner.DEFAULT_TRANSFER``); the points
+    show what a GPU would gain, not a schedule this run's device can execute (the slider never offers them).
+    """
+    name = f"{trace.get('name', '')} ({NEEDS_A_GPU})"
+    return {**trace, "name": name, "line": {**trace.get("line", {}), "color": "#aaaaaa"},
+            "marker": {**trace.get("marker", {}), "color": "#999999", "symbol": "circle-open"},  # hollow: not offered
+            "hovertemplate": str(trace.get("hovertemplate", "")).replace(
+                "<extra>", "<br>needs a GPU: this run's device has no link to host memory; priced with the "
+                "planner's default link<extra>")}
+
+
 def pareto_with_options(points: pd.DataFrame, front_budgets: Sequence[float] | np.ndarray,
                         front_makespans: Sequence[float] | np.ndarray, front_algorithm: str = "rotor",
                         whole_step: bool = False, compile_points: Sequence[Any] = (),
-                        compile_error: str = "") -> Figure:
-    """:func:`dashboard.figures_planner.pareto_base` with ``selective``'s points and torch.compile's.
+                        compile_error: str = "", device_link: bool = True) -> Figure:
+    """:func:`dashboard.figures_pareto.pareto_base` with ``selective``'s points and torch.compile's.
 
     Args:
         points: ``planner.algorithm_points`` (with ``selective`` rows when the chain has options).
@@ -167,6 +192,8 @@ def pareto_with_options(points: pd.DataFrame, front_budgets: Sequence[float] | n
         whole_step: whether the bytes are the whole training step's.
         compile_points: torch.compile's measured points (``CompilePoint``); drawn only on a whole-step figure.
         compile_error: why stored points could not be read, said on the figure.
+        device_link: whether the run's device has a link to host memory (CUDA). Without one, the offload
+            points (priced with the planner's default link) are drawn hollow and grey, named "needs a GPU".
     """
     figure = pareto_base(points, front_budgets, front_makespans, whole_step)
     color = SELECTIVE_COLOR if front_algorithm == "selective" else ALGORITHM_COLORS.get(front_algorithm, "#888888")
@@ -178,13 +205,15 @@ def pareto_with_options(points: pd.DataFrame, front_budgets: Sequence[float] | n
         elif trace.get("name") == "selective":
             trace = {**trace, "line": {**trace["line"], "color": SELECTIVE_COLOR}, "marker": {
                 **trace.get("marker", {}), "color": SELECTIVE_COLOR, "symbol": "triangle-up"}}
+        elif not device_link and str(trace.get("name", "")) in OFFLOAD_ALGORITHMS:
+            trace = needs_a_gpu(trace)
         data.append(trace)
     layout = dict(figure["layout"])
     notes = []
     if compile_points and whole_step:
         data.append(compile_trace(compile_points))
         low, high = _x_range(data)
-        layout["xaxis"] = {**layout["xaxis"], **byte_ticks(high, bottom_bytes=low)}
+        layout["xaxis"] = {**layout["xaxis"], **byte_axis("whole-step peak memory", high, bottom_bytes=low)}
     elif compile_points:
         notes.append("torch.compile's points are measured whole-step peaks: not drawn on this chain-only figure")
     if compile_error:

@@ -20,7 +20,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from dashboard.downsample import minmax_indices
-from dashboard.figures import CACHE_COLOR, CATEGORY_COLORS, TEMPLATE, byte_ticks, iteration_axis, plot_text
+from dashboard.figures import CACHE_COLOR, CATEGORY_COLORS, TEMPLATE, byte_axis, iteration_axis, plot_text
 from memprof.categories import CATEGORY_COLUMNS
 from memprof.units import format_bytes
 
@@ -37,6 +37,8 @@ _DETAIL_MARKER = {"symbol": "diamond", "size": 6, "color": "#222222", "opacity":
 _ZORDER = {"peak_reserved_bytes": 0, "peak_allocated_bytes": 1, "detail": 2}
 _MARGIN = {"l": 70, "r": 20, "t": 70, "b": 40}  # room for a subtitle
 _DECIMATED = " (each point the lowest or highest of its stretch of iterations)"
+#: Colours of each run's (allocated, reserved) lines: a compared run is told apart by colour, not by dash alone.
+RUN_COLORS: tuple[tuple[str, str], ...] = (("#4c78a8", "#f58518"), ("#d62728", "#9467bd"))
 
 
 def decimate(values: np.ndarray, max_points: int) -> np.ndarray:
@@ -87,12 +89,13 @@ def peaks_figure(iterations: pd.DataFrame, compare: pd.DataFrame | None = None, 
     fig = go.Figure()
     top = 0.0
     every = detail is None or len(detail) >= len(iterations)
-    for frame, run, dash in ((iterations, names[0], "solid"), (compare, names[1] if len(names) > 1 else "", "dot")):
+    runs = ((iterations, names[0], "solid"), (compare, names[1] if len(names) > 1 else "", "dot"))
+    for (frame, run, dash), colors in zip(runs, RUN_COLORS):
         if frame is None:
             continue
         suffix = f" ({plot_text(run)})" if compare is not None else ""
-        for column, label, color in (("peak_allocated_bytes", "peak allocated", "#4c78a8"),
-                                     ("peak_reserved_bytes", "peak reserved", "#f58518")):
+        for (column, label), color in zip((("peak_allocated_bytes", "peak allocated"),
+                                           ("peak_reserved_bytes", "peak reserved")), colors):
             if column == "peak_reserved_bytes" and not frame[column].any():
                 continue  # no caching allocator (CPU): nothing reserved to show
             top = max(top, float(frame[column].max()) if len(frame) else 0.0)
@@ -104,7 +107,7 @@ def peaks_figure(iterations: pd.DataFrame, compare: pd.DataFrame | None = None, 
     if len(iterations) > max_points or (compare is not None and len(compare) > max_points):
         title += f"<br><sup>{len(iterations):,} iterations{_DECIMATED}</sup>"
     fig.update_layout(title=title, xaxis=iteration_axis(iterations["iteration"]),
-                      yaxis={"title": "bytes", "rangemode": "tozero", **byte_ticks(top)}, margin=_MARGIN,
+                      yaxis={"rangemode": "tozero", **byte_axis("peak memory", top)}, margin=_MARGIN,
                       height=360, legend={"orientation": "h", "y": -0.2}, template=TEMPLATE, clickmode="event")
     return fig
 
@@ -142,5 +145,5 @@ def breakdown_figure(iterations: pd.DataFrame, max_points: int = OVERVIEW_MAX_PO
         title += f"<br><sup>{len(x):,} iterations{_DECIMATED}</sup>"
     top = float(total.max()) if len(x) else 0.0
     fig.update_layout(barmode="stack", title=title, xaxis=iteration_axis(x),
-                      yaxis={"title": "bytes", **byte_ticks(top)}, margin=_MARGIN, height=380, template=TEMPLATE)
+                      yaxis=byte_axis("memory at the peak", top), margin=_MARGIN, height=380, template=TEMPLATE)
     return fig

@@ -8,14 +8,13 @@ more than that, so these builders return the figure in plotly's JSON form (``{"d
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from dashboard.figures import byte_ticks, plot_text
+from dashboard.figures import byte_axis, bytes_texts, plot_text
 from memprof.units import format_bytes
 
 OP_COLORS: dict[str, str] = {"F_all": "#54a24b", "F_ck": "#4c78a8", "F_none": "#bab0ac", "B": "#e45756",
@@ -26,7 +25,7 @@ TRANSFER_KINDS = ("OFFLOAD", "PREFETCH")
 ALGORITHM_COLORS: dict[str, str] = {
     "store_all": "#333333", "periodic": "#f58518", "sqrt": "#b279a2", "revolve": "#72b7b2",
     "rotor": "#4c78a8", "rotor_optimal": "#54a24b", "binomial": "#ff9da6", "offload": "#9d755d",
-    "offload+weights": "#e45756",  # weight streaming (planner.weight_points)
+    "offload+weights": "#e45756",  # weight streaming (planner.fronts.weight_points)
 }
 _MARGIN = {"l": 70, "r": 20, "t": 50, "b": 40}
 #: Up to this many stages, each row of the schedule figure is labelled with its module name.
@@ -35,7 +34,7 @@ MAX_STAGE_LABELS = 40
 Figure = dict[str, Any]
 
 
-def _layout(title: str, x_title: str, y_title: str, **extra: Any) -> dict[str, Any]:
+def base_layout(title: str, x_title: str, y_title: str, **extra: Any) -> dict[str, Any]:
     layout: dict[str, Any] = {"title": {"text": title}, "xaxis": {"title": {"text": x_title}},
                               "yaxis": {"title": {"text": y_title}}, "margin": dict(_MARGIN),
                               "paper_bgcolor": "white", "plot_bgcolor": "white"}
@@ -55,16 +54,32 @@ def _hline(y: float, text: str) -> tuple[dict, dict]:
     return shape, note
 
 
-def schedule_figure(prediction: pd.DataFrame, stage_names: Sequence[str]) -> Figure:
-    """The schedule's operations as bars on a time axis, one row per stage.
+def memory_labels(prediction: pd.DataFrame, base_bytes: int = 0) -> tuple[list[str], list[str]]:
+    """Each operation's memory in binary units: its peak while it runs, and what it leaves live after it.
+
+    ``base_bytes`` (what the step holds beside the chain) is added, so a whole-step figure says whole-step bytes.
+    """
+    peaks = prediction["peak_bytes"].to_numpy(dtype=np.int64) + base_bytes
+    after = prediction["memory_bytes"].to_numpy(dtype=np.int64) + base_bytes
+    return bytes_texts(peaks), bytes_texts(after)
+
+
+#: The memory part of an operation's hover (customdata[1] and [2] are :func:`memory_labels`).
+MEMORY_HOVER = "<br>memory: up to %{customdata[1]} while it runs, %{customdata[2]} after"
+
+
+def schedule_figure(prediction: pd.DataFrame, stage_names: Sequence[str], base_bytes: int = 0) -> Figure:
+    """The schedule's operations as bars on a time axis, one row per stage; each bar's hover says its memory.
 
     Args:
-        prediction: the simulator's frame (``kind``, ``stage``, ``start_ms``, ``end_ms``); an ``OFFLOAD`` or
-            ``PREFETCH`` row spans its copy, drawn thinner over the row of its stage.
+        prediction: the simulator's frame (``kind``, ``stage``, ``start_ms``, ``end_ms``, ``peak_bytes``,
+            ``memory_bytes``); an ``OFFLOAD`` or ``PREFETCH`` row spans its copy, drawn thinner over its stage's row.
         stage_names: labels of stages 1..L (the loss, stage L+1, is labelled ``loss``).
+        base_bytes: what the step holds beside the chain, added to the memory in the hover.
     """
     labels = [*(plot_text(n) for n in stage_names), "loss"]
     kinds = prediction["kind"].astype(str).to_numpy()
+    peaks, after = memory_labels(prediction, base_bytes)
     data = []
     for kind, color in OP_COLORS.items():
         chosen = kinds == kind
@@ -72,22 +87,25 @@ def schedule_figure(prediction: pd.DataFrame, stage_names: Sequence[str]) -> Fig
             continue
         start = prediction["start_ms"].to_numpy(dtype=float)[chosen]
         stage = prediction["stage"].to_numpy(dtype=int)[chosen]
+        rows = np.flatnonzero(chosen)
+        copy = "copy " if kind in TRANSFER_KINDS else ""
         bar: dict[str, Any] = {
             "type": "bar", "orientation": "h", "name": kind, "y": stage, "base": start,
             "x": prediction["end_ms"].to_numpy(dtype=float)[chosen] - start,
             "marker": {"color": color, "line": {"width": 0}},
-            "customdata": [labels[s - 1] if 0 < s <= len(labels) else str(s) for s in stage],
-            "hovertemplate": kind + "(%{y}) %{customdata}: %{base:.3f} ms + %{x:.3f} ms<extra></extra>",
+            "customdata": [[labels[s - 1] if 0 < s <= len(labels) else str(s), peaks[r], after[r]]
+                           for s, r in zip(stage, rows)],
+            "hovertemplate": (kind + "(%{y}) %{customdata[0]}: " + copy + "%{base:.3f} ms + %{x:.3f} ms"
+                              + MEMORY_HOVER + "<extra></extra>"),
         }
         if kind in TRANSFER_KINDS:
             bar.update(width=0.35, opacity=0.75)
-            bar["hovertemplate"] = kind + "(%{y}) %{customdata}: copy %{base:.3f} ms + %{x:.3f} ms<extra></extra>"
         data.append(bar)
     yaxis: dict[str, Any] = {"autorange": "reversed"}
     if len(labels) <= MAX_STAGE_LABELS:
         yaxis.update(tickmode="array", tickvals=list(range(1, len(labels) + 1)),
                      ticktext=[f"{i} {label}" for i, label in enumerate(labels, start=1)])
-    layout = _layout("Schedule: operations over time, one row per stage", "time (ms)", "stage",
+    layout = base_layout("Schedule: operations over time, one row per stage", "time (ms)", "stage",
                      barmode="overlay", bargap=0.15, yaxis=yaxis, height=max(300, 60 + 22 * len(labels)),
                      margin={"l": 160})
     return {"data": data, "layout": layout}
@@ -147,7 +165,7 @@ def memory_figure(prediction: pd.DataFrame, budget_bytes: int | None = None,
             ``stream`` and ``host_bytes`` when it has transfers).
         budget_bytes: the budget, drawn as a horizontal line.
         measured: ``(run name, frame)`` pairs with ``time_ms`` and ``memory_bytes``
-            (:func:`dashboard.planning.measured_step` or :func:`dashboard.planning.measured_activation`).
+            (:func:`dashboard.measured.measured_step` or :func:`dashboard.measured.measured_activation`).
         title: the figure title.
         base_bytes: what the step holds beside the chain (``None``: a chain-only figure).
         floor_bytes: the step's peak outside the chain, which no schedule lowers, drawn as a line.
@@ -159,19 +177,14 @@ def memory_figure(prediction: pd.DataFrame, budget_bytes: int | None = None,
         name = f"predicted (chain + {format_bytes(base_bytes)} beside it)"
     else:
         name = "predicted"
-    data = [{"type": "scatter", "x": x, "y": y, "mode": "lines", "name": name,
-             "line": {"color": "#4c78a8", "width": 2},
-             "hovertemplate": "%{x:.3f} ms: %{y:,.0f} B<extra>predicted</extra>"}]
+    data = [_memory_trace(x, y, name, {"color": "#4c78a8", "width": 2}, "predicted")]
     host = host_line(prediction)
     if host is not None:
-        data.append({"type": "scatter", "x": host[0], "y": host[1], "mode": "lines", "name": "host memory (offloaded)",
-                     "line": {"color": OP_COLORS["OFFLOAD"], "width": 1.5, "shape": "hv"}, "yaxis": "y2",
-                     "hovertemplate": "%{x:.3f} ms: %{y:,.0f} B<extra>host</extra>"})
-    for run, frame in measured:
-        data.append({"type": "scatter", "x": frame["time_ms"].to_numpy(), "y": frame["memory_bytes"].to_numpy(),
-                     "mode": "lines", "name": f"measured ({plot_text(run)})",
-                     "line": {"color": "#e45756", "width": 1.5, "dash": "dot"},
-                     "hovertemplate": "%{x:.3f} ms: %{y:,.0f} B<extra>measured</extra>"})
+        data.append({**_memory_trace(host[0], host[1], "host memory (offloaded)",
+                                     {"color": OP_COLORS["OFFLOAD"], "width": 1.5}, "host"), "yaxis": "y2"})
+    for index, (run, frame) in enumerate(measured):
+        color = MEASURED_COLORS[index % len(MEASURED_COLORS)]
+        data.append(_measured_trace(run, frame, color))
     top = max([float(np.max(y)) if len(y) else 0.0, float(budget_bytes or 0), float(floor_bytes or 0)]
               + [float(f["memory_bytes"].max()) for _, f in measured if len(f)])
     bottom = 0.0
@@ -180,15 +193,18 @@ def memory_figure(prediction: pd.DataFrame, budget_bytes: int | None = None,
     if base_bytes is not None:
         default = (f"Predicted memory of the whole training step (the chain's simulated timeline + "
                    f"{format_bytes(base_bytes)} held beside it)")
-        y_title = "whole-step memory (bytes)"
+        y_title = "whole-step memory"
     else:
         default = "Predicted activation memory (budget counts activations, not weights)"
-        y_title = "activation memory (bytes)"
-    layout = _layout(title or default, "time since the forward began (ms)", y_title, height=380,
-                     legend={"orientation": "h", "y": -0.25}, yaxis=byte_ticks(top, bottom_bytes=bottom))
+        y_title = "activation memory"
+    aligned = any("measured_ms" in f.columns for _, f in measured)
+    x_title = "time since the forward began (ms" + (", measured runs aligned to the prediction at each operation)"
+                                                     if aligned else ")")
+    layout = base_layout(title or default, x_title, "", height=380, legend={"orientation": "h", "y": -0.25},
+                     yaxis=byte_axis(y_title, top, bottom_bytes=bottom))
     if host is not None:  # its own axis: host memory is not the device's, and may sit far below a whole step
-        layout["yaxis2"] = {**byte_ticks(float(np.max(host[1]))), "title": {"text": "host memory (bytes)"},
-                            "overlaying": "y", "side": "right", "showgrid": False, "rangemode": "tozero"}
+        layout["yaxis2"] = {**byte_axis("host memory", float(np.max(host[1]))), "overlaying": "y", "side": "right",
+                            "showgrid": False, "rangemode": "tozero"}
         layout["margin"] = {**layout["margin"], "r": 70}
     shapes, notes = [], []
     if budget_bytes is not None:
@@ -206,82 +222,48 @@ def memory_figure(prediction: pd.DataFrame, budget_bytes: int | None = None,
     return {"data": data, "layout": layout}
 
 
-def pareto_base(points: pd.DataFrame, front_budgets: Sequence[float] | np.ndarray,
-                front_makespans: Sequence[float] | np.ndarray,
-                whole_step: bool = False) -> Figure:
-    """Memory against time of every algorithm and the optimal front (what does not move with the slider).
+#: Colours of the measured runs drawn over a prediction, one per run.
+MEASURED_COLORS = ("#e45756", "#f58518", "#54a24b", "#b279a2")
 
-    Args:
-        points: ``planner.algorithm_points``: algorithm, budget_bytes, peak_bytes, makespan_ms.
-        front_budgets: the Pareto front's budgets (bytes).
-        front_makespans: the optimal makespan at each of those budgets (ms).
-        whole_step: whether the bytes are the whole training step's (a chain with step costs) rather than
-            the chain's activation memory.
+
+def _memory_trace(x: np.ndarray, y: np.ndarray, name: str, line: dict[str, Any], what: str) -> dict[str, Any]:
+    """A memory line drawn as steps (memory changes at events, it does not ramp), its hover in binary units."""
+    return {"type": "scatter", "x": x, "y": y, "mode": "lines", "name": name, "line": {**line, "shape": "hv"},
+            "customdata": bytes_texts(y),
+            "hovertemplate": "%{x:.3f} ms: %{customdata}<extra>" + what + "</extra>"}
+
+
+def measured_envelope(frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A measured line drawn as the prediction is: the highest memory between two events, then what the second
+    event leaves (``peak_bytes`` is the allocator's peak since the previous event).
+
+    Returns:
+        ``(x, y, row)``: the points (each event but the first twice: its interval's peak, then its memory) and the
+        frame row each point comes from.
     """
-    data = [{"type": "scatter", "x": np.asarray(front_budgets), "y": np.asarray(front_makespans), "mode": "lines",
-             "name": "rotor optimum by budget", "line": {"shape": "hv", "color": ALGORITHM_COLORS["rotor"], "width": 1},
-             "hovertemplate": "budget %{x:,.0f} B: %{y:.3f} ms<extra>optimal</extra>"}]
-    for algorithm, group in points.groupby("algorithm", sort=False):
-        group = group.sort_values("peak_bytes")
-        name = plot_text(algorithm)
-        data.append({"type": "scatter", "x": group["peak_bytes"].to_numpy(), "y": group["makespan_ms"].to_numpy(),
-                     "mode": "lines+markers", "name": name, "marker": {"size": 7},
-                     "line": {"color": ALGORITHM_COLORS.get(str(algorithm), "#888888"), "width": 1, "dash": "dot"},
-                     "customdata": _peak_labels(group),
-                     "hovertemplate": "peak %{customdata}: %{y:.3f} ms<extra>" + name + "</extra>"})
-    top = max([float(np.max(front_budgets)) if len(front_budgets) else 0.0]
-              + ([float(points["peak_bytes"].max())] if len(points) else []))
-    lows = ([float(np.min(front_budgets))] if len(front_budgets) else []) + (
-        [float(points["peak_bytes"].min())] if len(points) else [])
-    bottom = min(lows) if whole_step and lows else 0.0  # whole-step peaks sit far above 0
-    title, x_title = (("Whole-step memory vs time of every algorithm", "whole-step peak memory (bytes)")
-                      if whole_step else ("Memory vs time of every algorithm", "activation memory (bytes)"))
-    return {"data": data, "layout": _layout(title, x_title, "makespan (ms)", height=380, xaxis=byte_ticks(top, bottom_bytes=bottom))}
+    times = frame["time_ms"].to_numpy(dtype=float)
+    memory = frame["memory_bytes"].to_numpy()
+    peaks = frame["peak_bytes"].to_numpy() if "peak_bytes" in frame.columns else memory
+    if len(times) < 2:
+        return times, memory, np.arange(len(times))
+    rows = np.concatenate(([0], np.repeat(np.arange(1, len(times)), 2)))
+    x = np.concatenate(([times[0]], np.column_stack([times[:-1], times[1:]]).ravel()))
+    y = np.concatenate(([memory[0]], np.column_stack([np.maximum(peaks[1:], memory[1:]), memory[1:]]).ravel()))
+    return x, y, rows
 
 
-def _peak_labels(points: pd.DataFrame) -> list[str]:
-    """Each point's peak in binary units, with the host memory beside it where the schedule offloads."""
-    labels = []
-    for peak, params in zip(points["peak_bytes"], points["params"] if "params" in points else [""] * len(points)):
-        host = json.loads(params).get("host_peak_bytes", 0) if isinstance(params, str) and params else 0
-        streamed = json.loads(params).get("streamed_weights", []) if isinstance(params, str) and params else []
-        weights = f", weights of {len(streamed)} stages streamed" if streamed else ""
-        labels.append(format_bytes(peak) + (f" (+ {format_bytes(host)} on the host{weights})" if host else ""))
-    return labels
-
-
-def with_current(base: Figure, current: tuple[float, float] | None = None,
-                 budget_bytes: float | None = None) -> Figure:
-    """A copy of :func:`pareto_base`'s figure with the budget line and the current schedule's star.
-
-    ``base`` is not modified (it is cached and shared), only its top-level lists are copied.
-    """
-    data = list(base["data"])
-    layout = dict(base["layout"])
-    if budget_bytes is not None:
-        layout["shapes"] = [{"type": "line", "yref": "paper", "y0": 0, "y1": 1, "xref": "x", "x0": budget_bytes,
-                             "x1": budget_bytes, "line": {"color": "#999999", "dash": "dash"}}]
-    if current is not None:
-        data.append({"type": "scatter", "x": [current[0]], "y": [current[1]], "mode": "markers",
-                     "name": "this schedule", "marker": {"symbol": "star", "size": 16, "color": "#d62728"},
-                     "hovertemplate": "peak %{x:,.0f} B: %{y:.3f} ms<extra>this schedule</extra>"})
-    return {"data": data, "layout": layout}
-
-
-def pareto_figure(points: pd.DataFrame, front_budgets: Sequence[float], front_makespans: Sequence[float],
-                  current: tuple[float, float] | None = None, budget_bytes: float | None = None,
-                  whole_step: bool = False) -> Figure:
-    """Memory against time of every algorithm, the optimal front, and the current schedule.
-
-    Args:
-        points: ``planner.algorithm_points``: algorithm, budget_bytes, peak_bytes, makespan_ms.
-        front_budgets: the Pareto front's budgets (bytes).
-        front_makespans: the optimal makespan at each of those budgets (ms).
-        current: ``(peak_bytes, makespan_ms)`` of the schedule shown, marked with a star.
-        budget_bytes: the slider's budget, drawn as a vertical line.
-        whole_step: whether the bytes are the whole training step's.
-    """
-    return with_current(pareto_base(points, front_budgets, front_makespans, whole_step), current, budget_bytes)
+def _measured_trace(run: str, frame: pd.DataFrame, color: str) -> dict[str, Any]:
+    """A measured run's line (:func:`measured_envelope`); when aligned to the prediction (``measured_ms``: its own
+    clock), the hover also says its own time."""
+    x, y, rows = measured_envelope(frame)
+    trace = _memory_trace(x, y, f"measured ({plot_text(run)})", {"color": color, "width": 1.5, "dash": "dot"},
+                          "measured")
+    if "measured_ms" in frame.columns:
+        own = frame["measured_ms"].to_numpy(dtype=float)[rows]
+        trace["customdata"] = [[text, float(ms)] for text, ms in zip(trace["customdata"], own)]
+        trace["hovertemplate"] = ("%{x:.3f} ms (measured at %{customdata[1]:.3f} ms): %{customdata[0]}"
+                                  "<extra>measured</extra>")
+    return trace
 
 
 def schedule_text(ops: Sequence[object]) -> str:

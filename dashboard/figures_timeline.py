@@ -8,8 +8,9 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from dashboard.align import align_times
 from dashboard.downsample import minmax_indices, visible_slice
-from dashboard.figures import CATEGORY_COLORS, PHASE_COLORS, TEMPLATE, byte_ticks, module_label, plot_text
+from dashboard.figures import CATEGORY_COLORS, PHASE_COLORS, TEMPLATE, byte_axis, module_label, plot_text
 from memprof.categories import CATEGORY_COLUMNS
 from memprof.units import format_bytes
 
@@ -69,6 +70,44 @@ def timeline_points(frame: pd.DataFrame, x_range: tuple[float, float] | None,
     return minmax_indices(frame["allocated_bytes"].to_numpy(), max_points, start, stop)
 
 
+def point_hover(frame: pd.DataFrame, rows: np.ndarray) -> list[str]:
+    """One hover text per drawn event: time, phase, module, the total and each category held, in binary units."""
+    times = frame["time_ms"].to_numpy()[rows].tolist()
+    phases = frame["phase"].astype(str).to_numpy()[rows].tolist()
+    modules = frame["module"].astype(str).to_numpy()[rows].tolist()
+    totals = frame["allocated_bytes"].to_numpy()[rows].tolist()
+    columns = [(c, frame[c].to_numpy()[rows].tolist()) for c in CATEGORY_COLUMNS]
+    texts = []
+    for i, (ms, phase, module, total) in enumerate(zip(times, phases, modules, totals)):
+        held = "".join(f"<br>  {name} {format_bytes(values[i])}" for name, values in columns if values[i])
+        texts.append(f"{ms:.3f} ms, {phase}, {plot_text(module_label(module))}<br>"
+                     f"<b>allocated {format_bytes(total)}</b>{held}")
+    return texts
+
+
+def compare_trace(frame: pd.DataFrame, compare: pd.DataFrame, name: str, x_range: tuple[float, float] | None,
+                  max_points: int) -> go.Scatter:
+    """A second run's allocated memory on the first run's clock (:func:`dashboard.align.align_times`).
+
+    An estimate (or a run at another speed) lasts a different time than the run it is compared with; mapped
+    at the events both recorded, their shapes overlay. Its own times are in the hover; a run sharing too
+    few events with the first is drawn on its own clock, as the legend says.
+    """
+    aligned = align_times(compare, frame)
+    own = compare["time_ms"].to_numpy()
+    times = aligned if aligned is not None else own
+    clock = "aligned at shared events" if aligned is not None else "its own clock"
+    lo, hi = (None, None) if x_range is None else x_range
+    start, stop = visible_slice(times, lo, hi)
+    other = minmax_indices(compare["allocated_bytes"].to_numpy(), max_points, start, stop)
+    values = compare["allocated_bytes"].to_numpy()[other]
+    hover = [f"{plot_text(name)} at {t:.3f} ms of its own: allocated {format_bytes(v)}"
+             for t, v in zip(own[other].tolist(), values.tolist())]
+    return go.Scatter(x=times[other], y=values, name=f"allocated ({plot_text(name)}, {clock})", mode="lines",
+                      line={"color": "#000000", "width": 1.5, "dash": "dot", "shape": "hv"},
+                      hovertext=hover, hoverinfo="text")
+
+
 def timeline_figure(frame: pd.DataFrame, x_range: tuple[float, float] | None = None,
                     max_points: int = DEFAULT_MAX_POINTS, compare: pd.DataFrame | None = None,
                     compare_name: str = "", revision: str = "",
@@ -92,19 +131,19 @@ def timeline_figure(frame: pd.DataFrame, x_range: tuple[float, float] | None = N
     x = frame["time_ms"].to_numpy()[rows]
     for column in CATEGORY_COLUMNS:
         values = frame[column].to_numpy()[rows]
+        # memory changes at events and holds between them: steps, not ramps; the one hover is the total's
         fig.add_trace(go.Scatter(x=x, y=values, name=column, stackgroup="allocated", mode="lines",
-                                 line={"width": 0.5, "color": CATEGORY_COLORS[column]},
-                                 hovertemplate="%{x:.3f} ms: %{y:,} B<extra>" + column + "</extra>"))
+                                 line={"width": 0.5, "color": CATEGORY_COLORS[column], "shape": "hv"},
+                                 hoverinfo="skip"))
+    fig.add_trace(go.Scatter(x=x, y=frame["allocated_bytes"].to_numpy()[rows], name="allocated", mode="lines",
+                             line={"width": 0, "shape": "hv", "color": "rgba(0,0,0,0)"}, showlegend=False,
+                             hovertext=point_hover(frame, rows), hoverinfo="text"))
     reserved = frame["reserved_bytes"].to_numpy()[rows]
     if reserved.any():  # a device without a caching allocator (CPU) reserves nothing
-        fig.add_trace(go.Scatter(x=x, y=reserved, name="reserved", mode="lines",
-                                 line={"color": "#333333", "dash": "dash", "width": 1}))
+        fig.add_trace(go.Scatter(x=x, y=reserved, name="reserved", mode="lines", hoverinfo="skip",
+                                 line={"color": "#333333", "dash": "dash", "width": 1, "shape": "hv"}))
     if compare is not None and not compare.empty:
-        other = timeline_points(compare, x_range, max_points)
-        fig.add_trace(go.Scatter(x=compare["time_ms"].to_numpy()[other],
-                                 y=compare["allocated_bytes"].to_numpy()[other],
-                                 name=f"allocated ({plot_text(compare_name)})", mode="lines",
-                                 line={"color": "#000000", "width": 1.5, "dash": "dot"}))
+        fig.add_trace(compare_trace(frame, compare, compare_name, x_range, max_points))
     labelled: set[str] = set()
     for phase, start, end in phase_spans(frame):
         # Each phase is named once, on its first span, so many short spans do not clutter the top.
@@ -124,9 +163,10 @@ def timeline_figure(frame: pd.DataFrame, x_range: tuple[float, float] | None = N
         fig.add_annotation(x=peak.time_ms, y=peak.peak_bytes, text=peak_label, showarrow=True, arrowhead=2, ay=-30)
     top = max(float(frame["peak_bytes"].max()), float(frame["reserved_bytes"].max())) if not frame.empty else 0.0
     fig.update_layout(title="Memory over one iteration, by category (phases shaded)",
-                      xaxis_title="time since the iteration began (ms)", yaxis={"title": "bytes", **byte_ticks(top)},
+                      xaxis={"title": {"text": "time since the iteration began (ms)"}, "automargin": True},
+                      yaxis=byte_axis("allocated memory", top),
                       margin={"l": 70, "r": 20, "t": 50, "b": 40}, height=460, uirevision=revision,
-                      hovermode="x", template=TEMPLATE)
+                      hovermode="x", hoverdistance=-1, template=TEMPLATE)
     if x_range is not None:
         fig.update_xaxes(range=list(x_range), autorange=False)
     return fig

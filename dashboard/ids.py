@@ -8,6 +8,9 @@ TABS = "tabs"
 SELECTED_RUNS = "selected-runs"  # dcc.Store: the chosen run names (at most two), client side
 PLANNER_CHOICE = "planner-choice"  # dcc.Store: {run, container, budget_bytes} of the shown schedule
 STATUS = "status"
+RUN_PROBLEM = "run-problem"  # one line above every tab: what is wrong with the chosen run (damaged, interrupted)
+LIVE_INTERVAL = "live-interval"  # dcc.Interval: on while the chosen run is still being written
+LIVE_STAMP = "live-stamp"  # dcc.Store: the chosen run's modification stamp; changes when new parts land
 
 # Tab values
 TAB_RUNS = "tab-runs"
@@ -45,6 +48,8 @@ TIMELINE_DETAIL = "timeline-detail"
 TIMELINE_GRAPH = "timeline-graph"
 TIMELINE_INFO = "timeline-info"
 TIMELINE_ZOOM = "timeline-zoom"  # dcc.Store: {run, iteration, range} of the last zoom
+TIMELINE_TENSORS = "timeline-tensors"  # the tensors live at the clicked moment (a table)
+TIMELINE_TENSORS_NOTE = "timeline-tensors-note"
 
 # Planner
 PLANNER_CONTAINER = "planner-container"
@@ -55,7 +60,7 @@ PLANNER_PEAK = "planner-peak"
 PLANNER_MESSAGE = "planner-message"
 PLANNER_SCHEDULE_TEXT = "planner-schedule-text"
 PLANNER_SCHEDULE_GRAPH = "planner-schedule-graph"
-PLANNER_TIMELINE_GRAPH = "planner-timeline-graph"
+PLANNER_TIMELINE_GRAPH = "planner-timeline-graph"  # unused: the memory is drawn under the schedule (one time axis)
 PLANNER_PARETO_GRAPH = "planner-pareto-graph"
 PLANNER_MEASURED = "planner-measured"
 

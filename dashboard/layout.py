@@ -10,37 +10,43 @@ import warnings
 from typing import Any
 
 from dash import dash_table, dcc, html
-from dash.dash_table.Format import Format, Group
+from dash.dash_table.Format import Format
 from dash.development.base_component import Component
 
 from dashboard import ids
+from dashboard.drilldown import TENSOR_COLUMNS
+from dashboard.runs import runs_table_style
+from dashboard.tables import byte_text_key
 
 #: Lines a user adds to a training loop to make a first trace.
 FIRST_TRACE_HELP = """\
 from memprof import MemoryProfiler
 
-profiler = MemoryProfiler(model, optimizer)      # once, before training
+profiler = MemoryProfiler(model, optimizer, out_dir="{folder}")  # once, before training
 for inputs, targets in loader:
     loss = criterion(model(inputs), targets)
     loss.backward()
     optimizer.step()
     optimizer.zero_grad()
     profiler.record_stats()                      # at the end of every iteration
-profiler.close()                                 # writes traces/<run>/
+profiler.close()                                 # writes {folder}/<run>/
 """
 
-#: The two lines that apply a downloaded ``apply_schedule.py`` (see ``planner.export``).
+#: How often the page looks for new iterations of a run still being written (ms).
+LIVE_REFRESH_MS = 2000
+
+#: The two lines that apply a downloaded ``apply_schedule.py`` (see ``planner.export.files``).
 EXPORT_USAGE = "from apply_schedule import apply_schedule\nmodel = apply_schedule(model)\n"
 
 RUN_COLUMNS: tuple[tuple[str, str], ...] = (
-    ("name", "run"), ("kind", "kind"), ("model", "model"), ("device", "device"), ("created", "created"),
+    ("name", "run"), ("kind", "kind"), ("state", "state"), ("model", "model"), ("device", "device"), ("created", "created"),
     ("rank", "rank"), ("iterations", "iterations"), ("peak", "peak allocated"), ("error", "error"),
 )
 LAYER_TABLE_COLUMNS: tuple[tuple[str, str], ...] = (
-    ("module", "module"), ("kind", "class"), ("weight_bytes", "weights (B)"),
-    ("weight_grad_bytes", "weight grads (B)"), ("feature_map_bytes", "feature maps (B)"),
-    ("weight_copy_bytes", "weight copies (B)"), ("comm_buffer_bytes", "comm buffers (B)"), ("output_bytes", "output (B)"),
-    ("saved_bytes", "saved (B)"), ("forward_ms", "forward (ms)"),
+    ("module", "module"), ("kind", "class"), ("weight_bytes", "weights"),
+    ("weight_grad_bytes", "weight grads"), ("feature_map_bytes", "feature maps"),
+    ("weight_copy_bytes", "weight copies"), ("comm_buffer_bytes", "comm buffers"), ("output_bytes", "output"),
+    ("saved_bytes", "saved"), ("forward_ms", "forward (ms)"),
     ("backward_ms", "backward (ms)"),
 )
 TREE_SIZES: tuple[tuple[str, str], ...] = (
@@ -64,11 +70,13 @@ def data_table(**props: Any) -> Component:
 
 
 def _runs_tab() -> dcc.Tab:
+    columns = [{"name": label, "id": key, **({"type": "numeric"} if key == "iterations" else {})}
+               for key, label in RUN_COLUMNS]
+    # sorted on the server by the numbers behind the binary units (dashboard.tables)
     table = data_table(
-        id=ids.RUNS_TABLE, columns=[{"name": label, "id": key} for key, label in RUN_COLUMNS], data=[],
-        row_selectable="multi", selected_rows=[], sort_action="native", filter_action="native",
-        style_table=_TABLE_STYLE, style_cell=_CELL_STYLE, page_size=50,
-        style_data_conditional=[{"if": {"filter_query": '{error} != ""'}, "color": "#b00020"}],
+        id=ids.RUNS_TABLE, columns=columns, data=[],
+        row_selectable="multi", selected_rows=[], sort_action="custom", sort_by=[], filter_action="native",
+        page_size=50, **runs_table_style(),  # measured runs indented under their source, within 1600 px
     )
     return dcc.Tab(label="Runs", value=ids.TAB_RUNS, children=[
         html.P("Tick one run to look at it, or two to compare them. The first ticked run is the one every tab shows."),
@@ -96,8 +104,8 @@ def _layers_tab() -> dcc.Tab:
     columns = []
     for key, label in LAYER_TABLE_COLUMNS:
         column: dict = {"name": label, "id": key}
-        if key.endswith("_bytes"):
-            column.update(type="numeric", format=Format(group=Group.yes))
+        if key.endswith("_bytes"):  # shown in binary units, sorted by the bytes (dashboard.tables)
+            column.update(id=byte_text_key(key), type="text")
         elif key.endswith("_ms"):
             column.update(type="numeric", format=Format(precision=3, scheme="f"))
         columns.append(column)
@@ -109,7 +117,7 @@ def _layers_tab() -> dcc.Tab:
                            value="weight_bytes", inline=True),
         ]),
         html.P(id=ids.LAYERS_DETAIL, className="note"),
-        data_table(id=ids.LAYERS_TABLE, columns=columns, data=[], sort_action="native",
+        data_table(id=ids.LAYERS_TABLE, columns=columns, data=[], sort_action="custom", sort_by=[],
                              filter_action="native", page_size=25, style_table=_TABLE_STYLE, style_cell=_CELL_STYLE),
         dcc.Graph(id=ids.LAYERS_TREE, config={"displaylogo": False}),
     ])
@@ -123,6 +131,11 @@ def _timeline_tab() -> dcc.Tab:
         html.P(id=ids.TIMELINE_DETAIL, className="note"),
         html.P(id=ids.TIMELINE_INFO, className="note"),
         dcc.Graph(id=ids.TIMELINE_GRAPH, config={"displaylogo": False}),
+        # a click on the timeline lists the tensors alive then (dashboard.drilldown)
+        html.P(id=ids.TIMELINE_TENSORS_NOTE, className="note"),
+        data_table(id=ids.TIMELINE_TENSORS, columns=[{"name": label, "id": key} for key, label in TENSOR_COLUMNS],
+                   data=[], tooltip_data=[], tooltip_duration=None, page_size=25, style_table=_TABLE_STYLE,
+                   style_cell=_CELL_STYLE),
     ])
 
 
@@ -136,8 +149,11 @@ def _planner_tab() -> dcc.Tab:
         html.Label("memory budget, from the minimum feasible to store-all (for a chain found in a run: the whole "
                    "training step's memory, what the device has)"),
         html.Div(className="slider", children=[
+            # the handle shows its budget in binary units while dragged (assets/units.js); the figures
+            # follow on release
             dcc.Slider(id=ids.PLANNER_BUDGET, min=0, max=1, value=0.5, step=0.01, marks=None,
-                       allow_direct_input=False, updatemode="mouseup"),
+                       allow_direct_input=False, updatemode="mouseup",
+                       tooltip={"always_visible": True, "placement": "top", "transform": "formatBytes"}),
         ]),
         html.Div(className="figures-row", children=[
             html.Div(id=ids.PLANNER_BUDGET_TEXT, className="stat"),
@@ -147,8 +163,7 @@ def _planner_tab() -> dcc.Tab:
         html.Details(open=False, children=[
             html.Summary("operations"), html.Pre(id=ids.PLANNER_SCHEDULE_TEXT, className="schedule"),
         ]),
-        dcc.Graph(id=ids.PLANNER_SCHEDULE_GRAPH, config={"displaylogo": False}),
-        dcc.Graph(id=ids.PLANNER_TIMELINE_GRAPH, config={"displaylogo": False}),
+        dcc.Graph(id=ids.PLANNER_SCHEDULE_GRAPH, config={"displaylogo": False}),  # with its memory, one time axis
         dcc.Graph(id=ids.PLANNER_PARETO_GRAPH, config={"displaylogo": False}),
         html.H3("Measured runs of schedules from this run"),
         html.Div(id=ids.PLANNER_MEASURED),
@@ -175,8 +190,12 @@ def build_layout(traces_dir: str) -> html.Div:
         dcc.Store(id=ids.SELECTED_RUNS, data=[]),
         dcc.Store(id=ids.PLANNER_CHOICE, data=None),
         dcc.Store(id=ids.TIMELINE_ZOOM, data=None),
+        dcc.Store(id=ids.LIVE_STAMP, data=None),
+        # on only while the chosen run is being written (dashboard.live); each tick reads only new parts
+        dcc.Interval(id=ids.LIVE_INTERVAL, interval=LIVE_REFRESH_MS, disabled=True),
         html.Header(children=[html.H1("memprof"), html.Span(f"traces: {traces_dir}", className="note")]),
         html.Div(id=ids.STATUS, className="message"),
+        html.P(id=ids.RUN_PROBLEM, className="message run-problem"),  # shown above every tab, the same line
         dcc.Tabs(id=ids.TABS, value=ids.TAB_RUNS, children=[
             _runs_tab(), _overview_tab(), _layers_tab(), _timeline_tab(), _planner_tab(), _export_tab(),
         ]),
@@ -188,5 +207,5 @@ def first_trace_help(traces_dir: str) -> html.Div:
     return html.Div(className="empty", children=[
         html.H3(f"No runs in {traces_dir} yet."),
         html.P("Add these lines to a training loop, run it, then reload this page:"),
-        html.Pre(FIRST_TRACE_HELP),
+        html.Pre(FIRST_TRACE_HELP.format(folder=traces_dir)),
     ])

@@ -89,3 +89,12 @@ def nearest_detailed(store: TraceStore, names: list[str] | None, click: dict | N
     at = int(np.searchsorted(detail, x))
     candidates = detail[max(at - 1, 0):at + 1]
     return int(candidates[np.argmin(np.abs(candidates - x))])
+
+
+def keep_open(options: list[dict], default: int | None, *opened: int | None) -> list[int | None]:
+    """For each picker, the iteration it has open when the options still offer it, else ``default``.
+
+    A live run's refresh brings new options; the iteration a user opened must not jump to the new peak.
+    """
+    offered = {option["value"] for option in options}
+    return [value if value in offered else default for value in opened]

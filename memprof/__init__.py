@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from memprof.trace.reader import RunEntry, Trace, list_runs, load_trace
 
 # Imported on first use: the profiler imports torch and the reader pandas, and the background worker
-# (``python -m memprof.trace.worker``, which runs this file first) needs neither.
+# (``python -m memprof.trace.pipeline.worker``, which runs this file first) needs neither.
 _LAZY = {"MemoryProfiler": "memprof.capture.profiler", "RunEntry": "memprof.trace.reader", "Trace": "memprof.trace.reader",
          "list_runs": "memprof.trace.reader", "load_trace": "memprof.trace.reader",
          "Estimate": "memprof.estimation.run", "estimate": "memprof.estimation.run"}

@@ -7,7 +7,7 @@ when a planning pass ran, the optional ``ops`` table (the aten ops of one iterat
 Each table is a directory of Parquet parts (``iterations.parquet/part-000001.parquet`` ...), each
 written to a hidden temporary name and renamed into place, so a killed run leaves every flushed iteration
 readable and ``pandas.read_parquet(run_dir / "events.parquet")`` reads a table as one frame. Each flush
-appends a part, and :mod:`memprof.trace.compaction` merges them into fewer, bigger parts as the run goes
+appends a part, and :mod:`memprof.trace.format.compaction` merges them into fewer, bigger parts as the run goes
 (``part-<last>.t<tier>-<first>.parquet``), so a table has a bounded number of parts. ``docs/trace-format.md``
 documents the layout and every column.
 """
@@ -33,7 +33,12 @@ TABLES: tuple[str, ...] = (ITERATIONS, LAYERS, EVENTS)
 #: Written only by a planning pass (``MemoryProfiler(..., ops=True)``, ``memprof profile-ops``): the aten ops
 #: of one iteration's forward. Optional: a trace without it (every trace before it existed) has no op rows.
 OPS = "ops"
-OPTIONAL_TABLES: tuple[str, ...] = (OPS,)
+#: Written for detailed iterations since the drill-down existed (optional: older traces have none): one row per
+#: allocation alive at some events row (``allocations``), and the op and Python stack of allocations the
+#: training process saw made (``stacks``, written by that process itself, like ``ops``).
+ALLOCATIONS = "allocations"
+STACKS = "stacks"
+OPTIONAL_TABLES: tuple[str, ...] = (OPS, ALLOCATIONS, STACKS)
 
 #: Keys every ``meta.json`` must have.
 META_KEYS: tuple[str, ...] = (
@@ -146,14 +151,45 @@ OPS_SCHEMA = pa.schema(
     ]
 )
 
-#: The tables every flush of the profiler writes (and the writer compacts).
+#: One row per allocation of a detailed iteration that is alive at one events row or more
+#: (:mod:`memprof.analysis.allocations`): alive at the events rows ``first_seq`` .. ``last_seq`` of its iteration.
+ALLOCATIONS_SCHEMA = pa.schema(
+    [
+        pa.field("iteration", pa.int64()),
+        pa.field("block", pa.int64()),  # the block's id, unique within the run
+        pa.field("bytes", pa.int64()),
+        pa.field("category", pa.string()),
+        pa.field("module", pa.string()),  # the module running when it was allocated ("" for none)
+        pa.field("phase", pa.string()),  # forward, backward, optimizer, other; "before": alive when the iteration began
+        pa.field("first_seq", pa.int64()),
+        pa.field("last_seq", pa.int64()),
+        pa.field("ptr", pa.int64()),  # its address and allocation time (0 when alive before the iteration)
+        pa.field("alloc_ns", pa.int64()),
+    ]
+)
+
+#: One row per op output storage the training process saw allocated in a detailed iteration
+#: (:mod:`memprof.capture.stacks`); ``stack`` only for outputs of at least the capture threshold ("" otherwise).
+STACKS_SCHEMA = pa.schema(
+    [
+        pa.field("iteration", pa.int64()),
+        pa.field("time_ns", pa.int64()),  # when the op returned (the clock of the allocation events)
+        pa.field("ptr", pa.int64()),
+        pa.field("bytes", pa.int64()),
+        pa.field("op", pa.string()),  # e.g. aten.mm.default
+        pa.field("stack", pa.string()),  # innermost frame last, one "file:line in function" per line
+    ]
+)
+
+#: The tables every flush of the profiler writes (and the writer compacts); ``allocations`` is optional to readers.
 SCHEMAS: dict[str, pa.Schema] = {
     ITERATIONS: ITERATIONS_SCHEMA,
     LAYERS: LAYERS_SCHEMA,
     EVENTS: EVENTS_SCHEMA,
+    ALLOCATIONS: ALLOCATIONS_SCHEMA,
 }
 #: Every table the reader opens: the flushed ones and the optional ones.
-READ_SCHEMAS: dict[str, pa.Schema] = {**SCHEMAS, OPS: OPS_SCHEMA}
+READ_SCHEMAS: dict[str, pa.Schema] = {**SCHEMAS, OPS: OPS_SCHEMA, STACKS: STACKS_SCHEMA}
 
 
 def table_dir_name(table: str) -> str:

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import torch
 
-from memprof import MemoryProfiler, zoo
+from examples import zoo
+from memprof import MemoryProfiler
 
 
 def main() -> None:

@@ -65,10 +65,10 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         name="measure-without-the-schedule",
-        path="planner/measure.py",
+        path="planner/measure/runs.py",
         old="    apply_schedule(model, schedule, container)\n",
         new="",
-        tests=("tests/planner/test_measure.py",),
+        tests=("tests/planner/measure/test_measure.py",),
         claim="measure_schedule runs the schedule it compares",
     ),
     Mutation(
@@ -81,26 +81,26 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         name="simulator-forgets-the-new-gradient",
-        path="planner/memory_rules.py",
-        old="during = self.live + regrown + grad_out + spec.backward_overhead_bytes",
-        new="during = self.live + regrown + spec.backward_overhead_bytes",
-        tests=("tests/planner/test_simulator.py", "tests/planner/test_solve.py"),
+        path="planner/simulation/memory_rules.py",
+        old="during = self.live + regrown + grad_out - handed + spec.backward_overhead_with(option)",
+        new="during = self.live + regrown - handed + spec.backward_overhead_with(option)",
+        tests=("tests/planner/simulation/test_simulator.py", "tests/planner/solvers/test_solve.py"),
         claim="the simulator counts the gradient B(l) produces (one slot of memory)",
     ),
     Mutation(
         name="sizes-rounded-down-a-slot",
-        path="planner/discretize.py",
+        path="planner/solvers/discretize.py",
         old='    return -(-int(size_bytes) // slot_bytes)\n',
         new='    return int(size_bytes) // slot_bytes\n',
-        tests=("tests/planner/test_solve.py",),
+        tests=("tests/planner/solvers/test_solve.py",),
         claim="the dynamic programs round sizes up to whole slots, so a schedule never exceeds its budget",
     ),
     Mutation(
         name="journal-record-lost",
-        path="memprof/trace/journal.py",
+        path="memprof/trace/pipeline/journal.py",
         old="        written = os.writev(fd, parts)\n",
         new="        written = os.writev(fd, parts) if record.iteration != 1 else sum(len(p) for p in parts)\n",
-        tests=("tests/memprof/trace/test_journal.py", "tests/memprof/capture/test_sinks.py"),
+        tests=("tests/memprof/trace/pipeline/test_journal.py", "tests/memprof/capture/test_sinks.py"),
         claim="every recorded iteration reaches the journal and the trace",
     ),
     Mutation(
@@ -185,7 +185,8 @@ class Outcome:
 
 
 def _pytest(root: Path, args: Sequence[str], python: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--no-header", "-rf", *args],
+    # -m "": every named test, the slow ones too (pytest's own default leaves out those marked slow)
+    return subprocess.run([python, "-m", "pytest", "-q", "-m", "", "-p", "no:cacheprovider", "--no-header", "-rf", *args],
                           cwd=root, env=_environment(root), capture_output=True, text=True)
 
 

@@ -3,7 +3,7 @@
 ``torch.profiler.profile(profile_memory=True)`` records every allocation and free of the CPU allocator;
 ``prof.profiler.kineto_results.events()`` named ``[memory]`` carry them (``prof.events()`` attributes most to
 operators and drops them from ``[memory]``), and summing them in time order gives the live bytes
-(:func:`planner.compile_baseline.memory_events`, which also keeps Python's cycle collector out of the window).
+(:func:`planner.measure.compile_baseline.memory_events`, which also keeps Python's cycle collector out of the window).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from planner.compile_baseline import memory_events, running_peak
+from planner.measure.compile_baseline import memory_events, running_peak
 
 
 def allocator_rise_bytes(call: Callable[[], Any], quiet: bool = False) -> int:

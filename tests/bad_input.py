@@ -24,11 +24,11 @@ import torch
 from hypothesis import HealthCheck, settings
 
 from cli.main import main
+from examples import zoo
 from memprof import (
     MemoryProfiler,
     MemprofError,
     load_trace,
-    zoo,
 )
 from memprof.schema import TABLES
 from memprof.units import SizeParseError

@@ -110,7 +110,7 @@ def test_no_import_cycles() -> None:
 def test_subpackages_do_not_import_each_other_in_a_cycle() -> None:
     """Between the parts of a package too (``memprof.capture``, ``memprof.analysis``, ``memprof.trace``;
     ``planner.solvers`` and the planner's own modules): the trace's contract (``memprof/schema.py``) sits where
-    both the analysis and the trace read it, store-all's baseline (``planner/baseline.py``) where the
+    both the analysis and the trace read it, store-all's baseline (``planner/simulation/baseline.py``) where the
     discretisation and the solvers read it."""
     parts: dict[str, set[str]] = {}
     for module, targets in import_graph().items():
@@ -141,3 +141,28 @@ def test_the_graph_sees_lazy_imports() -> None:
     modules = {"p", "p.a", "b", "c", "c.d", "e", "e.f", "g", "p.h"}
     assert _imported(ast.parse(source), "p.a", False, modules) == {"b", "c", "c.d", "e.f", "g", "p.h"}
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+#: The planner's parts in the order of its flow: each imports only parts before it (``planner/__init__.py``,
+#: the public API, imports them all). ``docs/architecture.md`` draws the same order.
+PLANNER_LAYERS = ("planner.errors", "planner.model", "planner.simulation", "planner.solvers", "planner.executor",
+                  "planner.discovery", "planner.fronts", "planner.export", "planner.measure")
+
+
+def test_the_planner_parts_import_only_those_before_them() -> None:
+    graph = import_graph()
+    parts = sorted({_part(module) for module in graph if module.startswith("planner.")})
+    assert parts == sorted(PLANNER_LAYERS), "a new part of the planner needs its place in PLANNER_LAYERS"
+    wrong = sorted(
+        f"{module} imports {target}"
+        for module, targets in graph.items() if module.startswith("planner.")
+        for target in targets if target.startswith("planner.")
+        and PLANNER_LAYERS.index(_part(target)) > PLANNER_LAYERS.index(_part(module))
+    )
+    assert not wrong, "the planner's parts import only those before them in PLANNER_LAYERS:\n" + "\n".join(wrong)
+
+
+def test_the_planner_top_level_holds_only_its_api() -> None:
+    """Every module of the planner lives in the part its name says; only the API and the errors sit at the top."""
+    top = sorted(path.name for path in (ROOT / "planner").glob("*.py"))
+    assert top == ["__init__.py", "errors.py"], top

@@ -1,7 +1,7 @@
 """One iteration's analysis: from an :class:`IterationRecord` to the rows of the trace tables.
 
 The same code runs in the training process (inline mode, and the budget guard's runs), in the
-background worker (:mod:`memprof.trace.worker`) and in the reader when it finishes the journal of a killed
+background worker (:mod:`memprof.trace.pipeline.worker`) and in the reader when it finishes the journal of a killed
 run, so all three produce identical rows. Torch-free.
 """
 
@@ -13,6 +13,7 @@ from typing import Any, cast
 
 import pyarrow as pa
 
+from memprof.analysis.allocations import allocation_table
 from memprof.analysis.attribution import sweep
 from memprof.analysis.console import format_report
 from memprof.analysis.failure import failure_details
@@ -46,6 +47,8 @@ class ProcessedIteration:
     failure: dict[str, Any] | None = None
     detail: bool = True
     before: ProcessedIteration | None = None
+    #: its rows of the allocations table (memprof.analysis.allocations), when it keeps its detail
+    allocations: pa.Table | None = None
 
     @property
     def detailed(self) -> tuple[int, ...]:
@@ -129,10 +132,11 @@ class IterationProcessor:
             layers = layer_rows(sw, s, list(spec.infos), record.iteration, order, list(spec.weight_bytes),
                                 subtree_bytes(list(spec.infos), grads), split,
                                 comm_bytes=cast(int, summary["comm_buffers"]))
-        table = self._empty_events
+        table, allocations = self._empty_events, None
         if detail:
             table = event_table(sw, s, record.iteration, record.start_ns, record.end_ns, list(spec.names),
                                 record.reserved_bytes)
+            allocations = allocation_table(sw, record.events, record.iteration, spec.names)
         ids, sizes, categories = sw.block_ids, sw.sizes, sw.categories
         after = CarriedState(record.iteration,
                              [LiveBlock(ids[i], ptr, sizes[i], categories[i]) for ptr, i in sw.live.items()],
@@ -141,7 +145,7 @@ class IterationProcessor:
         text = format_report(row, layers, spec.device) if report_due else None
         failure = failure_details(table, layers, record.iteration) if record.failed else None
         return ProcessedIteration(record.iteration, row, layers if detail else [], table, text, failure,
-                                  detail), after
+                                  detail, allocations=allocations), after
 
 
 def root_forward_ran(record: IterationRecord) -> bool:

@@ -3,7 +3,7 @@
 A planning pass (``MemoryProfiler(..., ops=True)`` or ``memprof profile-ops``) records, inside each module,
 the aten ops one forward runs, what they allocate, what autograd keeps of them for backward, and what they
 cost. The planner derives each block's recomputation options from these rows
-(:mod:`planner.option_builder`). Torch-free: the trace's ``ops`` table reads back into these.
+(:mod:`planner.discovery.option_builder`). Torch-free: the trace's ``ops`` table reads back into these.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """What the training process records about one iteration, before any analysis.
 
-Torch-free on purpose: the background worker (:mod:`memprof.trace.worker`) and the trace reader's
-recovery of a killed run (:mod:`memprof.trace.journal`) analyse these records without importing torch.
+Torch-free on purpose: the background worker (:mod:`memprof.trace.pipeline.worker`) and the trace reader's
+recovery of a killed run (:mod:`memprof.trace.pipeline.journal`) analyse these records without importing torch.
 """
 
 from __future__ import annotations

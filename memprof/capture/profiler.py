@@ -33,13 +33,15 @@ from memprof.capture.oom_snapshot import OomSnapshot
 from memprof.capture.op_recorder import OpPass
 from memprof.capture.optimizers import unwrap_optimizer
 from memprof.capture.sinks import BackgroundSink, InlineSink, Outcome
+from memprof.capture.stacks import STACK_MIN_BYTES, StackCapture
 from memprof.capture.streams import open_stream
 from memprof.capture.tensor_walk import describe_modules, module_tree, optimizer_state, pointers, storages
 from memprof.categories import Category
 from memprof.errors import MemoryBudgetExceeded, ProfilerError
 from memprof.schema import FORMAT_NAME, SCHEMA_VERSION
-from memprof.trace.ops_table import write_ops
-from memprof.trace.writer import TraceWriter, write_meta
+from memprof.trace.format.ops_table import write_ops
+from memprof.trace.format.writer import TraceWriter, write_meta
+from memprof.trace.liveness import writer_record
 from memprof.units import format_bytes
 
 # Models a live profiler is attached to; a second profiler on the same model is refused.
@@ -166,6 +168,9 @@ class MemoryProfiler:
             (:mod:`memprof.capture.dispatch_cost`, tens of ms) into ``meta.json``, for the planner's options.
         ops_iteration: the iteration the planning pass records (default 1: the first after a warm-up step,
             whose times are not those of first calls).
+        stack_min_bytes: in iterations scheduled for detail, record the op that made each allocation, and the
+            Python stack of those of at least this many bytes (the dashboard's drill-down; ``None``: record
+            neither). A torch function mode runs during those iterations only.
 
     Raises:
         ProfilerError: the model already has a live profiler, or another torch.profiler is running, or
@@ -180,7 +185,8 @@ class MemoryProfiler:
                  budget_bytes: int | None = None, background: bool = True, detail_first: int = DEFAULT_FIRST,
                  detail_every: int = DEFAULT_EVERY, detail_peak_rise: float = DEFAULT_PEAK_RISE,
                  snapshot_on_oom: bool = False,
-                 allocation_stream: Any = None, ops: bool = False, ops_iteration: int = 1) -> None:
+                 allocation_stream: Any = None, ops: bool = False, ops_iteration: int = 1,
+                 stack_min_bytes: int | None = STACK_MIN_BYTES) -> None:
         if not isinstance(model, nn.Module):
             raise ProfilerError(f"expected a torch.nn.Module to profile, found {type(model).__name__}")
         model, wrapper = unwrap_compiled(model)  # layers are named as in the eager model
@@ -254,7 +260,13 @@ class MemoryProfiler:
         self._oom_snapshot = OomSnapshot(self.device) if snapshot_on_oom else None
         if self._oom_snapshot is not None:
             self._oom_snapshot.start()
+        # the op and Python stack of allocations, in iterations scheduled for detail (not on fake tensors, nor
+        # compiled models: a dispatch mode would change what they run)
+        self._stacks = (StackCapture(self.run_dir, self.detail, stack_min_bytes)
+                        if stack_min_bytes is not None and allocation_stream is None and wrapper is None else None)
         self._iteration_start_ns = now_ns()
+        if self._stacks is not None:
+            self._stacks.begin(0)
 
     # ------------------------------------------------------------------ set-up
     def _abandon_start(self) -> None:
@@ -263,7 +275,7 @@ class MemoryProfiler:
         steps: list[Callable[[], Any]] = []
         for name, method in (("_recorder", "detach"), ("_distributed", "detach"), ("_eager", "end"),
                              ("_cache_watcher", "remove"), ("_op_pass", "detach"), ("_oom_snapshot", "stop"),
-                             ("_sink", "finish")):
+                             ("_stacks", "end"), ("_sink", "finish")):
             part = getattr(self, name, None)
             if part is not None:
                 steps.append(getattr(part, method))
@@ -316,6 +328,7 @@ class MemoryProfiler:
             "truth": "cuda-caching-allocator" if self._cuda else "cpu-allocator-events",
             "allocator_source": self._stream.source,
             "status": "running",
+            "writer": writer_record(),  # who writes it: a reader tells a killed run from a live one
             "iterations": 0,
             "detail": self.detail.to_json(),
             "python": sys.version.split()[0],
@@ -365,6 +378,8 @@ class MemoryProfiler:
 
     def _finish_iteration(self, restart: bool = True, failed: bool = False, detail: bool = False) -> None:
         end_ns = now_ns()
+        if self._stacks is not None:
+            self._stacks.end()
         if self._op_pass is not None and self.iteration == self._op_pass.iteration:
             detail = self._write_ops() or detail
         events = self._stream.collect(restart=restart)
@@ -388,6 +403,8 @@ class MemoryProfiler:
             write_meta(self.run_dir, self._meta)  # a killed run's planner still finds the eager iterations
         self.iteration += 1
         self._iteration_start_ns = now_ns()
+        if self._stacks is not None:
+            self._stacks.begin(self.iteration)
 
     def _warn_root_silent(self, record: IterationRecord) -> None:
         """Says why the first iteration never saw the model's forward begin, and what to profile instead."""
@@ -469,6 +486,8 @@ class MemoryProfiler:
         finally:
             if self._oom_snapshot is not None:
                 self._oom_snapshot.stop()
+            if self._stacks is not None:
+                self._stacks.end()
             self._recorder.detach()
             self._distributed.detach()
             self._eager.end()

@@ -1,7 +1,7 @@
 """Where ``record_stats()`` sends an iteration's record: processed inline, or by a background worker.
 
 :class:`InlineSink` analyses and writes on the training thread (a few ms per step). :class:`BackgroundSink`
-only journals the raw record (a fraction of a ms) and lets :mod:`memprof.trace.worker`, a separate process
+only journals the raw record (a fraction of a ms) and lets :mod:`memprof.trace.pipeline.worker`, a separate process
 so that it never competes for the GIL, do the rest. Should the worker stop, or a record fail to reach
 the disk, the sink takes over inline from the worker's last saved state, so no completed iteration is
 lost and attribution stays exact.
@@ -22,7 +22,8 @@ from typing import IO, Any, NamedTuple
 from memprof.analysis.iteration import IterationProcessor
 from memprof.analysis.records import CarriedState, IterationRecord, RunSpec
 from memprof.errors import CorruptTraceError
-from memprof.trace.journal import (
+from memprof.trace.format.writer import TraceWriter, write_iterations
+from memprof.trace.pipeline.journal import (
     JOURNAL_DIR,
     JournalReader,
     JournalWriter,
@@ -30,7 +31,6 @@ from memprof.trace.journal import (
     write_spec,
     write_state,
 )
-from memprof.trace.writer import TraceWriter, write_iterations
 
 #: Records the worker may fall behind by before ``record_stats()`` waits for it (bounds disk and close time).
 MAX_PENDING = 16
@@ -134,10 +134,12 @@ class BackgroundSink:
         self._proc: _Worker | None = None  # started with the first record: attach/close costs nothing
         #: Why the worker stopped, once it did (the caller warns once).
         self.stopped: str | None = None
+        #: What the worker's CPU went to, per stage, once it ended (``memprof.trace.pipeline.worker.Stages``).
+        self.worker_stats: dict[str, Any] | None = None
 
     def _start(self) -> _Worker:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "memprof.trace.worker", str(self.run_dir)], stdin=subprocess.PIPE,
+            [sys.executable, "-m", "memprof.trace.pipeline.worker", str(self.run_dir)], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=_worker_env(), start_new_session=True)
         assert proc.stdin is not None and proc.stdout is not None  # both are pipes (PIPE above)
         os.set_blocking(proc.stdout.fileno(), False)
@@ -174,8 +176,10 @@ class BackgroundSink:
             # The journal cannot take it (disk full, folder gone): go on inline from the worker's state.
             lost = Outcome(record.iteration, write_error=str(exc))
             return outcomes + self._take_over(None, record) + [lost]
+        # the worker lets a few records gather before it wakes up, unless something is to be shown now
+        now = record.failed or (self._spec.print_period > 0 and record.iteration % self._spec.print_period == 0)
         try:
-            self._running().stdin.write(f"{record.iteration}\n".encode())
+            self._running().stdin.write(f"{record.iteration}{' now' if now else ''}\n".encode())
             self._running().stdin.flush()
         except OSError:
             return outcomes + self._take_over(self._why_stopped())
@@ -225,6 +229,8 @@ class BackgroundSink:
                 message = json.loads(line)
                 if "error" in message:
                     self._error = str(message["error"])
+                elif "stats" in message:
+                    self.worker_stats = message["stats"]
                 elif "write_error" in message:
                     outcomes.append(Outcome(self._reported, write_error=str(message["write_error"])))
                 else:

@@ -32,7 +32,7 @@ from memprof.interop.replay import Replay, devices, replay
 from memprof.interop.snapshot_file import load_snapshot
 from memprof.interop.steps import Plan, plan_steps
 from memprof.schema import FORMAT_NAME, SCHEMA_VERSION
-from memprof.trace.writer import TraceWriter, write_iterations, write_meta
+from memprof.trace.format.writer import TraceWriter, write_iterations, write_meta
 from memprof.units import format_bytes
 
 #: ``meta.json``'s ``source`` for an imported run.

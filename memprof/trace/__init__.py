@@ -1,10 +1,11 @@
-"""The trace on disk: its contract, the journal between processes, writing, and reading.
+"""The trace on disk, in three parts and a reader: the format, the pipeline, the ranks.
 
-:mod:`~memprof.schema` is the contract; :mod:`~memprof.trace.journal` carries raw records to
-:mod:`~memprof.trace.worker`, which writes Parquet parts through :mod:`~memprof.trace.writer`;
-:mod:`~memprof.trace.reader` (with :mod:`~memprof.trace.recovery` for a killed run and
-:mod:`~memprof.trace.ranks` for distributed runs) is the one way everything else reads a trace.
-The worker's modules import neither torch nor pandas; the reader uses pandas.
+:mod:`~memprof.schema` is the contract. :mod:`~memprof.trace.format` writes it (atomic Parquet
+parts, their compaction, the ops table); :mod:`~memprof.trace.pipeline` moves raw records from the
+training process to the trace (the journal, the background worker, the recovery of a killed run's
+journal); :mod:`~memprof.trace.reader` is the one way everything else reads a trace, and
+:mod:`~memprof.trace.ranks` scans the ranks of a distributed run. The format's and the pipeline's
+modules import neither torch nor pandas; the reader uses pandas.
 
 Public names load on first use: the reader's need pandas, which the worker never imports.
 """
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
         TABLES,
         table_dir_name,
     )
+    from memprof.trace.format.writer import TraceWriter
     from memprof.trace.ranks import (
         RankScan,
         peak_imbalance,
@@ -31,7 +33,6 @@ if TYPE_CHECKING:
         scan_ranks,
     )
     from memprof.trace.reader import RunEntry, Trace, list_runs, load_trace
-    from memprof.trace.writer import TraceWriter
 
 _LAZY = {
     "EVENTS": "memprof.schema",
@@ -43,7 +44,7 @@ _LAZY = {
     "SCHEMA_VERSION": "memprof.schema",
     "TABLES": "memprof.schema",
     "Trace": "memprof.trace.reader",
-    "TraceWriter": "memprof.trace.writer",
+    "TraceWriter": "memprof.trace.format.writer",
     "list_runs": "memprof.trace.reader",
     "load_trace": "memprof.trace.reader",
     "peak_imbalance": "memprof.trace.ranks",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -10,141 +10,36 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from memprof.analysis.iteration import ProcessedIteration
 from memprof.analysis.op_records import OpRecord
-from memprof.errors import CorruptTraceError, SchemaVersionError, TraceError, TraceNotFoundError
+from memprof.errors import CorruptTraceError
 from memprof.schema import (
-    FORMAT_NAME,
+    ALLOCATIONS,
     ITERATIONS,
-    LATER_COLUMNS,
-    META_FILE,
-    META_KEYS,
     OPS,
     OPTIONAL_TABLES,
     READ_SCHEMAS,
-    READABLE_VERSIONS,
-    SCHEMA_VERSION,
+    STACKS,
     TABLES,
-    V1_DEFAULTS,
-    table_dir_name,
 )
-from memprof.trace.ops_table import records_from_frame
-from memprof.trace.recovery import recover, recovered_frame
+from memprof.trace.damage import PartDamage, damage_message, footer_damage, relative_name
+from memprof.trace.format.ops_table import records_from_frame
+from memprof.trace.listing import RunEntry, list_runs, read_meta
+from memprof.trace.liveness import run_state
+from memprof.trace.parts import (
+    RELIST_ATTEMPTS,
+    BadPart,
+    IterationRange,
+    PartCache,
+    PartVanished,
+    list_parts,
+    read_part,
+    table_parts,
+)
+from memprof.trace.pipeline.recovery import recover, recovered_frame
 
-#: ``(first, last)`` iteration of a part, from its footer's statistics; ``None`` when it has none.
-IterationRange = tuple[int, int] | None
-#: Times a table's parts are listed again when a part vanished (a live writer merged it away).
-_RELIST_ATTEMPTS = 5
-
-
-class _PartVanished(Exception):
-    """A listed part no longer exists: a writer merged it into another part meanwhile."""
-
-
-def read_meta(run_dir: Path) -> dict[str, Any]:
-    """Reads and validates ``meta.json`` of a run directory.
-
-    Raises:
-        TraceNotFoundError: the directory or its ``meta.json`` is missing.
-        CorruptTraceError: the file is not JSON or not a memprof trace.
-        SchemaVersionError: the schema version is not one this reader knows.
-    """
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise TraceNotFoundError(f"no trace directory at {run_dir}: expected a run directory written by memprof")
-    path = run_dir / META_FILE
-    if not path.is_file():
-        hint = ""
-        if any(run_dir.glob("rank=*")):
-            hint = f"; it holds per-rank traces, open one of {sorted(p.name for p in run_dir.glob('rank=*'))}"
-        raise TraceNotFoundError(f"{run_dir} has no {META_FILE}: expected a memprof run directory{hint}")
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise CorruptTraceError(f"{path} is not valid JSON ({exc}); expected memprof trace metadata") from None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
-        found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
-        raise CorruptTraceError(f"{path} is not memprof metadata: expected format {FORMAT_NAME!r}, found {found!r}")
-    version = meta.get("schema_version")
-    if isinstance(version, bool) or version not in READABLE_VERSIONS:
-        raise SchemaVersionError(
-            f"{path} has schema_version {version!r}; this memprof reads versions "
-            f"{', '.join(map(str, READABLE_VERSIONS))}"
-            + (": upgrade memprof to read it" if isinstance(version, int) and version > SCHEMA_VERSION else "")
-        )
-    missing = [k for k in META_KEYS if k not in meta]
-    if missing:
-        raise CorruptTraceError(f"{path} lacks required keys {missing}")
-    return meta
-
-
-def table_parts(run_dir: Path, table: str) -> list[Path]:
-    """Lists the Parquet parts of one table, in write order (hidden temporary files excluded)."""
-    directory = Path(run_dir) / table_dir_name(table)
-    if directory.is_file():  # a single-file table is accepted too
-        return [directory]
-    if not directory.is_dir():
-        return []
-    return sorted(p for p in directory.glob("part-*.parquet") if not p.name.startswith("."))
-
-
-def _required(table: str, version: int) -> list[pa.Field]:
-    """The columns a part of ``table`` must have in a trace of schema ``version``."""
-    return [f for f in READ_SCHEMAS[table] if f.name not in _defaults(table, version)]
-
-
-def _defaults(table: str, version: int) -> dict[str, object]:
-    """The columns a part of ``table`` may lack, with the value they read as."""
-    return {**(V1_DEFAULTS.get(table, {}) if version == 1 else {}), **LATER_COLUMNS.get(table, {})}
-
-
-def _list_parts(run_dir: Path, table: str, version: int) -> tuple[tuple[Path, ...], tuple[IterationRange, ...]]:
-    """Lists a table's parts and checks their footers; lists again where a part vanished meanwhile."""
-    for _ in range(_RELIST_ATTEMPTS):
-        found = table_parts(run_dir, table)
-        try:
-            return tuple(found), tuple(_check_part(part, table, version) for part in found)
-        except CorruptTraceError:
-            if all(part.exists() for part in found):
-                raise
-    raise CorruptTraceError(f"the parts of {table} in {run_dir} kept vanishing while they were listed "
-                            f"({_RELIST_ATTEMPTS} times); open the trace again")
-
-
-def _check_part(path: Path, table: str, version: int) -> IterationRange:
-    """Validates a part's footer; returns the range of iterations it holds."""
-    try:
-        metadata = pq.read_metadata(path)
-        schema = metadata.schema.to_arrow_schema()
-    except (OSError, pa.ArrowException, UnicodeDecodeError) as exc:
-        raise CorruptTraceError(
-            f"{path} is not a readable Parquet file ({exc.__class__.__name__}: {exc}); it may be truncated"
-        ) from None
-    required = _required(table, version)
-    missing = [f.name for f in required if f.name not in schema.names]
-    if missing:
-        raise CorruptTraceError(f"{path} is not a memprof {table} table: missing columns {missing}")
-    wrong = [f"{f.name} ({schema.field(f.name).type}, expected {f.type})" for f in required
-             if not schema.field(f.name).type.equals(f.type)]
-    if wrong:
-        raise CorruptTraceError(f"{path} has columns of the wrong type: {', '.join(wrong)}")
-    return _iteration_range(metadata, schema.get_field_index("iteration"))
-
-
-def _iteration_range(metadata: pq.FileMetaData, column: int) -> IterationRange:
-    lows, highs = [], []
-    for group in range(metadata.num_row_groups):
-        stats = metadata.row_group(group).column(column).statistics
-        if metadata.row_group(group).num_rows == 0:
-            continue
-        if stats is None or not stats.has_min_max:
-            return None
-        lows.append(stats.min)
-        highs.append(stats.max)
-    return (int(min(lows)), int(max(highs))) if lows else None
+__all__ = ["IterationRange", "PartDamage", "RunEntry", "Trace", "list_runs", "load_trace", "read_meta", "table_parts"]
 
 
 @dataclass(frozen=True)
@@ -154,6 +49,9 @@ class Trace:
     The ``iterations`` table has a row for every recorded iteration; ``layers`` and ``events`` (the
     detail) hold rows only for the iterations in :attr:`detail_iterations`. Read the detail of a few
     iterations with ``read(table, iterations=[...])``: only the parts that hold them are opened.
+
+    A damaged part (truncated, overwritten, a damaged page) is skipped, not fatal: the run loses the
+    iterations it held, :attr:`damage` lists it and :attr:`damage_message` says so in one line.
 
     Attributes:
         path: the run directory.
@@ -168,6 +66,10 @@ class Trace:
     # per table listed again since load_trace: the last iteration of the first listing, beyond which
     # rows written since are not returned (the trace stays the snapshot load_trace took)
     _snapshot_last: dict[str, int | None] = field(default_factory=dict, repr=False)
+    # the parts skipped so far (found when the footers were checked, or later when a page failed its checksum)
+    _damage: list[PartDamage] = field(default_factory=list, repr=False)
+    _strict: bool = field(default=False, repr=False)
+    _cache: PartCache | None = field(default=None, repr=False, compare=False)
 
     def read(self, table: str, columns: Sequence[str] | None = None,
              iterations: Iterable[int] | None = None) -> pd.DataFrame:
@@ -180,7 +82,7 @@ class Trace:
                 cannot hold them are skipped.
 
         Raises:
-            CorruptTraceError: a part cannot be read or lacks a requested column.
+            CorruptTraceError: a part lacks a requested column, or (``strict`` traces only) cannot be read.
         """
         if table not in READ_SCHEMAS:
             raise KeyError(f"unknown table {table!r}; expected one of {(*TABLES, *OPTIONAL_TABLES)}")
@@ -190,10 +92,10 @@ class Trace:
             frame = self.read(table, ["iteration", *columns], wanted)
             return frame[list(columns)]
         frame = self._read_parts(table, columns, wanted)
-        if table == OPS:
+        if table in (OPS, STACKS):
             # written whole, by the recording process itself, before its iteration's row: kept as it is
             return frame
-        if table != ITERATIONS and "iteration" in frame.columns and self._parts[ITERATIONS]:
+        if table != ITERATIONS and "iteration" in frame.columns and self._has_iteration_rows:
             # a run killed between an iteration's parts wrote layers/events but not its row: drop them
             frame = frame[frame.iteration.isin(self._written_iterations)].reset_index(drop=True)
         recovered = recovered_frame(self._recovered, table)
@@ -209,6 +111,11 @@ class Trace:
                 frame = frame.reset_index(drop=True)
         return frame
 
+    @property
+    def _has_iteration_rows(self) -> bool:
+        # a damaged iterations part counts: its iterations are lost, their detail rows with them
+        return bool(self._parts[ITERATIONS]) or any(d.table == ITERATIONS for d in self._damage)
+
     @cached_property
     def _written_iterations(self) -> set[int]:
         if not self._parts[ITERATIONS]:
@@ -220,14 +127,36 @@ class Trace:
         """The trace's schema version."""
         return int(self.meta["schema_version"])
 
+    @property
+    def damage(self) -> tuple[PartDamage, ...]:
+        """The parts skipped as unreadable so far, with the iterations each cost (empty for a sound run)."""
+        return tuple(self._damage)
+
+    @property
+    def damage_message(self) -> str | None:
+        """:attr:`damage` in one line (the same words wherever the run is shown), or ``None``."""
+        if not self._damage:
+            return None
+        lost = {i for d in self._damage if d.table == ITERATIONS for i in d.iterations}
+        return damage_message(self._damage, len(self._written_iterations | lost) + self._recovered_count)
+
+    @property
+    def _recovered_count(self) -> int:
+        return len({item.iteration for item in self._recovered} - self._written_iterations)
+
+    @property
+    def state(self) -> str:
+        """``"running"``, ``"interrupted"`` (its writer died), ``"closed"`` or ``"failed"`` (see :mod:`~memprof.trace.liveness`)."""
+        return run_state(self.meta)
+
     def _read_parts(self, table: str, columns: Sequence[str] | None, wanted: list[int] | None) -> pd.DataFrame:
-        for _ in range(_RELIST_ATTEMPTS):
+        for _ in range(RELIST_ATTEMPTS):
             try:
                 return self._read_listed(table, columns, wanted)
-            except _PartVanished:
+            except PartVanished:
                 self._relist(table)
         raise CorruptTraceError(f"the parts of {table} in {self.path} kept vanishing while they were read "
-                                f"({_RELIST_ATTEMPTS} times); open the trace again")
+                                f"({RELIST_ATTEMPTS} times); open the trace again")
 
     def _relist(self, table: str) -> None:
         """Lists a table's parts again after a live writer merged some of those listed away."""
@@ -235,16 +164,13 @@ class Trace:
             ranges = self._ranges.get(table, ())
             known = all(r is not None for r in ranges) and bool(ranges)
             self._snapshot_last[table] = max(r[1] for r in ranges if r is not None) if known else None
-        self._parts[table], self._ranges[table] = _list_parts(self.path, table, self.version)
+        self._parts[table], self._ranges[table], _ = list_parts(self.path, table, self.version, self._cache)
 
     def _read_listed(self, table: str, columns: Sequence[str] | None, wanted: list[int] | None) -> pd.DataFrame:
         parts = self._parts[table]
         if wanted is not None:
             ranges = self._ranges.get(table) or (None,) * len(parts)
             parts = tuple(p for p, r in zip(parts, ranges) if _may_hold(r, wanted))
-        if not parts:
-            return _empty_frame(table, columns)
-        defaults = _defaults(table, self.version)
         names = list(columns) if columns else None
         filters: list[tuple[str, str, Any]] = [("iteration", "in", wanted)] if wanted is not None else []
         if self._snapshot_last.get(table) is not None:
@@ -252,25 +178,34 @@ class Trace:
         frames = []
         for part in parts:
             try:
-                read_names = None
-                if names:  # a column a part may lack is read only from the parts that have it
-                    present = set(pq.read_schema(part).names) if defaults.keys() & set(names) else set()
-                    read_names = [c for c in names if c not in defaults or c in present]
-                data = pq.read_table(part, columns=read_names, filters=filters or None,
-                                     page_checksum_verification=True)
-            except (OSError, pa.ArrowException, KeyError, UnicodeDecodeError) as exc:
-                if not part.exists():
-                    raise _PartVanished(part) from None
-                raise CorruptTraceError(f"cannot read {part}: {exc}") from None
-            frame = data.to_pandas()
-            for name, value in defaults.items():
-                if (names is None or name in names) and name not in frame.columns:
-                    dtype = READ_SCHEMAS[table].field(name).type.to_pandas_dtype()
-                    frame[name] = pd.Series([value] * len(frame), dtype=dtype, index=frame.index)
-            frames.append(frame[names] if names else frame)
+                frames.append(read_part(part, table, self.version, names, filters or None, self._cache))
+            except CorruptTraceError:
+                if self._strict:
+                    raise
+                self._skip_damaged(table, part)
+        if not frames:
+            return _empty_frame(table, columns)
         if len(frames) == 1:
             return frames[0]
         return pd.concat(_latest_parts_only(frames), ignore_index=True)
+
+    def _skip_damaged(self, table: str, part: Path) -> None:
+        """Drops a part whose footer was sound but whose data is not (a damaged page), and says so once."""
+        index = self._parts[table].index(part)
+        found = self._ranges.get(table, ())[index] if self._ranges.get(table) else None
+        self._parts[table] = self._parts[table][:index] + self._parts[table][index + 1:]
+        if self._ranges.get(table):
+            self._ranges[table] = self._ranges[table][:index] + self._ranges[table][index + 1:]
+        lost: tuple[int, ...] = ()
+        if found is not None and table != OPS:
+            span = range(found[0], found[1] + 1)
+            lost = tuple(span) if table == ITERATIONS else tuple(i for i in self.detail_iterations if i in span)
+        if table == ITERATIONS:  # what was derived from the iterations read before is stale now
+            for name in ("_written_iterations", "iterations", "detail_iterations"):
+                self.__dict__.pop(name, None)
+        self._damage.append(PartDamage(table, relative_name(part, self.path), "a damaged page (failed its checksum)",
+                                       lost))
+        _warn_damage(self)
 
     @cached_property
     def iterations(self) -> pd.DataFrame:
@@ -292,6 +227,11 @@ class Trace:
     def events(self) -> pd.DataFrame:
         """The memory timeline of the detailed iterations: one row per hook event."""
         return self.read("events")
+
+    @cached_property
+    def allocations(self) -> pd.DataFrame:
+        """The tensors of the detailed iterations (empty for traces written before the table existed)."""
+        return self.read(ALLOCATIONS)
 
     @cached_property
     def op_iterations(self) -> list[int]:
@@ -337,7 +277,7 @@ def _latest_parts_only(frames: list[pd.DataFrame]) -> list[pd.DataFrame]:
     That happens when a background worker died after writing some parts of a batch: the profiler
     then writes those iterations again, whole; and while a merge has written its part but not yet
     deleted its inputs (or was killed then), the merged part sorting after them
-    (:mod:`memprof.trace.compaction`).
+    (:mod:`memprof.trace.format.compaction`).
     """
     if not all("iteration" in f.columns for f in frames):
         return frames
@@ -358,17 +298,26 @@ def _empty_frame(table: str, columns: Iterable[str] | None) -> pd.DataFrame:
     return schema.empty_table().select([n for n in names if n in schema.names]).to_pandas()
 
 
-def load_trace(run_dir: str | Path) -> Trace:
+def load_trace(run_dir: str | Path, *, strict: bool = False, cache: PartCache | None = None) -> Trace:
     """Opens a run directory written by :class:`memprof.MemoryProfiler`.
 
     Metadata and every Parquet footer are validated now; table data is read on first access. The
     trace is a snapshot of the run as it was then: should a live writer merge parts away before they
-    are read (:mod:`memprof.trace.compaction`), the table's parts are listed again and only the
+    are read (:mod:`memprof.trace.format.compaction`), the table's parts are listed again and only the
     iterations of the snapshot are returned.
+
+    A part that cannot be read is skipped: the run loses only the iterations it held, and one
+    ``RuntimeWarning`` names the table and those iterations (:attr:`Trace.damage_message`).
+
+    Args:
+        run_dir: the run directory.
+        strict: raise :class:`CorruptTraceError` at the first damaged part instead of skipping it.
+        cache: where footer checks and part reads are kept, keyed on each part's path, modification time
+            and size, so that opening a live run again reads only its new parts (the dashboard passes one).
 
     Raises:
         TraceNotFoundError: the directory or its metadata is missing.
-        CorruptTraceError: a file is damaged, truncated or written by another tool.
+        CorruptTraceError: the metadata is damaged or written by another tool (or, ``strict``, any part is).
         SchemaVersionError: the trace's schema version is unknown to this reader.
     """
     run_dir = Path(run_dir)
@@ -377,45 +326,26 @@ def load_trace(run_dir: str | Path) -> Trace:
     recovered = recover(run_dir)
     parts: dict[str, tuple[Path, ...]] = {}
     ranges: dict[str, tuple[IterationRange, ...]] = {}
+    bad: dict[str, tuple[BadPart, ...]] = {}
     version = int(meta["schema_version"])
     for table in (*TABLES, *OPTIONAL_TABLES):
-        parts[table], ranges[table] = _list_parts(run_dir, table, version)
-    return Trace(path=run_dir, meta=meta, _parts=parts, _recovered=recovered, _ranges=ranges)
+        parts[table], ranges[table], bad[table] = list_parts(run_dir, table, version, cache)
+        if strict and bad[table]:
+            raise bad[table][0].error
+    trace = Trace(path=run_dir, meta=meta, _parts=parts, _recovered=recovered, _ranges=ranges,
+                  _strict=strict, _cache=cache)
+    if any(bad.values()):
+        trace._damage.extend(_footer_damage(trace, bad))
+        _warn_damage(trace)
+    return trace
 
 
-@dataclass(frozen=True)
-class RunEntry:
-    """A run (or one rank of a distributed run) found under a traces folder.
-
-    Attributes:
-        path: the directory that ``load_trace`` opens.
-        name: the path relative to the traces folder, e.g. ``"mlp-2026..."`` or ``"ddp/rank=1"``.
-        meta: the validated metadata, or ``None`` when the run could not be read.
-        error: why the run could not be read, or ``None``.
-    """
-
-    path: Path
-    name: str
-    meta: dict[str, Any] | None
-    error: str | None
+def _footer_damage(trace: Trace, bad: dict[str, tuple[BadPart, ...]]) -> list[PartDamage]:
+    """What each part with an unusable footer cost (see :func:`memprof.trace.damage.footer_damage`)."""
+    return footer_damage(trace.path, bad, trace._parts, trace._ranges,
+                         trace._written_iterations | {item.iteration for item in trace._recovered},
+                         lambda: trace.detail_iterations, trace.meta.get("iterations"))
 
 
-def list_runs(traces_dir: str | Path) -> list[RunEntry]:
-    """Finds every run under ``traces_dir`` (one level, plus ``rank=<r>`` subdirectories).
-
-    Unreadable runs are listed with their error instead of raising, so one bad run does not hide
-    the others.
-    """
-    root = Path(traces_dir)
-    if not root.is_dir():
-        raise TraceNotFoundError(f"no traces folder at {root}")
-    entries: list[RunEntry] = []
-    for child in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
-        ranks = sorted(p for p in child.glob("rank=*") if p.is_dir())
-        for run_dir in ranks or [child]:
-            name = run_dir.relative_to(root).as_posix()
-            try:
-                entries.append(RunEntry(run_dir, name, read_meta(run_dir), None))
-            except TraceError as exc:
-                entries.append(RunEntry(run_dir, name, None, str(exc)))
-    return entries
+def _warn_damage(trace: Trace) -> None:
+    warnings.warn(f"run {trace.run_id}: {trace.damage_message}", RuntimeWarning, stacklevel=3)

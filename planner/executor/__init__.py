@@ -8,7 +8,9 @@ tensors to host memory and back), :mod:`~planner.executor.selective` (options as
 :mod:`~planner.executor.program` (the schedule split into forward, recompute and backward segments),
 :mod:`~planner.executor.grads` (gradients handed between stages), :mod:`~planner.executor.runtime` (running
 them), :mod:`~planner.executor.weights` (streamed weights) and :mod:`~planner.executor.install` (the wrappers
-put in place of each stage's first module's ``forward``).
+put in place of each stage's first module's ``forward``); :mod:`~planner.executor.chunked_loss` and
+:mod:`~planner.executor.chunked_head` compute a language-model head and its cross-entropy in chunks (the loss
+stage's options).
 """
 
 from planner.executor.apply import (
@@ -18,5 +20,8 @@ from planner.executor.apply import (
     stage_modules,
     validate_ops,
 )
+from planner.executor.chunked_head import install_chunked_head, remove_chunked_head
+from planner.executor.chunked_loss import chunked_linear_cross_entropy
 
-__all__ = ["CheckpointedSequential", "apply_schedule", "remove_schedule", "stage_modules", "validate_ops"]
+__all__ = ["CheckpointedSequential", "apply_schedule", "chunked_linear_cross_entropy", "install_chunked_head",
+           "remove_chunked_head", "remove_schedule", "stage_modules", "validate_ops"]

@@ -6,7 +6,7 @@ arguments and tuple or ``ModelOutput`` results. ``loss.backward()`` then follows
 operations and the recomputations between them run as autograd reaches each stage. Gradients are those of
 plain autograd (bitwise on CPU for deterministic operations); dropout masks are replayed; BatchNorm running
 statistics move once per step. The runtime itself is pure torch (:mod:`planner.executor.stage`,
-:mod:`planner.executor.runtime`, :mod:`planner.executor.install`); this module validates a :class:`~planner.schedule.Schedule` through the
+:mod:`planner.executor.runtime`, :mod:`planner.executor.install`); this module validates a :class:`~planner.model.schedule.Schedule` through the
 simulator (the one copy of the operations' memory rules) and finds its modules in the model.
 
 Module names: ``Stage.modules`` holds qualified names in the model (``"transformer.h.3"``,
@@ -25,12 +25,13 @@ from collections.abc import Sequence
 from torch import nn
 
 from planner.errors import InvalidScheduleError, ScheduleMismatchError
+from planner.executor.chunked_head import install_chunked_head, remove_chunked_head
 from planner.executor.install import ScheduleExecutor
 from planner.executor.offload import MIN_OFFLOAD_BYTES
 from planner.executor.program import Program
 from planner.executor.selective import policy_of, with_option
-from planner.schedule import Op, Schedule
-from planner.simulator import simulate
+from planner.model.schedule import Op, Schedule
+from planner.simulation.simulator import simulate
 
 __all__ = ["CheckpointedSequential", "apply_schedule", "remove_schedule", "stage_modules", "validate_ops"]
 
@@ -61,8 +62,11 @@ def apply_schedule(model: nn.Module, schedule: Schedule, container: str | None =
     remove_schedule(model)
     executor = ScheduleExecutor(groups, runtime_ops(schedule), min_offload_bytes, policies(schedule),
                                 schedule.streamed_weights, root=model)
+    chunks, eager = loss_chunks(schedule)
     try:
         executor.install()
+        if chunks:
+            install_chunked_head(model, chunks=chunks, eager=eager)
     except ValueError as exc:
         executor.remove()
         raise ScheduleMismatchError(str(exc)) from None
@@ -71,15 +75,40 @@ def apply_schedule(model: nn.Module, schedule: Schedule, container: str | None =
 
 
 def runtime_ops(schedule: Schedule) -> list[tuple[str, int]]:
-    """The schedule's operations as the runtime takes them (``"F_all[k]"`` for a recomputation option)."""
-    return [(with_option(op.kind.value, op.option), op.stage) for op in schedule.ops]
+    """The schedule's operations as the runtime takes them (``"F_all[k]"`` for a recomputation option).
+
+    The loss stage's option is not the runtime's: the model's own forward runs the loss, and a chunked loss
+    is installed on its head instead (:func:`loss_chunks`).
+    """
+    top = schedule.chain.length + 1
+    return [(with_option(op.kind.value, op.option if op.stage != top else 0), op.stage) for op in schedule.ops]
+
+
+def loss_chunks(schedule: Schedule) -> tuple[int, bool]:
+    """The chunks the schedule's loss option computes the head and loss in (0: the loss runs as written), and
+    whether it computes their gradients in the forward (``eager``).
+
+    Raises:
+        InvalidScheduleError: the loss stage is recorded with an option that is not a chunked loss.
+    """
+    top = schedule.chain.length + 1
+    chosen = {op.option for op in schedule.ops if op.stage == top and op.option}
+    if not chosen:
+        return 0, False
+    if len(chosen) > 1:
+        raise InvalidScheduleError(f"the loss stage is recorded with options {sorted(chosen)}; expected one option")
+    option = schedule.chain.stage(top).options[chosen.pop() - 1]
+    if not option.chunks:
+        raise InvalidScheduleError(f"the loss stage's option {option.name!r} is not a chunked loss (chunks=0); the "
+                                   "executor can only run the loss as written or in chunks")
+    return option.chunks, option.eager
 
 
 def policies(schedule: Schedule) -> dict[tuple[int, int], tuple[tuple[str, int], ...]]:
     """For each ``(stage, option)`` the schedule uses, the ops the option keeps (name, occurrence)."""
     out = {}
     for op in schedule.ops:
-        if op.option:
+        if op.option and op.stage <= schedule.chain.length:  # the loss's option: loss_chunks
             option = schedule.chain.stage(op.stage).options[op.option - 1]
             if option.saves and len(option.save_occurrences) != len(option.saves):
                 raise InvalidScheduleError(
@@ -95,6 +124,7 @@ def remove_schedule(model: nn.Module) -> nn.Module:
     installed = model.__dict__.pop(_ATTRIBUTE, None)
     if installed is not None:
         installed[0].remove()
+    remove_chunked_head(model)
     return model
 
 
@@ -175,7 +205,7 @@ def validate_ops(ops: Sequence[Op], length: int, schedule: Schedule | None = Non
     if schedule is not None:
         simulate(schedule.chain, schedule)
     else:
-        from planner.chain import Chain, Stage
+        from planner.model.chain import Chain, Stage
 
         placeholder = Chain("ops", 0, tuple(Stage(0.0, 0.0, 0, 0, 0) for _ in range(length + 1)))
         simulate(placeholder, list(ops))

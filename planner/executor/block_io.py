@@ -2,7 +2,7 @@
 arguments, which of its outputs are the activation and which are secondary, and what may come between
 two stages.
 
-Part of the pure-torch runtime (imports only ``torch`` and the standard library; ``planner.export`` embeds it
+Part of the pure-torch runtime (imports only ``torch`` and the standard library; ``planner.export.files`` embeds it
 in the files it writes).
 """
 

@@ -9,7 +9,7 @@ a carried tensor through a view of a leaf; ``B(l)`` of the last reader leaves th
 leaf; each earlier reader's ``B`` starts its view's buffer from the sum so far (an extra root of its
 backward); and only the first reader hands the total to autograd.
 
-Part of the pure-torch runtime (imports only ``torch`` and the standard library; ``planner.export`` embeds it).
+Part of the pure-torch runtime (imports only ``torch`` and the standard library; ``planner.export.files`` embeds it).
 """
 
 from __future__ import annotations

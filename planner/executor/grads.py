@@ -1,7 +1,7 @@
 """How a stage's gradients are handed on: the recorded output's gradient edge, and gradients freed as soon as
 their first consumer has used them, as plain autograd frees them.
 
-Part of the pure-torch runtime (imports only ``torch`` and the standard library; ``planner.export`` embeds it).
+Part of the pure-torch runtime (imports only ``torch`` and the standard library; ``planner.export.files`` embeds it).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Installing a schedule on a model: a wrapper ``forward`` on each stage's first module, where it lives.
 
 Part of the pure-torch runtime (imports only ``torch``, the standard library and its sibling modules, which
-``planner.export`` embeds together in the files it writes). The model's ``forward`` keeps running as written
+``planner.export.files`` embeds together in the files it writes). The model's ``forward`` keeps running as written
 (its loop, its keyword arguments) and calls the wrappers in chain order; each wrapper finds the running
 activation among its arguments, keeps the others for recomputations, and runs its stage through
 :class:`planner.executor.runtime._StageFunction`.

@@ -1,13 +1,13 @@
 """Saved activations to host memory and back: the executor's ``OFFLOAD`` and ``PREFETCH`` operations.
 
-Part of the pure-torch runtime (imports only ``torch`` and the standard library; ``planner.export`` embeds it in
+Part of the pure-torch runtime (imports only ``torch`` and the standard library; ``planner.export.files`` embeds it in
 the files it writes). A stage the schedule offloads runs its recorded forward (``F_all``) under
 ``torch.autograd.graph.saved_tensors_hooks``: the pack hook notes each tensor autograd saves, grouped by
 storage (views of one storage travel once and come back as views of one storage), and leaves it where it is.
 ``OFFLOAD(l)`` then copies each noted storage to a host buffer -- except storages the stage does not own:
 its input and output (the schedule keeps them), its parameters and buffers, its side inputs -- and those
 under ``min_bytes`` (small tensors are not worth a copy). When the copy is retired (see
-:mod:`planner.streams`: the next ``OFFLOAD``, a ``B``, the end of the chain's forward) the device tensors
+:mod:`planner.simulation.streams`: the next ``OFFLOAD``, a ``B``, the end of the chain's forward) the device tensors
 are dropped, so their memory is freed. ``PREFETCH(l)`` copies them back into fresh device memory; when it
 is retired the host buffers go back to the pool, and the unpack hook rebuilds each saved tensor (dtype,
 size, stride, offset) over the copy when autograd asks for it in ``B(l)``.

@@ -1,7 +1,7 @@
 """A schedule's operations as the executor runs them: each stage's forward operation, the transfers after
 it, and the operations autograd's backward of each stage runs.
 
-Part of the pure-torch runtime (imports only the standard library and its sibling ``selective``; ``planner.export`` embeds it in the files
+Part of the pure-torch runtime (imports only the standard library and its sibling ``selective``; ``planner.export.files`` embeds it in the files
 it writes).
 """
 

@@ -1,7 +1,7 @@
 """Runs a rematerialization schedule (ROTOR Table 1 operations) on a model, inside its own ``forward``.
 
 Part of the pure-torch runtime (imports only ``torch``, the standard library and its sibling modules, which
-``planner.export`` embeds together in the files it writes).
+``planner.export.files`` embeds together in the files it writes).
 
 Each stage's first module gets a wrapper ``forward`` (:mod:`planner.executor.install`); the model's
 ``forward`` keeps running as written and calls the wrappers in chain order. The wrapper of stage ``l`` runs the

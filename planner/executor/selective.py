@@ -8,7 +8,7 @@ of the stage's forward), the way the policy's own cache counts them, so ops it i
 shift the count. A kept output that the forward then changes in place is refused by PyTorch's cache check
 (an error, never a wrong gradient).
 
-Part of the pure-torch runtime (imports only torch and the standard library; ``planner.export`` embeds it).
+Part of the pure-torch runtime (imports only torch and the standard library; ``planner.export.files`` embeds it).
 """
 
 from __future__ import annotations

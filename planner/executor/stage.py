@@ -1,6 +1,6 @@
 """One stage of a scheduled chain: how the model called it, running it again, and what that must guard.
 
-Part of the pure-torch runtime (imports only ``torch`` and the standard library; ``planner.export`` embeds it
+Part of the pure-torch runtime (imports only ``torch`` and the standard library; ``planner.export.files`` embeds it
 in the files it writes). A stage is one or more consecutive modules; the model's own ``forward`` calls its
 first module with any positional and keyword arguments (the running activation among them, the rest side
 inputs such as attention masks or rotary tables, kept for recomputations) and the others with the running

@@ -1,7 +1,7 @@
-"""One forward call's offloads and prefetches, retired where the simulator retires them (:mod:`planner.streams`).
+"""One forward call's offloads and prefetches, retired where the simulator retires them (:mod:`planner.simulation.streams`).
 
 Part of the pure-torch runtime (imports only ``torch``, the standard library and its sibling modules, which
-``planner.export`` embeds together in the files it writes).
+``planner.export.files`` embeds together in the files it writes).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from planner.executor.offload import Copier, HostPool, Stash, storage_key
 
 
 class Transfers:
-    """One forward call's stashes and the copy in flight each way, retired where :mod:`planner.streams` says.
+    """One forward call's stashes and the copy in flight each way, retired where :mod:`planner.simulation.streams` says.
 
     Args:
         pool: the executor's host buffers (kept across steps).

@@ -1,7 +1,7 @@
 """Streamed weights: a stage's parameters live in host memory and visit the device around its computations.
 
 Part of the pure-torch runtime (imports only ``torch``, the standard library and its sibling ``offload``).
-The rules are :mod:`planner.weight_streams`'s, point for point:
+The rules are :mod:`planner.simulation.weight_streams`'s, point for point:
 
 * When the schedule is installed, each streamed stage's parameters move to host memory (pinned on CUDA):
   ``param.data`` is the host master copy between steps, so the optimizer step of those parameters runs on
@@ -39,7 +39,7 @@ def next_runs(sequence: Sequence[int], streamed: Any) -> list[int | None]:
     """For each computation, the stage of the next run on a streamed stage after it (``None``: none).
 
     A run starts where the stage changes; the run the computation belongs to does not count. The same
-    function as :func:`planner.weight_streams.next_runs` (this runtime imports nothing from the planner).
+    function as :func:`planner.simulation.weight_streams.next_runs` (this runtime imports nothing from the planner).
     """
     out: list[int | None] = [None] * len(sequence)
     upcoming: int | None = None

@@ -28,7 +28,7 @@ binomial split with the same ``d`` snapshots advances each step at most ``repeti
 reference the tests and the benchmark compare against, not offered by :func:`plan`, which it never
 beats on a uniform chain.
 
-Forward counts (``params["forwards"]``) follow ``binomial_split``'s convention: every forward of the
+Forward counts (``params.forwards``) follow ``binomial_split``'s convention: every forward of the
 schedule, the taped ones included.
 """
 
@@ -36,8 +36,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from planner.chain import Chain
-from planner.schedule import Op
+from planner.model.chain import Chain
+from planner.model.schedule import Op
+from planner.model.schedule_params import ScheduleParams
 from planner.solvers.binomial_split import binomial_ops, forward_count, op_tables
 from planner.solvers.common import Plan, infeasible
 from planner.solvers.store_all import store_all_ops, store_all_peak_bytes
@@ -121,7 +122,7 @@ def plan(chain: Chain, budget_bytes: int, slots: int = 0) -> Plan:
     """
     top = store_all_peak_bytes(chain)
     if budget_bytes >= top:
-        return Plan(store_all_ops(chain), {"snapshots": None, "store_all": True})
+        return Plan(store_all_ops(chain), ScheduleParams(store_all=True))
     length = chain.length
     lowest = fewest_snapshots(length)
     bounds = memory_bounds(chain)
@@ -132,8 +133,8 @@ def plan(chain: Chain, budget_bytes: int, slots: int = 0) -> Plan:
             f"fewer than {lowest} snapshots would take more than {MAX_OPS} operations")
         raise infeasible("binomial", int(budget_bytes), minimum, detail)
     ops = binomial_ops(length, fits)
-    return Plan(ops, {"snapshots": fits, "forwards": forward_count(length + 1, fits),
-                      "bound_bytes": int(bounds[fits]), "store_all": False})
+    return Plan(ops, ScheduleParams(snapshots=fits, forwards=forward_count(length + 1, fits),
+                                    bound_bytes=int(bounds[fits]), store_all=False))
 
 
 def snapshot_sweep(length: int, count: int) -> list[int]:

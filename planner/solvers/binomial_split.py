@@ -26,7 +26,7 @@ is a minimum: there ``rep(m, s) <= r - 1 <= rep(m + 1, s)`` and ``rep(n - m, s -
 so ``f`` stops falling and starts rising. The range is never empty since ``beta(s, r - 1) < n <= beta(s, r)``
 and ``beta(s, r) = beta(s, r - 1) + beta(s - 1, r)``. :func:`split` takes its upper end. The tests check the
 counts of the built schedules against the closed form and against a brute force over every split
-(``binomial_reference.py``).
+(``reference/binomial.py``).
 
 The schedule is built by an explicit stack (no recursion limit at 100,000 stages) in ``O(ops)`` time and
 ``O(L)`` memory besides the ops, which are shared :class:`Op` objects (one per kind and stage).
@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from math import comb
 
-from planner.schedule import Op, OpKind
+from planner.model.schedule import Op, OpKind
 
 
 def beta(snapshots: int, repetitions: int) -> int:

@@ -24,9 +24,9 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from planner.discretize import slot_bytes_for
 from planner.errors import InfeasibleBudgetError
 from planner.solvers.common import Plan, infeasible
+from planner.solvers.discretize import slot_bytes_for
 
 Threshold = Callable[[int], int | None]
 """``threshold(reference_bytes)``: the smallest budget in bytes that the grid spanning ``reference_bytes``

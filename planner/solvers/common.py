@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from memprof.units import format_bytes
 from planner.errors import InfeasibleBudgetError
-from planner.schedule import Op, OpKind
+from planner.model.schedule import Op, OpKind
+from planner.model.schedule_params import ScheduleParams
 
 
 @dataclass(frozen=True)
@@ -22,7 +22,7 @@ class Plan:
     """
 
     ops: tuple[Op, ...]
-    params: dict[str, Any] = field(default_factory=dict)
+    params: ScheduleParams = field(default_factory=ScheduleParams)
     algorithm: str | None = None
 
 

@@ -1,10 +1,10 @@
 """Exact optimum by exhaustive search, for small chains: the yardstick the tests hold the DPs against.
 
 A shortest-path search (Dijkstra, on time) over memory states: a state is what is held (see
-:class:`~planner.simulator.MemoryState`), a move is any of ``F_all(l)``, ``F_ck(l)``, ``F_none(l)`` for
+:class:`~planner.simulation.simulator.MemoryState`), a move is any of ``F_all(l)``, ``F_ck(l)``, ``F_none(l)`` for
 every stage and the one ``B`` whose gradient is held, applied with the simulator's own :func:`step`, and
 kept only if the memory during it fits the budget; ``F_all(l)`` is tried with each of the stage's
-recomputation options (:mod:`planner.stage_option`), and ``B(l)`` after an option costs its recomputation
+recomputation options (:mod:`planner.model.stage_option`), and ``B(l)`` after an option costs its recomputation
 too. Sizes are exact bytes (no slots). Every valid
 sequence is a path, so the first state holding ``delta^0`` that leaves the queue ends an optimal one.
 
@@ -19,10 +19,11 @@ import heapq
 import itertools
 from dataclasses import dataclass
 
-from planner.chain import Chain
 from planner.errors import SearchTooLargeError
-from planner.schedule import Op, OpKind
-from planner.simulator import MemoryState, StepError, initial_state, step
+from planner.model.chain import Chain
+from planner.model.schedule import Op, OpKind
+from planner.model.schedule_params import ScheduleParams
+from planner.simulation.simulator import MemoryState, StepError, initial_state, step
 from planner.solvers.common import Plan, infeasible
 
 MAX_STAGES = 8
@@ -156,4 +157,4 @@ def plan(chain: Chain, budget_bytes: int, slots: int = 0) -> Plan:
     found = search(chain, budget_bytes)
     if found is None:
         raise infeasible("exact", budget_bytes, min_budget_bytes(chain))
-    return Plan(found.ops, {"search": "exhaustive"})
+    return Plan(found.ops, ScheduleParams(search="exhaustive"))

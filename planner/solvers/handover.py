@@ -7,7 +7,7 @@
   usable link, or no stage whose a-bar exceeds its a (:func:`planner.solvers.offload.usable`); the plan keeps
   offload's name, with ``offloaded: []``.
 
-The solver modules themselves run their own algorithm only; :func:`planner.solve.solver` hands out
+The solver modules themselves run their own algorithm only; :func:`planner.solvers.dispatch.solver` hands out
 :class:`HandingSolver`, so ``solve``, ``min_feasible_budget``, weight streaming and the fronts' points all
 take the same turns.
 """
@@ -17,11 +17,11 @@ from __future__ import annotations
 import warnings
 
 from memprof.units import format_bytes
-from planner.chain import Chain
-from planner.discretize import DEFAULT_SLOTS
 from planner.errors import FallbackWarning, InfeasibleBudgetError
+from planner.model.chain import Chain
 from planner.solvers import offload, rotor
 from planner.solvers.common import Plan, infeasible
+from planner.solvers.discretize import DEFAULT_SLOTS
 from planner.solvers.registry import lookup
 
 __all__ = ["HandingSolver", "table_fallback"]
@@ -45,13 +45,13 @@ class HandingSolver:
             except InfeasibleBudgetError as exc:
                 raise infeasible("offload", int(budget_bytes), exc.min_feasible_bytes,
                                  f"{slots} slots spanning each budget; nothing to offload, so rotor's") from None
-            return Plan(found.ops, {**found.params, "offloaded": [], "transfer": chain.transfer_costs.source})
+            return Plan(found.ops, found.params.replace(offloaded=(), transfer=chain.transfer_costs.source))
         needed = table_fallback(self.name, chain, slots)
         if needed is None:
             return self.module.plan(chain, budget_bytes, slots)
         found = lookup("binomial").solver.plan(chain, budget_bytes, slots)
-        params = {**found.params, "fallback_from": self.name, "table_bytes_estimate": needed,
-                  "max_table_bytes": rotor.MAX_TABLE_BYTES}
+        params = found.params.replace(fallback_from=self.name, table_bytes_estimate=needed,
+                                      max_table_bytes=rotor.MAX_TABLE_BYTES)
         return Plan(found.ops, params, algorithm="binomial")
 
     def min_budget_bytes(self, chain: Chain, slots: int = DEFAULT_SLOTS) -> int:

@@ -3,10 +3,12 @@
 The persistent DPs bound the peak. Some users need a bound on something else: what the forward leaves
 held for the backward (the activations "stash"): a pipeline-parallel stage holds that much per micro-batch
 in flight, and torch.compile's ``activation_memory_budget`` is a fraction of it. Here every stage runs
-``F_all`` once with one of its options (:mod:`planner.stage_option`; option 0 keeps everything) and the
+``F_all`` once with one of its options (:mod:`planner.model.stage_option`; option 0 keeps everything) and the
 backward runs in reverse, so the forward holds ``a^0 + sum_s a-bar_{k_s}^s`` when the loss starts and the
-step recomputes ``sum_s r_{k_s}^s`` in the backward. The loss stage is left as it is: its backward starts
-right after its forward, so an option of it would drop nothing for longer than it takes to recompute it.
+step recomputes ``sum_s r_{k_s}^s`` in the backward. The loss stage is not counted, unless it offers
+chunked options (the head and its cross-entropy in chunks, :mod:`planner.discovery.loss_options`): then
+what it holds counts too, and its option is chosen like any stage's (a selective option of the loss would
+drop nothing for longer than it takes to recompute it, since its backward starts right after its forward).
 
 Choosing ``k_s`` is a multiple-choice knapsack, solved on a grid of memory slots fixed by the chain (not
 by the budget, so the recomputation never rises as the budget grows):
@@ -15,7 +17,7 @@ by the budget, so the recomputation never rises as the budget grows):
 
 ``w_k^s`` being a-bar_k^s in slots, rounded up, so a schedule found within ``m`` slots holds at most
 ``m`` slots' bytes. The table is filled apart (:func:`compute_table`) from the choice read back from it
-(:func:`rebuild`); ``held_reference.py`` is the exhaustive search the tests hold it against.
+(:func:`rebuild`); ``reference/held.py`` is the exhaustive search the tests hold it against.
 """
 
 from __future__ import annotations
@@ -25,8 +27,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from memprof.units import format_bytes
-from planner.chain import Chain
-from planner.schedule import Op, OpKind
+from planner.model.chain import Chain, Stage
+from planner.model.schedule import Op, OpKind
+from planner.model.schedule_params import ScheduleParams
+from planner.solvers import loss_choice
 from planner.solvers.common import Plan, backward_all, infeasible
 
 NAME = "held"
@@ -65,20 +69,30 @@ class HeldTable:
         return min(lightest, self.store_all_bytes)
 
 
+def counted_stages(chain: Chain) -> list[tuple[Stage, tuple[int, ...]]]:
+    """The stages whose a-bar the held budget counts, each with the options it may take: stages 1..L with
+    all of theirs, then the loss with its chunked ones when it has some (else it is not counted)."""
+    out = [(stage, tuple(range(len(stage.options) + 1))) for stage in chain.stages[:-1]]
+    if loss_choice.has_loss_options(chain):
+        out.append((chain.stages[-1], loss_choice.chunk_choices(chain)))
+    return out
+
+
 def stage_choices(chain: Chain) -> list[list[tuple[int, float]]]:
-    """``[(a-bar_k in bytes, r_k in ms)]`` for each stage 1..L, option 0 (keep everything) first."""
-    return [[(stage.saved_with(k), stage.recompute_ms_with(k)) for k in range(len(stage.options) + 1)]
-            for stage in chain.stages[:-1]]
+    """``[(a-bar_k in bytes, r_k in ms)]`` for each counted stage (:func:`counted_stages`), keeping everything
+    first."""
+    return [[(stage.saved_with(k), stage.recompute_ms_with(k)) for k in options]
+            for stage, options in counted_stages(chain)]
 
 
 def store_all_held_bytes(chain: Chain) -> int:
-    """What the stages 1..L hold for the backward when each keeps everything (a^0 not counted)."""
-    return sum(stage.saved_bytes for stage in chain.stages[:-1])
+    """What the counted stages hold for the backward when each keeps everything (a^0 not counted)."""
+    return sum(stage.saved_bytes for stage, _ in counted_stages(chain))
 
 
 def held_bytes(chain: Chain, options: tuple[int, ...]) -> int:
-    """What stages 1..L hold for the backward with option ``options[s-1]`` each (a^0 not counted)."""
-    return sum(stage.saved_with(k) for stage, k in zip(chain.stages[:-1], options, strict=True))
+    """What the counted stages hold for the backward with option ``options[i]`` each (a^0 not counted)."""
+    return sum(stage.saved_with(k) for (stage, _), k in zip(counted_stages(chain), options, strict=True))
 
 
 def compute_table(chain: Chain, slots: int = DEFAULT_HELD_SLOTS) -> HeldTable:
@@ -104,8 +118,8 @@ def compute_table(chain: Chain, slots: int = DEFAULT_HELD_SLOTS) -> HeldTable:
 
 
 def rebuild(table: HeldTable, held_budget_bytes: int) -> tuple[int, ...]:
-    """The option of each stage 1..L that recomputes least within ``held_budget_bytes`` (ties: the option
-    holding less).
+    """The choice of each counted stage (an index into its :func:`stage_choices`: its option for stages 1..L)
+    that recomputes least within ``held_budget_bytes`` (ties: the choice holding less).
 
     Raises:
         InfeasibleBudgetError: the budget is below every stage's lightest option (the minimum is named).
@@ -129,10 +143,12 @@ def rebuild(table: HeldTable, held_budget_bytes: int) -> tuple[int, ...]:
 
 
 def held_ops(chain: Chain, options: tuple[int, ...]) -> tuple[Op, ...]:
-    """``F_all(s)`` with ``options[s-1]`` for each stage, the loss, then ``B(L+1) .. B(1)``."""
+    """``F_all(s)`` with ``options[s-1]`` for each stage, the loss (with ``options[L]`` when given), then
+    ``B(L+1) .. B(1)``."""
     top = chain.length + 1
-    forward = [Op(OpKind.F_ALL, s, k) for s, k in enumerate(options, start=1)]
-    return tuple(forward + [Op(OpKind.F_ALL, top)] + backward_all(top, 1))
+    forward = [Op(OpKind.F_ALL, s, k) for s, k in enumerate(options[: top - 1], start=1)]
+    loss = options[top - 1] if len(options) == top else 0
+    return tuple(forward + [Op(OpKind.F_ALL, top, loss)] + backward_all(top, 1))
 
 
 def min_held_bytes(chain: Chain, slots: int = DEFAULT_HELD_SLOTS) -> int:
@@ -148,10 +164,11 @@ def plan(chain: Chain, held_budget_bytes: int, slots: int = DEFAULT_HELD_SLOTS) 
         InfeasibleBudgetError: the budget is below the least the options can hold (named).
     """
     table = compute_table(chain, slots)
-    options = rebuild(table, held_budget_bytes)
+    options = tuple(choices[i] for (_, choices), i in zip(counted_stages(chain), rebuild(table, held_budget_bytes),
+                                                          strict=True))
     kept = held_bytes(chain, options)
     if kept > held_budget_bytes:
         raise AssertionError(f"held DP chose options holding {kept} bytes over the budget {held_budget_bytes}")
-    return Plan(held_ops(chain, options), {"held_budget_bytes": held_budget_bytes, "held_bytes": kept,
-                                           "options": list(options), "slots": slots,
-                                           "slot_bytes": table.slot_bytes})
+    return Plan(held_ops(chain, options), ScheduleParams(held_budget_bytes=held_budget_bytes, held_bytes=kept,
+                                                         options=tuple(options), slots=slots,
+                                                         slot_bytes=table.slot_bytes))

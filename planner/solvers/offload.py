@@ -2,12 +2,12 @@
 
 The table and its recurrence are in ``offload_fill.py``; this module reads schedules out of it (the DP table
 computed apart from the schedule rebuilt from it) and solves each budget on its own grid, as rotor does
-(``budget_grid.py``). Transfers cost what :mod:`planner.streams` says, with the chain's
-:class:`~planner.transfer.TransferCosts` (the documented default when it has none).
+(``budget_grid.py``). Transfers cost what :mod:`planner.simulation.streams` says, with the chain's
+:class:`~planner.model.transfer.TransferCosts` (the documented default when it has none).
 
 What it guarantees: within the budget (and the host cap), the fastest schedule among ROTOR's persistent
 ones in which some stages of the first forward sweep offload a-bar - a after their ``F_all`` and prefetch
-it back while the stage above runs its backward (``offload_reference.py`` enumerates that family and the
+it back while the stage above runs its backward (``reference/offload.py`` enumerates that family and the
 tests hold the DP to it). Without a usable link (a bandwidth of 0, a host cap of 0, nothing to move) it is
 rotor's DP and returns rotor's schedules; with transfers that cost nothing it is never slower than rotor,
 whose schedules it contains.
@@ -20,13 +20,14 @@ from functools import partial
 import numpy as np
 
 from memprof.units import format_bytes
-from planner.chain import Chain
-from planner.discretize import DEFAULT_SLOTS, discretize
 from planner.errors import TableTooLargeError
-from planner.schedule import Op, OpKind
+from planner.model.chain import Chain
+from planner.model.schedule import Op, OpKind
+from planner.model.schedule_params import ScheduleParams
 from planner.solvers import rotor, rotor_fill
 from planner.solvers.budget_grid import Minimum, lowest_budget, plan_on_own_grid
 from planner.solvers.common import Plan, infeasible
+from planner.solvers.discretize import DEFAULT_SLOTS, discretize
 from planner.solvers.offload_fill import HOST_SLOTS, Costs, OffloadTable, fill, least_memory, table_bytes_for
 from planner.solvers.store_all import store_all_ops, store_all_peak_bytes
 
@@ -155,8 +156,8 @@ def plan(chain: Chain, budget_bytes: int, slots: int = DEFAULT_SLOTS) -> Plan:
         table = compute_table(chain, reference, slots)
         ops = rebuild(table, budget)
         offloaded = [op.stage for op in ops if op.kind is OpKind.OFFLOAD]
-        return Plan(ops, {"slots": slots, "slot_bytes": table.costs.grid.slot_bytes, "offloaded": offloaded,
-                          "transfer": chain.transfer_costs.source})
+        return Plan(ops, ScheduleParams(slots=slots, slot_bytes=table.costs.grid.slot_bytes, offloaded=tuple(offloaded),
+                                        transfer=chain.transfer_costs.source))
 
     return plan_on_own_grid("offload", budget_bytes, store_all_peak_bytes(chain), solve_on,
                             partial(minimum, chain, slots), f"{slots} slots spanning each budget")

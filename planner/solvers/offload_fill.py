@@ -14,7 +14,7 @@ forward sweep is one of
 and ``D(L+1, ., p, .)`` is the loss ``F_all(L+1) B(L+1)``. With no offload this is exactly ROTOR's
 ``C(s, L+1, m)`` (Theorem 4.8) along its top level, so every rotor schedule is one of these.
 
-Transfers follow :mod:`planner.streams`, in a fixed placement that makes their cost local:
+Transfers follow :mod:`planner.simulation.streams`, in a fixed placement that makes their cost local:
 ``OFFLOAD(p)``'s copy overlaps the forwards up to the next ``OFFLOAD`` (retired there, or at the end of the
 chain's forward), which sum to ``U(p+1..q)`` whatever is chosen in between, so the wait is
 ``max(0, d2h(p) - U(p+1..q))``; its device memory (``x_f = abar^p - a^p``) is counted in every forward of
@@ -28,7 +28,7 @@ host slots, sizes rounded up, the cap down.
 
 Optimality: the fastest schedule of that family -- persistent, offloading only stages recorded in the
 first forward sweep, with the placement above -- within the budget on the grid; an exhaustive enumeration
-of the family replayed by the simulator (``offload_reference.py``) is its yardstick.
+of the family replayed by the simulator (``reference/offload.py``) is its yardstick.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.discretize import DiscreteChain, to_slots
+from planner.solvers.discretize import DiscreteChain, to_slots
 from planner.solvers.rotor import RotorTable
 
 _INF = np.inf

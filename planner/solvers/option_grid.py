@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.discretize import DiscreteChain, to_slots
+from planner.solvers.discretize import DiscreteChain, to_slots
 
 
 @dataclass(frozen=True, eq=False)

@@ -11,9 +11,10 @@ re-runs the segment's forward with recording (``F_all``) and back-propagates thr
 
 from __future__ import annotations
 
-from planner.chain import Chain
-from planner.schedule import Op
-from planner.simulator import predict
+from planner.model.chain import Chain
+from planner.model.schedule import Op
+from planner.model.schedule_params import ScheduleParams
+from planner.simulation.simulator import predict
 from planner.solvers.common import Plan, infeasible, segmented_ops
 
 
@@ -56,4 +57,4 @@ def plan(chain: Chain, budget_bytes: int, slots: int = 0) -> Plan:
     if not feasible:
         raise infeasible("periodic", budget_bytes, min(peak for _, peak, _ in options))
     _, segments = min(feasible)
-    return Plan(periodic_ops(chain, segments), {"segments": segments, "segment_size": chain.length // segments})
+    return Plan(periodic_ops(chain, segments), ScheduleParams(segments=segments, segment_size=chain.length // segments))

@@ -1,4 +1,4 @@
-"""The algorithms behind one interface: the :class:`Solver` protocol and the registry :func:`planner.solve.solve`
+"""The algorithms behind one interface: the :class:`Solver` protocol and the registry :func:`planner.solvers.dispatch.solve`
 reads.
 
 Every algorithm is a module with the protocol's two functions; the registry says what each one is
@@ -6,7 +6,7 @@ Every algorithm is a module with the protocol's two functions; the registry says
 the simulator), whether it reads the slots of a discretised memory, and whether users pick it (``exact`` is
 for tests). Where one algorithm hands a chain to another (tables too large, nothing to offload) is
 :mod:`planner.solvers.handover`. Recomputation options planned by the held budget (``held``) have an interface
-of their own (:func:`planner.solve.solve_held`).
+of their own (:func:`planner.solvers.dispatch.solve_held`).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Protocol
 
-from planner.chain import Chain
 from planner.errors import UnknownAlgorithmError
+from planner.model.chain import Chain
 from planner.solvers import (
     binomial,
     exact,

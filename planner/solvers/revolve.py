@@ -10,9 +10,9 @@ true memory of every operation counted, so the schedules never exceed their budg
 
 from __future__ import annotations
 
-from planner.chain import Chain
-from planner.discretize import DEFAULT_SLOTS
+from planner.model.chain import Chain
 from planner.solvers.common import Plan, infeasible
+from planner.solvers.discretize import DEFAULT_SLOTS
 from planner.solvers.rotor import RotorTable, compute_table, minimum, plan_mode
 from planner.solvers.store_all import store_all_peak_bytes
 

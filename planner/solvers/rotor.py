@@ -1,7 +1,7 @@
 """ROTOR's persistent dynamic program (ROTOR paper, Theorem 4.8, Algorithms 3-4), vectorised with NumPy.
 
 ``C(s, t, m)`` is the fastest memory-persistent way to go from ``a^{s-1}`` and ``delta^t`` to
-``delta^{s-1}`` within ``m`` memory slots, ``a^{s-1}`` not counted (see ``rotor_reference.py`` for the
+``delta^{s-1}`` within ``m`` memory slots, ``a^{s-1}`` not counted (see ``reference/rotor.py`` for the
 recurrence written plainly). The table holds ``C`` for every ``(s, t)`` and every ``m`` in 0..slots, so
 one computation answers every budget of its grid: :func:`rebuild` reads a schedule out of it (the Pareto
 front keeps one table on store-all's grid). :func:`plan` solves each budget on its own grid, ``slots``
@@ -15,7 +15,7 @@ simulator.
 The fill keeps two tables of ``(L+1)^2 * (slots+1)`` float32 (the costs and their shifted copy): 442 MiB
 at L = 339 with 500 slots. A chain whose tables would exceed :data:`MAX_TABLE_BYTES` goes to binomial
 checkpointing instead (``binomial.py``, no table), with a :class:`~planner.errors.FallbackWarning`: the turn is
-taken in :mod:`planner.solvers.handover`, for every caller of :func:`planner.solve.solver`.
+taken in :mod:`planner.solvers.handover`, for every caller of :func:`planner.solvers.dispatch.solver`.
 """
 
 from __future__ import annotations
@@ -26,12 +26,13 @@ from functools import partial
 import numpy as np
 
 from memprof.units import format_bytes
-from planner.chain import Chain
-from planner.discretize import DEFAULT_SLOTS, DiscreteChain, discretize
-from planner.schedule import Op, OpKind
+from planner.model.chain import Chain
+from planner.model.schedule import Op, OpKind
+from planner.model.schedule_params import ScheduleParams
 from planner.solvers import rotor_fill
 from planner.solvers.budget_grid import Minimum, exact_floor, lowest_budget, plan_on_own_grid
 from planner.solvers.common import Plan, infeasible
+from planner.solvers.discretize import DEFAULT_SLOTS, DiscreteChain, discretize
 from planner.solvers.rotor_fill import Arrays
 from planner.solvers.store_all import store_all_ops, store_all_peak_bytes
 
@@ -220,7 +221,7 @@ def plan_mode(chain: Chain, budget_bytes: int, slots: int = DEFAULT_SLOTS, mode:
     """
     def solve_on(reference: int, budget: int) -> Plan:
         table = compute_table(chain, mode=mode, grid=discretize(chain, slots, reference))
-        return Plan(rebuild(table, budget), {"slots": slots, "slot_bytes": table.grid.slot_bytes})
+        return Plan(rebuild(table, budget), ScheduleParams(slots=slots, slot_bytes=table.grid.slot_bytes))
 
     return plan_on_own_grid(mode, budget_bytes, store_all_peak_bytes(chain), solve_on,
                             partial(minimum, chain, slots, mode), f"{slots} slots spanning each budget")

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.discretize import DiscreteChain
+from planner.solvers.discretize import DiscreteChain
 from planner.solvers.option_grid import OptionGrid
 
 _F32 = np.float32

@@ -1,6 +1,6 @@
 """ROTOR's optimal weak-persistent dynamic program (ROTOR paper, Theorem 4.7, Algorithms 1-2).
 
-``C(s, t, l, m)`` (see ``rotor_optimal_reference.py`` for the recurrence written plainly; ``l`` is the
+``C(s, t, l, m)`` (see ``reference/rotor_optimal.py`` for the recurrence written plainly; ``l`` is the
 paper's ell, ``last`` in the code): with the
 floating checkpoint ``a^{s-1}`` (not counted) and ``delta^l`` held, run ``B(l) .. B(t)`` within ``m``
 slots. The ``F_ck`` case minimises over a split ``s'`` and an end ``t'`` at once, which costs ``O(L^2)``
@@ -22,12 +22,13 @@ from functools import partial
 import numpy as np
 
 from memprof.units import format_bytes
-from planner.chain import Chain
-from planner.discretize import DEFAULT_SLOTS, DiscreteChain, discretize
 from planner.errors import TableTooLargeError
-from planner.schedule import Op, OpKind
+from planner.model.chain import Chain
+from planner.model.schedule import Op, OpKind
+from planner.model.schedule_params import ScheduleParams
 from planner.solvers.budget_grid import Minimum, exact_floor, lowest_budget, plan_on_own_grid
 from planner.solvers.common import Plan, infeasible
+from planner.solvers.discretize import DEFAULT_SLOTS, DiscreteChain, discretize
 from planner.solvers.store_all import store_all_ops, store_all_peak_bytes
 
 _Key = tuple[int, int, int]
@@ -321,7 +322,7 @@ def plan(chain: Chain, budget_bytes: int, slots: int = DEFAULT_SLOTS) -> Plan:
     """
     def solve_on(reference: int, budget: int) -> Plan:
         table = compute_table(chain, grid=discretize(chain, slots, reference))
-        return Plan(rebuild(table, budget), {"slots": slots, "slot_bytes": table.grid.slot_bytes})
+        return Plan(rebuild(table, budget), ScheduleParams(slots=slots, slot_bytes=table.grid.slot_bytes))
 
     return plan_on_own_grid("rotor_optimal", budget_bytes, store_all_peak_bytes(chain), solve_on,
                             partial(minimum, chain, slots), f"{slots} slots spanning each budget")

@@ -1,14 +1,16 @@
 """Selective recomputation: ROTOR's persistent DP where each recorded forward picks a recomputation option.
 
-Each stage may offer options besides keeping everything (:mod:`planner.stage_option`, built from op records
-by :mod:`planner.option_builder`): option ``k`` keeps a-bar_k^s <= a-bar^s, and ``B(s)`` first recomputes
+Each stage may offer options besides keeping everything (:mod:`planner.model.stage_option`, built from op records
+by :mod:`planner.discovery.option_builder`): option ``k`` keeps a-bar_k^s <= a-bar^s, and ``B(s)`` first recomputes
 what it dropped, ``r_k`` more milliseconds. The recurrence is rotor's (``rotor.py``, written plainly in
-``selective_reference.py``) with the ``F_all(s)`` branch taken at its best option (Rockmate-style):
+``reference/selective.py``) with the ``F_all(s)`` branch taken at its best option (Rockmate-style):
 
     min over k of  u_f^s + C(s+1, t, m - abar_k^s) + u_b^s + r_k^s
 
 feasible when ``F_all(s)`` fits beside ``delta^t`` holding a-bar_k^s, and ``B(s)`` (with its recomputation)
-fits with the full a-bar^s. A chain without options gives rotor's table exactly. The table is filled by
+fits with the full a-bar^s. A chain without options gives rotor's table exactly. The loss stage's chunked
+options (the head and its cross-entropy in chunks, :mod:`planner.discovery.loss_options`) change only the
+base case ``C(L+1, L+1, m)``: :mod:`planner.solvers.loss_choice` takes the best of the DP over them. The table is filled by
 ``rotor_fill.fill`` with an :class:`~planner.solvers.option_grid.OptionGrid`; the schedule is rebuilt
 from it apart, each budget solved on its own grid as rotor's (``budget_grid.py``); the fallback to binomial
 checkpointing (no options) when the table would exceed ``rotor.MAX_TABLE_BYTES`` is
@@ -23,12 +25,14 @@ from functools import partial
 import numpy as np
 
 from memprof.units import format_bytes
-from planner.chain import Chain
-from planner.discretize import DEFAULT_SLOTS, DiscreteChain, discretize
-from planner.schedule import Op, OpKind
-from planner.solvers import rotor_fill
+from planner.model.chain import Chain
+from planner.model.schedule import Op, OpKind
+from planner.model.schedule_params import ScheduleParams
+from planner.simulation.simulator import simulate
+from planner.solvers import loss_choice, rotor_fill
 from planner.solvers.budget_grid import Minimum, exact_floor, lowest_budget, plan_on_own_grid
 from planner.solvers.common import Plan, infeasible
+from planner.solvers.discretize import DEFAULT_SLOTS, DiscreteChain, discretize
 from planner.solvers.option_grid import OptionGrid
 from planner.solvers.rotor_fill import Arrays
 from planner.solvers.store_all import store_all_ops, store_all_peak_bytes
@@ -159,20 +163,40 @@ def minimum(chain: Chain, slots: int = DEFAULT_SLOTS) -> Minimum | None:
 
 def min_budget_bytes(chain: Chain, slots: int = DEFAULT_SLOTS) -> int:
     """The smallest budget for which :func:`plan` finds a schedule (each budget on its own grid)."""
+    if loss_choice.has_loss_options(chain):
+        return loss_choice.min_budget_bytes(chain, partial(_min_fixed, slots=slots))
+    return _min_fixed(chain, slots)
+
+
+def _min_fixed(chain: Chain, slots: int) -> int:
     found = minimum(chain, slots)
     assert found is not None, "store-all's peak always has a schedule"
     return found.budget_bytes
 
 
 def plan(chain: Chain, budget_bytes: int, slots: int = DEFAULT_SLOTS) -> Plan:
-    """The optimal persistent schedule with recomputation options within ``budget_bytes``, on its own grid.
+    """The optimal persistent schedule with recomputation options within ``budget_bytes``, on its own grid
+    (the loss stage's chunked options included).
 
     Raises:
         InfeasibleBudgetError: the budget is below the minimum feasible one (named).
     """
+    if loss_choice.has_loss_options(chain):
+        return loss_choice.plan(NAME, chain, budget_bytes, partial(_plan_fixed, slots=slots),
+                                partial(_min_fixed, slots=slots), _makespan_ms)
+    return _plan_fixed(chain, budget_bytes, slots)
+
+
+def _makespan_ms(chain: Chain, ops: tuple[Op, ...]) -> float:
+    """The simulator's makespan: the judge of the loss's options, as of every schedule."""
+    return simulate(chain, ops).makespan_ms
+
+
+def _plan_fixed(chain: Chain, budget_bytes: int, slots: int) -> Plan:
+    """:func:`plan` on a chain whose loss stage has no chunked options to choose from."""
     def solve_on(reference: int, budget: int) -> Plan:
         table = compute_table(chain, grid=discretize(chain, slots, reference))
-        return Plan(rebuild(table, budget), {"slots": slots, "slot_bytes": table.grid.slot_bytes})
+        return Plan(rebuild(table, budget), ScheduleParams(slots=slots, slot_bytes=table.grid.slot_bytes))
 
     return plan_on_own_grid(NAME, budget_bytes, store_all_peak_bytes(chain), solve_on,
                             partial(minimum, chain, slots), f"{slots} slots spanning each budget")

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import math
 
-from planner.chain import Chain
-from planner.schedule import Op
-from planner.simulator import predict
+from planner.model.chain import Chain
+from planner.model.schedule import Op
+from planner.model.schedule_params import ScheduleParams
+from planner.simulation.simulator import predict
 from planner.solvers.common import Plan, infeasible, segmented_ops
 
 
@@ -46,4 +47,4 @@ def plan(chain: Chain, budget_bytes: int, slots: int = 0) -> Plan:
     if budget_bytes < peak:
         raise infeasible("sqrt", budget_bytes, peak)
     size = segment_length(chain)
-    return Plan(ops, {"segment_length": size, "segments": -(-chain.length // size)})
+    return Plan(ops, ScheduleParams(segment_length=size, segments=-(-chain.length // size)))

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from planner.baseline import store_all_ops, store_all_peak_bytes
-from planner.chain import Chain
+from planner.model.chain import Chain
+from planner.simulation.baseline import store_all_ops, store_all_peak_bytes
 from planner.solvers.common import Plan, infeasible
 
 __all__ = ["min_budget_bytes", "plan", "store_all_ops", "store_all_peak_bytes"]

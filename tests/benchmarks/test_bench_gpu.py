@@ -13,15 +13,17 @@ import torch
 from benchmarks import bench_gpu
 from benchmarks.gpu_targets import ERROR, FAIL, INFO, PASS, SKIPPED, CheckResult
 from memprof.interop import import_snapshot, write_snapshot
-from planner.comparison import Comparison
+from planner.measure.comparison import Comparison
+from planner.model.schedule_params import ScheduleParams
 from tests.memprof.interop.snapshots import training_snapshot
 
 MiB = 2**20
 
 
 def _schedule(**params) -> SimpleNamespace:
-    return SimpleNamespace(algorithm="offload", budget_bytes=300 * MiB, params=params,
-                           streamed_weights=tuple(params.get("streamed_weights", ())))
+    typed = ScheduleParams(**params)
+    return SimpleNamespace(algorithm="offload", budget_bytes=300 * MiB, params=typed,
+                           streamed_weights=typed.streamed_weights or ())
 
 
 def _comparison(predicted: int, measured: int, makespan: float = 100.0) -> Comparison:
@@ -56,7 +58,7 @@ def test_offload_and_streaming_step_times_are_judged_within_10_percent() -> None
 def test_the_note_says_what_the_schedule_offloads_and_streams() -> None:
     note = bench_gpu.schedule_note(_schedule(offloaded=[2, 3], streamed_weights=[1]))
     assert note == "budget 300.0 MiB; offloads stages [2, 3]; streams the weights of stages [1]"
-    fallback = SimpleNamespace(algorithm="binomial", budget_bytes=None, params={"fallback_from": "rotor"},
+    fallback = SimpleNamespace(algorithm="binomial", budget_bytes=None, params=ScheduleParams(fallback_from="rotor"),
                                streamed_weights=())
     assert bench_gpu.schedule_note(fallback) == "no budget; ran as binomial (fallback from rotor)"
 

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from memprof import zoo
+from examples import zoo
 
 
 def _cross_entropy(model: nn.Module, batch: tuple) -> torch.Tensor:

@@ -11,9 +11,9 @@ import cli.demo
 from cli.demo import measured_line
 from cli.main import main
 from planner import Comparison
-from planner.chain import Chain, Stage
-from planner.schedule import Op, OpKind, Schedule
-from planner.step import StepCosts
+from planner.model.chain import Chain, Stage
+from planner.model.schedule import Op, OpKind, Schedule
+from planner.model.step import StepCosts
 from tests.cli.helpers import exit_code, one_line_error
 
 MIB = 2**20
@@ -86,6 +86,7 @@ def test_the_long_chain_section_is_binomials_optimal_count():
     assert lines[1].startswith(f"  {count} forward evaluations (optimal for 301 steps and 5 snapshots: {count});")
 
 
+@pytest.mark.slow
 def test_the_estimate_of_a_demo_model_matches_its_profiled_peak(tmp_path):
     # the demo's first section: each model estimated on fake tensors before it runs, then measured
     spec = cli.demo.DEMO_MODELS[1]  # the GPT-style stack

@@ -10,7 +10,8 @@ import torch
 
 from cli.factory import load_factory
 from cli.main import main
-from memprof import estimate, load_trace, zoo
+from examples import zoo
+from memprof import estimate, load_trace
 from memprof.units import format_bytes, parse_bytes
 from tests.cli.estimate_factories import tiny_gpt
 from tests.cli.helpers import ROOT, exit_code, one_line_error
@@ -38,6 +39,7 @@ def test_a_file_path_and_cuda(tmp_path: Path, capsys) -> None:
     assert "on cuda" in text and "reserved" in text
 
 
+@pytest.mark.slow
 def test_max_batch_finds_the_largest_batch_that_fits(tmp_path: Path, capsys) -> None:
     memory = "3MiB"
     assert main(["estimate", FACTORY, "--max-batch", "--memory", memory, "--out", str(tmp_path),

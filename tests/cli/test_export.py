@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 
 from cli.main import main
-from planner.simulator import simulate
+from planner.simulation.simulator import simulate
 from tests.cli.helpers import TOY, one_line_error
 from tests.planner import models as M
 
 
 def test_every_algorithm_plans_and_exports(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from planner.solve import ALGORITHMS
+    from planner.solvers.dispatch import ALGORITHMS
 
     for algorithm in ALGORITHMS:
         out = tmp_path / f"{algorithm}.json"

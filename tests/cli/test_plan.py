@@ -13,12 +13,12 @@ from cli.main import main
 from memprof import load_trace
 from memprof.units import format_bytes
 from planner import chain_from_trace
-from planner.chain import Chain
-from planner.schedule import Schedule
-from planner.simulator import simulate
-from planner.solve import min_feasible_budget
+from planner.model.chain import Chain
+from planner.model.schedule import Schedule
+from planner.model.step import StepCosts
+from planner.simulation.simulator import simulate
+from planner.solvers.dispatch import min_feasible_budget
 from planner.solvers.store_all import store_all_ops
-from planner.step import StepCosts
 from tests.cli.helpers import EXAMPLE_RUN, MIB, TOY, one_line_error
 
 
@@ -188,7 +188,7 @@ def test_plan_refuses_missing_and_foreign_inputs(tmp_path: Path, capsys: pytest.
 
 
 def test_plan_binomial_solves_a_long_chain(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from planner.chain import Stage
+    from planner.model.chain import Stage
     from planner.solvers.binomial import memory_bounds
 
     stage = Stage(0.5, 1.0, MIB, MIB, MIB)
@@ -198,17 +198,17 @@ def test_plan_binomial_solves_a_long_chain(tmp_path: Path, capsys: pytest.Captur
     budget = int(memory_bounds(chain)[10])
     assert main(["plan", str(source), "--budget", str(budget), "--algorithm", "binomial", "--out", str(out)]) == 0
     schedule = Schedule.from_json(out)
-    assert schedule.algorithm == "binomial" and schedule.params["snapshots"] == 10
+    assert schedule.algorithm == "binomial" and schedule.params.snapshots == 10
     assert simulate(schedule.chain, schedule).peak_bytes <= budget
     text = capsys.readouterr().out
     assert "binomial schedule for chain 'long' (2000 stages + loss)" in text
-    recomputed = schedule.params["forwards"] - 2001
+    recomputed = schedule.params.forwards - 2001
     assert f"operations       {len(schedule.ops)} ({recomputed} recomputed forwards)" in text
 
 
 def test_rotor_falling_back_to_binomial_warns_in_one_line(tmp_path: Path) -> None:
     # a process of its own: pytest records warnings itself, so only a real run shows what a user reads
-    from planner.chain import Stage
+    from planner.model.chain import Stage
 
     chain = Chain("long", MIB, (Stage(0.5, 1.0, MIB, MIB, MIB),) * 41)
     source, out = tmp_path / "long.json", tmp_path / "schedule.json"
@@ -241,7 +241,7 @@ def test_plan_offload_prints_the_host_peak_and_takes_the_link(tmp_path: Path,
     assert schedule.has_transfers and schedule.predicted_host_peak_bytes == simulate(schedule.chain,
                                                                                      schedule).host_peak_bytes > 0
     text = capsys.readouterr().out
-    stages = sorted(schedule.params["offloaded"])
+    stages = sorted(schedule.params.offloaded)
     assert (f"offloaded        {len(stages)} stages {stages} to host memory: host peak "
             f"{format_bytes(schedule.predicted_host_peak_bytes)} (link 24.0 GB/s out, 24.0 GB/s in, no host cap "
             "(default))") in text

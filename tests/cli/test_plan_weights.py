@@ -10,10 +10,10 @@ from cli.main import main
 from memprof import load_trace
 from memprof.units import format_bytes
 from planner import chain_from_trace
-from planner.schedule import Schedule
-from planner.simulator import simulate
-from planner.solve import min_feasible_budget
-from planner.weights import streamed_step
+from planner.model.schedule import Schedule
+from planner.model.weights import streamed_step
+from planner.simulation.simulator import simulate
+from planner.solvers.dispatch import min_feasible_budget
 from tests.cli.helpers import EXAMPLE_RUN, TOY, one_line_error
 
 

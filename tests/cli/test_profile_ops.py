@@ -99,7 +99,7 @@ def test_plan_prices_the_selective_overhead_the_run_measured_or_the_one_given(
 
 def test_plan_held_budget_picks_options_within_what_the_forward_may_hold(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from planner.schedule import Schedule
+    from planner.model.schedule import Schedule
     from planner.solvers import held
 
     assert exit_code(["profile-ops", f"{FACTORIES}:blocks", "--batch-size", "8", "--out", str(tmp_path),
@@ -114,7 +114,7 @@ def test_plan_held_budget_picks_options_within_what_the_forward_may_hold(
     capsys.readouterr()
     assert exit_code([*plan, "--held-budget", str(lowest)]) == 0
     schedule = Schedule.from_json(out)
-    assert schedule.algorithm == "held" and schedule.params["held_bytes"] <= lowest
+    assert schedule.algorithm == "held" and schedule.params.held_bytes <= lowest
     assert sum(1 for op in schedule.ops if op.option) == sum(1 for s in chain.stages[:-1] if s.options)
     text = capsys.readouterr().out
     assert "held for the backward (the stages' saved activations; the peak is predicted" in text

@@ -9,7 +9,8 @@ import torch
 
 from cli.main import main
 from cli.report import run_report
-from memprof import MemoryBudgetExceeded, MemoryProfiler, load_trace, zoo
+from examples import zoo
+from memprof import MemoryBudgetExceeded, MemoryProfiler, load_trace
 from tests.cli.helpers import EXAMPLE_RUN, exit_code, one_line_error
 from tests.dashboard.fixtures import write_profiled_run
 

@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from memprof.categories import CATEGORY_COLUMNS
 from memprof.schema import EVENTS, EVENTS_SCHEMA, FORMAT_NAME, ITERATIONS, LAYERS, SCHEMA_VERSION
-from memprof.trace.writer import TraceWriter, write_meta
+from memprof.trace.format.writer import TraceWriter, write_meta
 
 HTML_NAME = "<img src=x onerror=alert(1)>"
 #: Child names of ``features`` in the synthetic model.
@@ -158,10 +158,10 @@ def store_all_schedule_dict(step: bool = True) -> dict:
     With ``step`` the chain carries :data:`STEP_COSTS` (as a chain found in a run does), so its budgets and
     predicted peak are the whole step's; without, it is a chain-only schedule.
     """
-    from planner.chain import Chain, Stage
-    from planner.schedule import Op, OpKind, Schedule
-    from planner.simulator import simulate
-    from planner.step import StepCosts
+    from planner.model.chain import Chain, Stage
+    from planner.model.schedule import Op, OpKind, Schedule
+    from planner.model.step import StepCosts
+    from planner.simulation.simulator import simulate
 
     stages = [Stage(1.0, 2.0, 1000, 1500, 1000, name=f"features.{i}") for i in range(3)]
     chain = Chain("features", 500, (*stages, Stage(0.5, 0.5, 10, 10, 10, name="loss")),

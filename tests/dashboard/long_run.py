@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from memprof.categories import CATEGORY_COLUMNS
 from memprof.schema import EVENTS, EVENTS_SCHEMA, ITERATIONS, ITERATIONS_SCHEMA, LAYERS, LAYERS_SCHEMA
-from memprof.trace.writer import TraceWriter, write_meta
+from memprof.trace.format.writer import TraceWriter, write_meta
 from tests.dashboard.fixtures import meta
 
 MIB = 1024**2

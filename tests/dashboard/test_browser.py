@@ -80,7 +80,7 @@ def _write_gpt2_with_ops(run_dir: Path) -> None:
     import torch
 
     from memprof import MemoryProfiler, load_trace
-    from planner.compile_baseline import CompilePoint, write_points
+    from planner.measure.compile_baseline import CompilePoint, write_compile_points
     from tests.planner.real_models import gpt2
 
     real = gpt2()
@@ -98,7 +98,7 @@ def _write_gpt2_with_ops(run_dir: Path) -> None:
     meta = json.loads((run_dir / "meta.json").read_text())
     (run_dir / "meta.json").write_text(json.dumps({**meta, "selective_overhead_us_per_op": 0.0}))
     peak = int(load_trace(run_dir).iterations.peak_allocated_bytes.max())
-    write_points(run_dir, [CompilePoint(activation_memory_budget=budget, step_peak_bytes=int(peak * (0.6 + budget / 2)),
+    write_compile_points(run_dir, [CompilePoint(activation_memory_budget=budget, step_peak_bytes=int(peak * (0.6 + budget / 2)),
                                         held_bytes=int(peak * budget / 2), flops=10**9, step_ms=20.0)
                            for budget in (1.0, 0.5, 0.1)])
 
@@ -256,7 +256,7 @@ def _downloaded(folder: Path, suffix: str) -> list[Path]:
 
 
 def test_export_downloads_parse(driver, server, downloads):
-    from planner.schedule import Schedule
+    from planner.model.schedule import Schedule
 
     load(driver, server.url + "?run=mlp")
     open_tab(driver, "Planner")

@@ -16,7 +16,7 @@ from dashboard.data import UnsafeRunPathError
 from dashboard.planning import PlannerModel, planner_model
 from memprof import load_trace
 from memprof.units import format_bytes
-from planner.step import StepCosts
+from planner.model.step import StepCosts
 from tests.dashboard.fixtures import (
     HTML_NAME,
     WEIGHTS_BYTES,
@@ -55,8 +55,11 @@ def test_no_run_no_plan(store):
 @pytest.mark.parametrize("name", ["corrupt", "../outside"])
 def test_bad_runs_give_messages(store, name):
     low, high, _, _, _, disabled, message = cp.planner_bounds(store, [name], cp.AUTO)
-    assert disabled and message.startswith(f"No plan for {name}: ")
-    assert cp.planner_view(store, [name], cp.AUTO, 5)[0].startswith(f"No plan for {name}: ")
+    # a run that cannot be opened says so in its one problem line (TraceStore.problem), the same on every tab
+    said = (f"No plan for {name}: ", f"Run {name} cannot be opened: ")
+    assert disabled and message.startswith(said)
+    view = cp.planner_view(store, [name], cp.AUTO, 5)
+    assert view[-1] is None and (view[0] == "" or view[0].startswith(said))  # "": said once, above the slider
 
 
 def test_slider_bounds_are_the_fronts(store):
@@ -107,7 +110,12 @@ def test_slider_reads_the_front_and_simulates(store, monkeypatch):
                    model.max_budget_bytes):
         budget_text, peak_text, makespan_text, ops_text, *figures, choice = \
             cp.planner_view(store, ["mlp"], cp.AUTO, budget)
-        schedule_fig, memory_fig, pareto_fig = (go.Figure(f) for f in figures)
+        planned, pareto_fig = (go.Figure(f) for f in figures)
+        # one figure, one time axis: the operations on the top row (y), the memory they cause below (y2)
+        bars = [t for t in planned.data if t.yaxis == "y"]
+        memory = [t for t in planned.data if t.yaxis == "y2"]
+        assert {t.xaxis for t in planned.data} == {"x"} and planned.layout.xaxis.anchor == "y2"
+        assert planned.layout.yaxis.domain[0] > planned.layout.yaxis2.domain[1]  # schedule above memory
         schedule = model.front.schedule_at(int(round(budget)))
         prediction = planner.simulate(model.chain, schedule)
         step_peak = step.step_peak_bytes(prediction.peak_bytes)
@@ -120,14 +128,18 @@ def test_slider_reads_the_front_and_simulates(store, monkeypatch):
         assert budget_text == (f"budget {format_bytes(int(round(budget)))} for the whole step "
                                f"({format_bytes(step.base_bytes)} beside the chain leaves it {format_bytes(left)})")
         # the predicted timeline is the simulator's chain timeline plus what the step holds beside the chain
-        assert max(memory_fig.data[0].y) == prediction.peak_bytes + step.base_bytes
-        assert memory_fig.data[0].name == f"predicted (chain + {format_bytes(step.base_bytes)} beside it)"
-        assert [s.y0 for s in memory_fig.layout.shapes] == [int(round(budget)), step.floor_bytes]
-        star = pareto_fig.data[-1]
-        assert (star.x[0], star.y[0]) == (step_peak, pytest.approx(prediction.makespan_ms))
+        assert max(memory[0].y) == prediction.peak_bytes + step.base_bytes
+        assert memory[0].name == f"predicted (chain + {format_bytes(step.base_bytes)} beside it)"
+        assert [(s.y0, s.yref) for s in planned.layout.shapes] == [(int(round(budget)), "y2"),
+                                                                   (step.floor_bytes, "y2")]
+        # each operation's hover says the whole-step memory it causes, the same as the memory row's peak
+        assert format_bytes(prediction.peak_bytes + step.base_bytes) in {row[1] for t in bars for row in t.customdata}
+        star = pareto_fig.layout.annotations[-1]
+        assert (star.x, star.y) == (step_peak, pytest.approx(prediction.makespan_ms)) and star.text == "\u2605"
         assert pareto_fig.layout.shapes[0].x0 == int(round(budget))
-        assert pareto_fig.layout.xaxis.title.text == "whole-step peak memory (bytes)"
-        assert sum(len(t.x) for t in schedule_fig.data) == len(schedule.ops)
+        assert pareto_fig.layout.xaxis.title.text.startswith("whole-step peak memory (")
+        assert pareto_fig.layout.xaxis.title.text.endswith("iB)")
+        assert sum(len(t.x) for t in bars) == len(schedule.ops)
         assert choice == {"run": "mlp", "container": None, "budget_bytes": int(round(budget))}
         seen.append(makespan_text)
     assert seen[0] != seen[-1]  # the tightest budget recomputes, store-all does not
@@ -136,7 +148,7 @@ def test_slider_reads_the_front_and_simulates(store, monkeypatch):
 def test_schedule_labels_are_escaped(store):
     model = planner_model(store, "mlp", None)
     fig = go.Figure(cp.planner_view(store, ["mlp"], cp.AUTO, model.max_budget_bytes)[4])
-    labels = [label for t in fig.data for label in t.customdata]
+    labels = [row[0] for t in fig.data if t.yaxis == "y" for row in t.customdata]
     assert any("&lt;img" in label for label in labels) and not any("<img" in label for label in labels)
 
 
@@ -152,7 +164,9 @@ def test_measured_view_states_errors(store):
     graph = go.Figure(blocks[0].children[1].figure)
     base = format_bytes(run.base_bytes)
     assert [t.name for t in graph.data][:2] == [f"predicted (chain + {base} beside it)", "measured (mlp-measured)"]
-    assert list(graph.data[1].y) == run.measured["memory_bytes"].tolist()
+    # every event's memory, each after the highest the allocator held since the event before
+    assert list(graph.data[1].y)[::2] == run.measured["memory_bytes"].tolist()
+    assert max(graph.data[1].y) == max(run.measured["peak_bytes"].max(), run.measured["memory_bytes"].max())
     assert graph.layout.title.text == "store_all schedule: predicted and measured (whole training step)"
 
 
@@ -171,7 +185,7 @@ def test_current_schedule_measured_is_overlaid(store, traces):
     # A measured run of exactly the schedule the slider shows at store-all.
     model = planner_model(store, "mlp", None)
     schedule = model.front.schedule_at(model.max_budget_bytes)
-    from memprof.trace.writer import TraceWriter, write_meta
+    from memprof.trace.format.writer import TraceWriter, write_meta
 
     run_dir = traces.root / "mlp-measured-rotor"
     writer = TraceWriter(run_dir)
@@ -190,17 +204,17 @@ def test_current_schedule_measured_is_overlaid(store, traces):
     alone = planner.pareto_front(model.chain.activations_only()).schedule_at(10**12)
     assert alone.ops == schedule.ops
     write_meta(other, meta("mlp-measured-chain-only", schedule=alone.to_dict(), source_run="mlp"))
-    _, peak_text, makespan_text, _, _, memory_fig, _, _ = cp.planner_view(store, ["mlp"], cp.AUTO,
-                                                                          model.max_budget_bytes)
+    _, peak_text, makespan_text, _, planned, _, _ = cp.planner_view(store, ["mlp"], cp.AUTO,
+                                                                    model.max_budget_bytes)
     comparison = cp.compare_measured(store, "mlp-measured-rotor").comparison
     assert peak_text.endswith(f"; measured {format_bytes(comparison.measured_peak_bytes)} "
                               f"({comparison.peak_error:+.1%})")
     assert "; measured " in makespan_text
-    memory_fig = go.Figure(memory_fig)
-    assert [t.name for t in memory_fig.data] == [f"predicted (chain + {format_bytes(model.step.base_bytes)} beside it)",
-                                                 "measured (mlp-measured-rotor)"]
+    memory = [t for t in go.Figure(planned).data if t.yaxis == "y2"]
+    assert [t.name for t in memory] == [f"predicted (chain + {format_bytes(model.step.base_bytes)} beside it)",
+                                        "measured (mlp-measured-rotor)"]
     # whole-step allocated memory: the weights and their gradients are not taken away
-    assert list(memory_fig.data[1].y)[-1] == 300 + 2 * WEIGHTS_BYTES
+    assert list(memory[1].y)[-1] == 300 + 2 * WEIGHTS_BYTES
 
 
 def test_exports(store):
@@ -234,3 +248,24 @@ def test_export_without_a_choice_uses_the_default_budget(store):
 def test_export_refuses_a_run_outside(store):
     with pytest.raises(UnsafeRunPathError, match="climbs out"):
         cp.current_schedule(store, {"run": "../x", "container": None, "budget_bytes": 5}, None)
+
+
+def test_slider_minimum_and_front_agree_with_memprof_plan_to_the_byte(store, traces, tmp_path, capsys):
+    import re
+
+    from cli.main import main
+
+    low, high = cp.planner_bounds(store, ["mlp"], cp.AUTO)[:2]
+    model = planner_model(store, "mlp", None)
+    code = main(["plan", str(traces.root / "mlp"), "--budget", "1", "--algorithm", model.algorithm,
+                 "--out", str(tmp_path / "s.json")])
+    said = capsys.readouterr().err
+    assert code != 0
+    smallest = int(re.search(r"smallest budget for \w+ is [^(]+\((\d+) bytes\)", said).group(1))
+    assert low == smallest == int(model.front.budgets_bytes[0])  # the slider, the front's line and the CLI
+    # at the minimum the CLI solves the schedule the slider shows
+    assert main(["plan", str(traces.root / "mlp"), "--budget", str(low), "--algorithm", model.algorithm,
+                 "--out", str(tmp_path / "s.json")]) == 0
+    solved = planner.Schedule.from_json(json.loads((tmp_path / "s.json").read_text()))
+    assert solved.ops == model.front.schedule_at(low).ops
+    assert high == model.max_budget_bytes

@@ -103,3 +103,14 @@ def test_iteration_axis_ticks_whole_iterations_only():
     assert iteration_axis([0, 1])["dtick"] == 1
     assert iteration_axis(list(range(1000)))["dtick"] == 100
     assert iteration_axis([])["dtick"] == 1
+
+
+def test_byte_axis_names_its_unit_and_ticks_in_numbers():
+    from dashboard.figures import byte_axis, bytes_texts
+
+    axis = byte_axis("peak allocated", 60 * 1024**2)
+    assert axis["title"]["text"] == "peak allocated (MiB)" and axis["automargin"] is True
+    assert axis["ticktext"] == ["0", "10", "20", "30", "40", "50", "60"]
+    assert byte_axis("x", 0)["title"]["text"] == "x (B)" and "tickvals" not in byte_axis("x", 0)
+    sizes = [0, 1, 1023, 1024, 1536, 17.9 * 1024**2, 114 * 1024**2, -2048, 3 * 1024**3]
+    assert bytes_texts(sizes) == [format_bytes(s) for s in sizes]

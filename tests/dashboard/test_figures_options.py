@@ -29,9 +29,9 @@ from dashboard.planning import (
     with_option_columns,
 )
 from memprof.units import format_bytes
-from planner.compile_baseline import POINTS_FILE, CompilePoint, write_points
-from planner.stage_option import StageOption
-from planner.step import StepCosts
+from planner.measure.compile_baseline import COMPILE_POINTS_FILE, CompilePoint, write_compile_points
+from planner.model.stage_option import StageOption
+from planner.model.step import StepCosts
 from tests.dashboard.fixtures import HTML_NAME
 from tests.planner.chain_strategies import MIB, random_chain
 
@@ -152,7 +152,7 @@ def test_pareto_shows_selective_rotor_and_compile_points_together() -> None:
     # the x axis spans the compile points too (they may sit beside the planner's)
     ticks = list(fig.layout.xaxis.tickvals)
     assert ticks[0] <= 700 * MIB and ticks[-1] >= max(900 * MIB, float(model.points["peak_bytes"].max()))
-    assert fig.layout.xaxis.title.text == "whole-step peak memory (bytes)"
+    assert fig.layout.xaxis.title.text == "whole-step peak memory (GiB)"
 
 
 def test_pareto_leaves_compile_points_out_of_a_chain_only_figure_and_says_why() -> None:
@@ -179,14 +179,17 @@ def test_planner_view_shows_the_options_and_the_compile_points(store, monkeypatc
     *_, message = cp.planner_bounds(store, ["mlp"], cp.AUTO)
     assert "7 stages have recomputation options" in message and "selective's optimum" in message
     assert "torch.compile's 3 measured points" in message
-    _, _, _, ops_text, schedule_fig, _, pareto_fig, _ = cp.planner_view(store, ["mlp"], cp.AUTO,
-                                                                       model.min_budget_bytes)
+    _, _, _, ops_text, schedule_fig, pareto_fig, _ = cp.planner_view(store, ["mlp"], cp.AUTO,
+                                                                    model.min_budget_bytes)
     schedule = model.front.schedule_at(model.min_budget_bytes)
     assert schedule.algorithm == "selective"
     assert ops_text.startswith(" ".join(str(op) for op in schedule.ops) + "\n\nrecomputation options:\n")
     assert "[1]" in ops_text or "[2]" in ops_text
     names = {t.name for t in go.Figure(schedule_fig).data}
     assert any(n.startswith("F_all [") for n in names)
+    option = next(t for t in schedule_fig["data"] if t["name"].startswith("F_all ["))
+    assert "memory: up to %{customdata[5]} while it runs" in option["hovertemplate"]
+    assert all(text.endswith("iB") or text.endswith(" B") for row in option["customdata"] for text in row[5:])
     pareto = go.Figure(pareto_fig)
     assert {COMPILE_NAME, "selective", "rotor", "this schedule"} <= {t.name for t in pareto.data}
     choice = {"run": "mlp", "container": None, "budget_bytes": model.min_budget_bytes}
@@ -199,11 +202,35 @@ def test_planner_view_shows_the_options_and_the_compile_points(store, monkeypatc
 def test_planner_model_reads_the_compile_points_beside_the_run(store) -> None:  # noqa: ANN001
     before = planner_model(store, "mlp", None)
     assert before.compile_points == () and before.algorithm == "rotor"  # the synthetic run has no op records
-    write_points(store.path("mlp"), POINTS)  # written after the run: the cache must see it
+    write_compile_points(store.path("mlp"), POINTS)  # written after the run: the cache must see it
     model = planner_model(store, "mlp", None)
     assert model.compile_points == POINTS and model.compile_error == ""
     assert COMPILE_NAME in {t.name for t in go.Figure(model.pareto).data}
-    (store.path("mlp") / POINTS_FILE).write_text(json.dumps({"points": [{"step_ms": 1}]}), encoding="utf-8")
+    (store.path("mlp") / COMPILE_POINTS_FILE).write_text(json.dumps({"points": [{"step_ms": 1}]}), encoding="utf-8")
     broken = planner_model(store, "mlp", None)
     assert broken.compile_points == () and "compile_points.json is not a list" in broken.compile_error
     assert "torch.compile's points left out" in go.Figure(broken.pareto).layout.annotations[0].text
+
+
+def test_offload_points_of_a_run_without_a_device_link_need_a_gpu() -> None:
+    from dashboard.figures_options import needs_a_gpu, pareto_with_options
+
+    chain = random_chain(seed=3, length=6)
+    model = model_of_chain(chain, device_link=False)
+    points = model.points
+    assert "offload" in set(points["algorithm"])  # the planner prices them with its default link
+    names = [t["name"] for t in model.pareto["data"]]
+    assert "offload (needs a GPU)" in names and "offload" not in names
+    marked = next(t for t in model.pareto["data"] if t["name"] == "offload (needs a GPU)")
+    assert marked["marker"]["symbol"] == "circle-open" and "needs a GPU" in marked["hovertemplate"]
+    linked = pareto_with_options(points, model.front.budgets_bytes, model.front.makespans_ms, device_link=True)
+    assert "offload" in [t["name"] for t in linked["data"]]
+    assert needs_a_gpu({"name": "x", "hovertemplate": "a<extra>x</extra>"})["name"] == "x (needs a GPU)"
+
+
+def test_only_a_cuda_run_or_a_measured_link_has_a_device_link() -> None:
+    from dashboard.planning import has_device_link
+
+    chain = random_chain(seed=3, length=6)  # priced with the planner's default link
+    assert not has_device_link({"device": "cpu"}, chain)
+    assert has_device_link({"device": "cuda:0"}, chain)

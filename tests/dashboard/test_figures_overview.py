@@ -133,3 +133,13 @@ def test_breakdown_switches_to_areas_above_the_bar_limit():
     fig = breakdown_figure(frame)
     assert {t.type for t in fig.data} == {"scatter"} and len(fig.data[0].x) == n
     assert "iterations (each point" not in fig.layout.title.text  # all drawn: nothing decimated
+
+
+def test_two_compared_runs_have_distinct_colours(store):
+    a, b = store.iterations("mlp"), store.iterations("ddp/rank=0")
+    fig = peaks_figure(a, b, ("mlp", "ddp/rank=0"))
+    colours = {t.name: t.line.color for t in fig.data}
+    first = [c for n, c in colours.items() if n.endswith("(mlp)")]
+    second = [c for n, c in colours.items() if n.endswith("(ddp/rank=0)")]
+    assert first and second and not set(first) & set(second)
+    assert fig.layout.yaxis.title.text.startswith("peak memory (")

@@ -113,3 +113,32 @@ def test_zoom_rebuckets_the_visible_range(big_frame):
 ])
 def test_relayout_range(event, expected):
     assert relayout_range(event) == expected
+
+
+def test_one_hover_per_point_says_time_phase_module_total_and_categories(store):
+    frame = store.timeline("mlp", 0)
+    fig = timeline_figure(frame)
+    traces = _by_name(fig)
+    # the categories draw the stack as steps and stay silent; the total's invisible line carries the one hover
+    for column in CATEGORY_COLUMNS:
+        assert traces[column].hoverinfo == "skip" and traces[column].line.shape == "hv"
+    total = traces["allocated"]
+    assert list(total.y) == frame["allocated_bytes"].tolist() and total.showlegend is False
+    row = frame.iloc[5]
+    text = total.hovertext[5]
+    assert text.startswith(f"{row['time_ms']:.3f} ms, {row['phase']}, ")
+    assert f"allocated {format_bytes(int(row['allocated_bytes']))}" in text
+    for column in CATEGORY_COLUMNS:
+        if int(row[column]):
+            assert f"{column} {format_bytes(int(row[column]))}" in text
+    assert fig.layout.yaxis.title.text.startswith("allocated memory (") and fig.layout.yaxis.automargin
+
+
+def test_a_compared_run_at_another_speed_is_drawn_on_the_first_runs_clock(store):
+    frame = store.timeline("mlp", 0)
+    fast = frame.assign(time_ms=frame["time_ms"] / 9.0)  # an estimate: the same events, nine times sooner
+    fig = timeline_figure(frame, compare=fast, compare_name="estimate")
+    compared = next(t for t in fig.data if str(t.name).startswith("allocated (estimate"))
+    assert "aligned at shared events" in compared.name and compared.line.shape == "hv"
+    assert list(compared.x) == pytest.approx(frame["time_ms"].tolist())
+    assert f"at {float(fast['time_ms'].iloc[3]):.3f} ms of its own" in compared.hovertext[3]

@@ -7,16 +7,17 @@ import json
 import pandas as pd
 import plotly.graph_objects as go
 
-from dashboard.figures_planner import ALGORITHM_COLORS, memory_figure, pareto_base, predicted_line
+from dashboard.figures_pareto import pareto_base
+from dashboard.figures_planner import ALGORITHM_COLORS, memory_figure, predicted_line
 from memprof import load_trace
 from planner import chain_from_trace
-from planner.chain import Chain, Stage
-from planner.simulator import simulate
-from planner.transfer import TransferCosts
-from planner.weight_points import STREAMING, streaming_points
-from planner.weights import WeightCosts
+from planner.fronts.weight_points import STREAMING, streaming_points
+from planner.model.chain import Chain, Stage
+from planner.model.transfer import TransferCosts
+from planner.model.weights import WeightCosts
+from planner.simulation.simulator import simulate
 from tests.planner import models as M
-from tests.planner.test_weights import two_stages
+from tests.planner.model.test_weights import two_stages
 
 
 def test_a_streamed_schedule_shows_its_weights_host_memory_and_their_visits_to_the_device() -> None:

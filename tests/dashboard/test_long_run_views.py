@@ -15,8 +15,7 @@ from dashboard import ids, pickers
 from dashboard.callbacks_planner import chain_options
 from dashboard.data import TraceStore
 from dashboard.figures_overview import DETAIL_NAME, OVERVIEW_MAX_POINTS
-from memprof.trace import reader
-from memprof.trace.writer import write_meta
+from memprof.trace.format.writer import write_meta
 from tests.dashboard.fixtures import meta
 from tests.dashboard.long_run import LongRun, write_long_run
 
@@ -45,7 +44,7 @@ def opened(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counter]:
         counts[Path(source).parent.name] += 1
         return read_table(source, *args, **kwargs)
 
-    monkeypatch.setattr(reader.pq, "read_table", counting)
+    monkeypatch.setattr(pq, "read_table", counting)  # the module every part read goes through
     yield counts
 
 
@@ -123,8 +122,11 @@ def test_a_click_through_the_server_sets_both_pickers(long_run):
     body = {"output": ".." + "...".join(f"{i}.{p}" for i, p in outputs) + "..",
             "outputs": [{"id": i, "property": p} for i, p in outputs],
             "inputs": [{"id": ids.SELECTED_RUNS, "property": "data", "value": ["long"]},
-                       {"id": ids.OVERVIEW_PEAKS, "property": "clickData", "value": {"points": [{"x": 4_990}]}}],
-            "changedPropIds": [f"{ids.OVERVIEW_PEAKS}.clickData"], "state": []}
+                       {"id": ids.OVERVIEW_PEAKS, "property": "clickData", "value": {"points": [{"x": 4_990}]}},
+                       {"id": ids.LIVE_STAMP, "property": "data", "value": None}],
+            "changedPropIds": [f"{ids.OVERVIEW_PEAKS}.clickData"],
+            "state": [{"id": ids.LAYERS_ITERATION, "property": "value", "value": None},
+                      {"id": ids.TIMELINE_ITERATION, "property": "value", "value": None}]}
     response = client.post("/_dash-update-component", json=body)
     assert response.status_code == 200
     reply = response.get_json()["response"]

@@ -10,20 +10,18 @@ import pandas as pd
 import pytest
 
 import planner
-from dashboard.planning import (
+from dashboard.measured import (
     MEASURED_COLUMNS,
     compare_measured,
-    container_choices,
     measured_activation,
     measured_runs,
     measured_step,
-    model_state_bytes,
-    planner_model,
     same_schedule,
 )
+from dashboard.planning import container_choices, model_state_bytes, planner_model
 from memprof import load_trace
 from memprof.categories import MODEL_STATE
-from planner.step import StepCosts
+from planner.model.step import StepCosts
 from tests.dashboard.fixtures import (
     INPUT_BYTES,
     STEP_COSTS,

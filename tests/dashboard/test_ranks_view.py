@@ -8,10 +8,10 @@ from dashboard import callbacks as cb
 from dashboard.cache import BoundedCache
 from dashboard.data import RANK_VIEW_POINTS, TraceStore, rank_view_points
 from memprof.schema import ITERATIONS
-from memprof.trace.writer import TraceWriter, write_meta
+from memprof.trace.format.writer import TraceWriter, write_meta
 from memprof.units import format_bytes
 from tests.dashboard.fixtures import meta
-from tests.memprof.trace.many_ranks import iteration_table, reference_summary, write_many_ranks
+from tests.memprof.trace.ranks.many_ranks import iteration_table, reference_summary, write_many_ranks
 
 RANKS, ITERATIONS_PER_RANK = 8, 9_000
 

@@ -11,10 +11,11 @@ import planner
 from dashboard import callbacks as cb
 from dashboard import callbacks_planner as cp
 from dashboard.data import TraceStore
-from memprof import MemoryProfiler, load_trace, zoo
+from examples import zoo
+from memprof import MemoryProfiler, load_trace
 from memprof.categories import CATEGORY_COLUMNS
 from memprof.units import format_bytes
-from planner.measure import measure_schedule
+from planner.measure.runs import measure_schedule
 
 
 @pytest.fixture(scope="module")
@@ -66,13 +67,14 @@ def test_planner_and_measured_schedule(real):
     low, high = cp.planner_bounds(store, ["mlp"], cp.AUTO)[:2]
     assert (low, high) == (front.min_feasible_bytes, front.max_budget_bytes)
     budget = (low + high) // 2
-    _, peak_text, makespan_text, ops_text, _, memory, _, _ = cp.planner_view(store, ["mlp"], cp.AUTO, budget)
+    _, peak_text, makespan_text, ops_text, planned, _, _ = cp.planner_view(store, ["mlp"], cp.AUTO, budget)
     assert ops_text == " ".join(str(op) for op in schedule.ops)
     # The measured run executed exactly this schedule, so it is drawn over the prediction.
     assert "; measured " in peak_text and "; measured " in makespan_text
     # whole-step memory: the simulator's chain timeline plus what the step holds beside the chain
     base = format_bytes(chain.step.base_bytes)
-    assert [t.name for t in go.Figure(memory).data] == [f"predicted (chain + {base} beside it)", "measured (mlp-rotor)"]
+    memory = [t for t in go.Figure(planned).data if t.yaxis == "y2"]  # the row under the schedule
+    assert [t.name for t in memory] == [f"predicted (chain + {base} beside it)", "measured (mlp-rotor)"]
     blocks = cp.measured_view(store, ["mlp"])
     sentence = blocks[0].children[0].children
     # the dashboard compares the same quantities as measure_schedule: the whole step's peak, both sides

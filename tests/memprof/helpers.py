@@ -7,7 +7,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from memprof import MemoryProfiler, Trace, load_trace, zoo
+from examples import zoo
+from memprof import MemoryProfiler, Trace, load_trace
 
 CATEGORIES = ["weights", "buffers", "weight_grads", "feature_maps", "weight_copies", "grads", "optimizer_state",
               "comm_buffers", "inputs", "other"]

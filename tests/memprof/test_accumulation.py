@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from memprof import load_trace
-from planner.compile_baseline import memory_events, running_peak
+from planner.measure.compile_baseline import memory_events, running_peak
 from tests.accumulation import (
     BATCH,
     MICRO_BATCHES,

@@ -27,8 +27,9 @@ import pytest
 import torch
 from torch import nn
 
-import memprof.trace.writer
-from memprof import MemoryProfiler, load_trace, zoo
+import memprof.trace.format.writer
+from examples import zoo
+from memprof import MemoryProfiler, load_trace
 from tests.memprof.helpers import TINY_MLP_WEIGHT_BYTES, assert_exact_model_bytes
 
 KILLS = 40
@@ -42,7 +43,8 @@ FORK_SERVER = textwrap.dedent(
     import os, sys
     import torch
     from torch import nn
-    from memprof import MemoryProfiler, zoo
+    from memprof import MemoryProfiler
+    from examples import zoo
 
     torch.set_num_threads(1)
 
@@ -191,6 +193,8 @@ def fork_server(tmp_path_factory):
     yield server
     server.close()
 
+
+@pytest.mark.slow
 def test_sigkill_at_random_moments_keeps_every_completed_iteration(fork_server, tmp_path,
                                                                   record_testsuite_property):
     rng = random.Random(SEED)
@@ -211,9 +215,10 @@ def test_sigkill_at_random_moments_keeps_every_completed_iteration(fork_server, 
     assert elapsed < 120  # about 10 s here; minutes would mean the fork server no longer saves start-up
 
 
+@pytest.mark.slow
 def test_sigkill_while_parts_are_merged_keeps_every_iteration_once(fork_server, tmp_path):
     # Inline processing writes one part per iteration, so every 8th iteration merges parts
-    # (memprof.trace.compaction): the kills land before, during and after merges.
+    # (memprof.trace.format.compaction): the kills land before, during and after merges.
     rng = random.Random(SEED + 1)
     merged_runs, iterations_seen = 0, 0
     start = time.monotonic()
@@ -224,7 +229,7 @@ def test_sigkill_while_parts_are_merged_keeps_every_iteration_once(fork_server, 
         run_dir = out_dir / "run"
         _check_killed_run(run_dir, completed)
         before = load_trace(run_dir)
-        memprof.trace.writer.TraceWriter(run_dir)  # what a takeover does: clears a killed merge's leftovers
+        memprof.trace.format.writer.TraceWriter(run_dir)  # what a takeover does: clears a killed merge's leftovers
         after = load_trace(run_dir)
         for table in ("iterations", "layers", "events"):
             pd.testing.assert_frame_equal(getattr(after, table), getattr(before, table))
@@ -246,7 +251,7 @@ def test_death_between_table_parts_leaves_consistent_tables(tmp_path, monkeypatc
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     # inline: the parts are written in this process, where the test can cut the writes short
     profiler = MemoryProfiler(model, optimizer, out_dir=tmp_path, run_id="run", print_period=0, background=False)
-    original = memprof.trace.writer.TraceWriter.append
+    original = memprof.trace.format.writer.TraceWriter.append
 
     def append(self, table, data):
         path = original(self, table, data)
@@ -257,7 +262,7 @@ def test_death_between_table_parts_leaves_consistent_tables(tmp_path, monkeypatc
     try:
         for _ in range(3):
             zoo.train_step(model, optimizer, (torch.randn(4, 8), torch.randint(0, 4, (4,))))
-            monkeypatch.setattr(memprof.trace.writer.TraceWriter, "append", append)
+            monkeypatch.setattr(memprof.trace.format.writer.TraceWriter, "append", append)
             try:
                 profiler.record_stats()
             except _Killed:
@@ -273,14 +278,14 @@ def test_death_between_table_parts_leaves_consistent_tables(tmp_path, monkeypatc
 
 def _failing_writes(monkeypatch, fails, code: int = errno.ENOSPC) -> None:
     """Makes the trace writer's ``write_atomically(path, ...)`` raise ``OSError(code)`` whenever ``fails(path)``."""
-    original = memprof.trace.writer.write_atomically
+    original = memprof.trace.format.writer.write_atomically
 
     def write(path, data, *args, **kwargs):
         if fails(Path(path)):
             raise OSError(code, os.strerror(code), str(path))
         return original(path, data, *args, **kwargs)
 
-    monkeypatch.setattr(memprof.trace.writer, "write_atomically", write)
+    monkeypatch.setattr(memprof.trace.format.writer, "write_atomically", write)
 
 
 def _train(profiler: MemoryProfiler, model: nn.Module, optimizer, steps: int) -> list[float]:

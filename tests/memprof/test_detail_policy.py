@@ -8,7 +8,8 @@ import pandas as pd
 import pytest
 import torch
 
-from memprof import MemoryProfiler, load_trace, zoo
+from examples import zoo
+from memprof import MemoryProfiler, load_trace
 from memprof.schema import ITERATIONS_SCHEMA
 
 #: Summary columns that must not depend on whether an iteration kept its detail.

@@ -32,7 +32,8 @@ SCRIPT = textwrap.dedent(
     import torch
     import torch.distributed as dist
     from torch import nn
-    from memprof import MemoryProfiler, zoo
+    from memprof import MemoryProfiler
+    from examples import zoo
 
     out_dir, wrapper = sys.argv[1], sys.argv[2]
     dist.init_process_group("gloo")

@@ -35,7 +35,8 @@ SCRIPT = textwrap.dedent(
     import torch
     import torch.distributed as dist
     from torch import nn
-    from memprof import MemoryProfiler, zoo
+    from memprof import MemoryProfiler
+    from examples import zoo
     from tests.allocator_truth import allocator_rise_bytes
 
     out_dir, wrapper = sys.argv[1], sys.argv[2]

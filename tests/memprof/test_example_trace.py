@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from memprof import load_trace, zoo
+from examples import zoo
+from memprof import load_trace
 from planner import chain_from_trace
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "traces" / "example"

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from memprof import MemoryBudgetExceeded, MemoryProfiler, ProfilerError, load_trace, zoo
+from examples import zoo
+from memprof import MemoryBudgetExceeded, MemoryProfiler, ProfilerError, load_trace
 from memprof.units import format_bytes
 
 

@@ -10,9 +10,9 @@ import pytest
 
 MEMPROF = Path(__file__).resolve().parents[2] / "memprof"
 ANALYSIS = sorted(f"memprof.analysis.{p.stem}" for p in (MEMPROF / "analysis").glob("*.py") if p.stem != "__init__")
-#: What ``python -m memprof.trace.worker`` imports, and what it needs to write a part.
-WORKER_SIDE = ["memprof.schema", "memprof.trace.journal", "memprof.trace.worker", "memprof.trace.writer",
-               "memprof.trace.compaction"]
+#: What ``python -m memprof.trace.pipeline.worker`` imports, and what it needs to write a part.
+WORKER_SIDE = ["memprof.schema", "memprof.trace.pipeline.journal", "memprof.trace.pipeline.worker", "memprof.trace.format.writer",
+               "memprof.trace.format.compaction"]
 
 
 def _loaded_after(modules: list[str], heavy: tuple[str, ...]) -> list[str]:
@@ -34,7 +34,7 @@ def test_the_worker_side_imports_neither_torch_nor_pandas(module: str) -> None:
 
 
 def test_the_reader_imports_no_torch() -> None:
-    assert _loaded_after(["memprof.trace.reader", "memprof.trace.recovery", "memprof.trace.ranks"], ("torch",)) == []
+    assert _loaded_after(["memprof.trace.reader", "memprof.trace.pipeline.recovery", "memprof.trace.ranks"], ("torch",)) == []
 
 
 def test_snapshot_interop_imports_no_torch() -> None:

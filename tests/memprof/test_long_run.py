@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from memprof import MemoryProfiler, load_trace, zoo
+from examples import zoo
+from memprof import MemoryProfiler, load_trace
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 _PAGE = 4096

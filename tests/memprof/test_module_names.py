@@ -11,10 +11,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
+from examples import zoo
 from memprof import (
     MemoryProfiler,
     load_trace,
-    zoo,
 )
 from tests.bad_input import CASES, run_cli
 

@@ -18,7 +18,8 @@ import torch
 from torch import nn
 from torch.autograd import _profiler_enabled
 
-from memprof import MemoryProfiler, ProfilerError, load_trace, zoo
+from examples import zoo
+from memprof import MemoryProfiler, ProfilerError, load_trace
 from tests.memprof.helpers import TINY_MLP_WEIGHT_BYTES, assert_exact_model_bytes
 
 STEPS = 100

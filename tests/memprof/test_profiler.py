@@ -10,7 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from memprof import MemoryProfiler, ProfilerError, load_trace, zoo
+from examples import zoo
+from memprof import MemoryProfiler, ProfilerError, load_trace
 from tests.memprof.helpers import CATEGORIES, forward_exit, profile_steps
 
 

@@ -9,11 +9,11 @@ from pathlib import Path
 
 from hypothesis import strategies as st
 
-from planner.chain import Chain, Stage
-from planner.discretize import DiscreteChain, discretize
+from planner.model.chain import Chain, Stage
+from planner.model.stage_option import StageOption
+from planner.model.transfer import TransferCosts
+from planner.solvers.discretize import DiscreteChain, discretize
 from planner.solvers.store_all import store_all_peak_bytes
-from planner.stage_option import StageOption
-from planner.transfer import TransferCosts
 
 TOY_CHAIN = Path(__file__).with_name("toy_chain.json")
 MIB = 2**20

@@ -7,8 +7,8 @@ import random
 import torch
 from torch import nn
 
-from planner.chain import Chain, Stage
-from planner.schedule import Op, OpKind, Schedule
+from planner.model.chain import Chain, Stage
+from planner.model.schedule import Op, OpKind, Schedule
 
 A, CK, NONE, B = OpKind.F_ALL, OpKind.F_CK, OpKind.F_NONE, OpKind.B
 

@@ -24,7 +24,7 @@ from torch import nn
 from planner.executor import stage_modules
 from planner.executor.block_io import first_tensor
 from planner.executor.runtime import _StageFunction
-from planner.schedule import OpKind, Schedule
+from planner.model.schedule import OpKind, Schedule
 
 _FORWARD_KINDS = (OpKind.F_ALL, OpKind.F_CK, OpKind.F_NONE)
 EXECUTOR_NODE = f"{_StageFunction.__name__}Backward"

@@ -225,8 +225,8 @@ BROKEN = {
 
 @pytest.mark.parametrize("name", list(BROKEN))
 def test_schedules_that_break_dependencies(tmp_path, chain, name):
-    from planner.export import export_python
-    from planner.simulator import simulate
+    from planner.export.files import export_python
+    from planner.simulation.simulator import simulate
 
     path = write_json(tmp_path / "schedule.json", schedule_dict(chain, BROKEN[name]))
     schedule = Schedule.from_json(path)  # well-formed: the dependencies are the simulator's job
@@ -249,7 +249,7 @@ _ops = st.lists(st.tuples(st.sampled_from([k.value for k in OpKind]), st.integer
 @settings(max_examples=60, deadline=None)
 @given(ops=_ops)
 def test_fuzzed_schedules_simulate_or_raise_and_the_cli_agrees(ops):
-    from planner.simulator import simulate
+    from planner.simulation.simulator import simulate
 
     chain = Chain.from_json(chain_dict(length=3))
     CASES["fuzzed schedule"] += 1
@@ -267,7 +267,7 @@ def test_fuzzed_schedules_simulate_or_raise_and_the_cli_agrees(ops):
 
 
 def test_schedule_for_another_chain(tmp_path, chain):
-    from planner.simulator import simulate
+    from planner.simulation.simulator import simulate
 
     other = Chain.from_json(chain_dict(length=4))
     schedule = Schedule("hand", None, tuple(store_all(chain)), chain)

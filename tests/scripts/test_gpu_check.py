@@ -102,7 +102,7 @@ def test_nvidia_smi_lines_are_parsed() -> None:
 JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" errors="1" failures="1"
 skipped="1" tests="5" time="3.2"><testcase classname="tests.memprof.test_profiler"
 name="test_cuda_allocated_bytes_are_the_caching_allocators" time="1.250" /><testcase
-classname="tests.planner.test_transfer" name="test_measuring_on_cuda_gives_a_plausible_link" time="0.5"><failure
+classname="tests.planner.model.test_transfer" name="test_measuring_on_cuda_gives_a_plausible_link" time="0.5"><failure
 message="AssertionError: assert 3.1 &lt; 2">long traceback</failure></testcase><testcase
 classname="tests.memprof.estimation.test_cuda" name="test_the_cuda_estimate[gpt2]" time="0.01"><skipped
 type="pytest.skip" message="needs a CUDA device (run on a GPU machine)">skip</skipped></testcase><testcase
@@ -116,7 +116,7 @@ def test_the_junit_report_gives_each_tests_outcome() -> None:
     results = gpu_check.parse_junit(JUNIT)
     assert [(r.name, r.outcome) for r in results] == [
         ("tests.memprof.test_profiler::test_cuda_allocated_bytes_are_the_caching_allocators", "passed"),
-        ("tests.planner.test_transfer::test_measuring_on_cuda_gives_a_plausible_link", "failed"),
+        ("tests.planner.model.test_transfer::test_measuring_on_cuda_gives_a_plausible_link", "failed"),
         ("tests.memprof.estimation.test_cuda::test_the_cuda_estimate[gpt2]", "skipped"),
         ("tests.planner.executor.test_weights", "error"),
         ("tests.memprof.test_failure::test_oom", "error"),
@@ -133,14 +133,14 @@ def test_every_file_with_gpu_tests_is_collected() -> None:
     files = gpu_check.gpu_test_files(ROOT)
     assert {"tests/memprof/estimation/test_cuda.py", "tests/memprof/capture/test_oom_snapshot.py",
             "tests/memprof/test_profiler.py", "tests/planner/executor/test_offload.py",
-            "tests/planner/executor/test_weights.py", "tests/planner/test_transfer.py"} <= set(files)
+            "tests/planner/executor/test_weights.py", "tests/planner/model/test_transfer.py"} <= set(files)
     assert all("mark.gpu" in (ROOT / f).read_text(encoding="utf-8") for f in files)
     assert "tests/scripts/test_mutants.py" not in files and "tests/scripts/test_gpu_check.py" not in files
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the test would run, not skip")
 def test_without_cuda_the_gpu_tests_skip_cleanly_and_the_report_says_so(tmp_path: Path) -> None:
-    run = gpu_check.run_gpu_tests(sys.executable, ROOT, ["tests/planner/test_transfer.py"], tmp_path, 120, None)
+    run = gpu_check.run_gpu_tests(sys.executable, ROOT, ["tests/planner/model/test_transfer.py"], tmp_path, 120, None)
     assert run.returncode == 0 and run.ok, run.note
     assert [r.outcome for r in run.results] == ["skipped"]
     assert run.results[0].name.endswith("test_measuring_on_cuda_gives_a_plausible_link")
@@ -178,7 +178,7 @@ def test_the_report_has_the_machine_every_check_and_every_test() -> None:
     assert "| **fail** | budget 4.6 GiB |" in text
     assert "OutOfMemoryError: a \\| b" in text  # a pipe in a note does not break the table
     assert "1 passed, 1 failed, 1 skipped." in text
-    assert "| `tests.planner.test_transfer::test_measuring_on_cuda_gives_a_plausible_link` | failed | 0.50 |" in text
+    assert "| `tests.planner.model.test_transfer::test_measuring_on_cuda_gives_a_plausible_link` | failed | 0.50 |" in text
     assert "Not measured" not in text
     assert all(f"`{target.check}`" in text for target in CATALOGUE)
 

@@ -18,7 +18,7 @@ from memprof.analysis.records import CAT, AllocationEvents, CarriedState, Iterat
 from memprof.analysis.timeline import event_table, series
 from memprof.categories import CATEGORY_COLUMNS, Category
 from memprof.errors import CorruptTraceError
-from memprof.trace.journal import decode_record, encode_record, read_state, write_state
+from memprof.trace.pipeline.journal import decode_record, encode_record, read_state, write_state
 
 BUCKET, WEIGHTS = 1680, 1680
 STANDIN = -(1 << 48)  # memprof.capture.distributed's first stand-in address

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from memprof import zoo
+from examples import zoo
 from memprof.analysis.records import Mark
 from memprof.capture.hooks import HookRecorder
 from memprof.capture.tensor_walk import module_tree, tensors

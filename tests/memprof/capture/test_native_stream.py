@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from memprof import MemoryBudgetExceeded, MemoryProfiler, ProfilerError, load_trace, zoo
+from examples import zoo
+from memprof import MemoryBudgetExceeded, MemoryProfiler, ProfilerError, load_trace
 from memprof.capture.kineto import KinetoAllocationStream
 from memprof.capture.native import build as native_build
 from memprof.capture.native.stream import NativeAllocationStream

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from memprof import MemoryProfiler, ProfilerError, load_trace, zoo
+from examples import zoo
+from memprof import MemoryProfiler, ProfilerError, load_trace
 from memprof.capture import oom_snapshot as module
 from memprof.capture.oom_snapshot import NEEDS_CUDA, SNAPSHOT_FILE, OomSnapshot
 from memprof.interop import import_snapshot

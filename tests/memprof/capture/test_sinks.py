@@ -11,8 +11,9 @@ import pytest
 import torch
 from torch import nn
 
-from memprof import MemoryProfiler, load_trace, zoo
-from memprof.trace.journal import JOURNAL_DIR, STATE_FILE
+from examples import zoo
+from memprof import MemoryProfiler, load_trace
+from memprof.trace.pipeline.journal import JOURNAL_DIR, STATE_FILE
 from memprof.trace.reader import read_meta, table_parts
 from tests.memprof.helpers import CATEGORIES, TINY_MLP_WEIGHT_BYTES, assert_exact_model_bytes
 

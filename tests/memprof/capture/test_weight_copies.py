@@ -13,7 +13,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from memprof import MemoryProfiler, load_trace, zoo
+from examples import zoo
+from memprof import MemoryProfiler, load_trace
 from memprof.capture.weight_copies import AutocastCasts, saved_weight_casts
 from tests.allocator_truth import allocator_rise_bytes
 from tests.memprof.helpers import CATEGORIES, forward_exit

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from memprof import zoo
+from examples import zoo
 from tests.allocator_truth import allocator_rise_bytes
 
 Loss = Callable[[nn.Module, Any], torch.Tensor]

@@ -23,6 +23,7 @@ _PAIRS = [pytest.param(m, o, marks=() if (m, o) in _COVERING else pytest.mark.sl
           for m in _MODELS for o in _OPTIMIZERS]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("model_name", "optimizer_name"), _PAIRS)
 def test_estimated_peak_is_within_3_percent_of_the_measured_peak(tmp_path, model_name, optimizer_name):
     model, batch, loss_fn = CASES[model_name].build()

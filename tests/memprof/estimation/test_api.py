@@ -11,7 +11,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from memprof import estimate, load_trace, zoo
+from examples import zoo
+from memprof import estimate, load_trace
 from memprof.categories import Category
 from memprof.errors import EstimateError
 from tests.allocator_truth import allocator_rise_bytes
@@ -149,7 +150,7 @@ def test_the_trace_is_a_normal_trace_marked_as_an_estimate(tmp_path):
 
 def test_the_planner_plans_a_schedule_from_an_estimate(tmp_path):
     from planner import min_feasible_budget, simulate, solve, store_all_budget
-    from planner.from_trace import chain_from_trace
+    from planner.discovery.from_trace import chain_from_trace
 
     model, batch, loss_fn = CASES["gpt2"].build()
     predicted = estimate(model, batch, loss_fn, ADAMW, out_dir=tmp_path)

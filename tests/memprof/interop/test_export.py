@@ -12,7 +12,8 @@ import pytest
 import torch
 import torch.cuda._memory_viz as memory_viz
 
-from memprof import MemoryProfiler, OutputExistsError, TraceError, load_trace, zoo
+from examples import zoo
+from memprof import MemoryProfiler, OutputExistsError, TraceError, load_trace
 from memprof.categories import CATEGORY_COLUMNS
 from memprof.interop import export_snapshot, import_snapshot, load_snapshot, snapshot_of, write_snapshot
 from tests.memprof.interop.snapshots import training_snapshot

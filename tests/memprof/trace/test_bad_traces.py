@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
+import warnings
 from pathlib import Path
 
 import pyarrow as pa
@@ -39,23 +40,50 @@ from tests.bad_input import (
 
 # ---------------------------------------------------------------------------- damaged Parquet parts
 
+def skipped_with_one_warning(kind: str, work: Path, part: Path) -> None:
+    """A damaged part costs its iterations, not the run: one warning naming it, the strict reader refuses it,
+    and ``memprof report`` runs (one warning line on stderr) or fails in one line."""
+    CASES[kind] += 1
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trace = load_trace(work)
+        read = {table: getattr(trace, table) for table in TABLES}
+    damage = [str(w.message) for w in caught if "damaged part" in str(w.message)]
+    assert len(damage) == 1 and part.name in damage[0], damage
+    assert [d.part for d in trace.damage] == [part.relative_to(work).as_posix()]
+    assert str(work) not in damage[0] and "Error" not in damage[0] and "Invalid" not in damage[0]
+    table = trace.damage[0].table
+    if table != "ops":
+        assert read[table].empty or not set(trace.damage[0].iterations) & set(read[table].iteration)
+    def read_strictly() -> None:  # a damaged page is met when its part is read, not when the run is opened
+        strict = load_trace(work, strict=True)
+        for name in TABLES:
+            getattr(strict, name)
+
+    error = api_error(kind, read_strictly, CorruptTraceError)
+    assert part.name in str(error)
+    with warnings.catch_warnings(record=True) as cli_warnings:  # (the CLI prints each as one stderr line)
+        warnings.simplefilter("always")
+        code, out, err = run_cli(["report", str(work)])
+    assert code == 0 and "Traceback" not in out + err, (code, err)
+    said = [str(w.message) for w in cli_warnings if "damaged part" in str(w.message)]
+    assert len(said) == 1 and part.name in said[0], said
+
+
 @FUZZ
 @given(data=st.data())
-def test_truncated_parts_are_corrupt_traces(run_dir, data):
+def test_truncated_parts_are_skipped(run_dir, data):
     with tempfile.TemporaryDirectory() as tmp:
         work = copy_run(run_dir, Path(tmp))
         part = data.draw(st.sampled_from([p for t in TABLES for p in parts(work, t)]))
         size = part.stat().st_size
         part.write_bytes(part.read_bytes()[: data.draw(st.integers(0, size - 1))])
-        error = api_error("truncated part", lambda: load_trace(work), CorruptTraceError)
-        assert part.name in str(error)
-        line = cli_fails("truncated part", ["report", str(work)], work)
-        assert "not a readable Parquet file" in line
+        skipped_with_one_warning("truncated part", work, part)
 
 
 @FUZZ
 @given(data=st.data())
-def test_bit_flipped_parts_are_refused_or_read_unchanged(run_dir, data):
+def test_bit_flipped_parts_are_skipped_or_read_unchanged(run_dir, data):
     with tempfile.TemporaryDirectory() as tmp:
         work = copy_run(run_dir, Path(tmp))
         part = data.draw(st.sampled_from([p for t in TABLES for p in parts(work, t)]))
@@ -65,36 +93,45 @@ def test_bit_flipped_parts_are_refused_or_read_unchanged(run_dir, data):
         part.write_bytes(bytes(raw))
         CASES["bit flip"] += 1
         try:
-            read = read_everything(work)
-        except TraceError:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                trace = load_trace(work)
+                read = {table: getattr(trace, table) for table in TABLES}
+        except TraceError:  # readable Parquet whose footer now names a wrong column or type: another file
             NOTED["bit flip refused"] += 1
         except KNOWN_GAPS:
             NOTED["bit flip known gap"] += 1
             return
         else:
-            # Pages are written with checksums and read with verification (docs/reliability.md): a flip the
-            # reader does not refuse hit bytes that carry no data (statistics, padding), never the data itself.
-            assert same_tables(read, read_everything(run_dir)), f"a flip of bit {bit} in {part.name} changed the data"
-            NOTED["bit flip read, data unchanged"] += 1
+            if trace.damage:
+                assert [d.part for d in trace.damage] == [part.relative_to(work).as_posix()]
+                NOTED["bit flip skipped"] += 1
+            elif any(set(read[t].columns) != set(sound[t].columns) for t in TABLES if (sound := read_everything(run_dir))):
+                # The footer carries no checksum: a flip inside a column name of a column added later (read as its
+                # default when missing) gives a part with that column "missing" and an unknown extra one. Known gap.
+                NOTED["bit flip renamed a column in the footer"] += 1
+            else:
+                # Pages are written with checksums and read with verification (docs/reliability.md): a flip the
+                # reader does not skip hit bytes that carry no data (statistics, padding), never the data itself.
+                assert same_tables(read, read_everything(run_dir)), f"a flip of bit {bit} in {part.name} changed the data"
+                NOTED["bit flip read, data unchanged"] += 1
         cli_ok_or_fails("bit flip", ["report", str(work)], work)
 
 
-def test_invalid_utf8_in_a_footer_is_a_corrupt_trace(work):
+def test_invalid_utf8_in_a_footer_is_a_damaged_part(work):
     part = parts(work, "layers")[0]
     raw = part.read_bytes()
     assert raw.count(b"feature_map_bytes") >= 1  # the column name, in the footer (the data is compressed)
     part.write_bytes(raw.replace(b"feature_map_bytes", b"\xdfeature_map_bytes"))  # same length, not UTF-8
-    api_error("bit flip", lambda: load_trace(work), CorruptTraceError)
-    cli_fails("bit flip", ["report", str(work)], work)
+    skipped_with_one_warning("bit flip", work, part)
 
 
-def test_parquet_errors_are_one_line(work):
+def test_a_damaged_page_is_skipped_when_read(work):
     part = parts(work, "iterations")[0]
     raw = bytearray(part.read_bytes())
     raw[8:16] = bytes(b ^ 0xFF for b in raw[8:16])  # the first page header, right after the "PAR1" magic
     part.write_bytes(bytes(raw))
-    api_error("bit flip", lambda: read_everything(work), CorruptTraceError)
-    cli_fails("bit flip", ["report", str(work)], work)
+    skipped_with_one_warning("bit flip", work, part)
 
 
 @pytest.mark.parametrize("content", [
@@ -107,18 +144,18 @@ def test_parquet_errors_are_one_line(work):
 ], ids=["csv", "json", "empty", "magic-only", "two-magics", "png"])
 @pytest.mark.parametrize("table", TABLES)
 def test_files_from_other_tools_as_parts(work, table, content):
-    parts(work, table)[0].write_bytes(content)
-    api_error("foreign part", lambda: load_trace(work), CorruptTraceError)
-    cli_fails("foreign part", ["report", str(work)], work)
+    part = parts(work, table)[0]
+    part.write_bytes(content)
+    skipped_with_one_warning("foreign part", work, part)
 
 
 def test_feather_file_renamed_parquet(work):
     frame = load_trace(work).events
     import pyarrow.feather as feather
 
-    feather.write_feather(frame, parts(work, "events")[0])
-    api_error("foreign part", lambda: load_trace(work), CorruptTraceError)
-    cli_fails("foreign part", ["report", str(work)], work)
+    part = parts(work, "events")[0]
+    feather.write_feather(frame, part)
+    skipped_with_one_warning("foreign part", work, part)
 
 
 def _rewrite(part: Path, change) -> None:

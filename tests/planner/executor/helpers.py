@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from planner.chain import Chain
+from planner.model.chain import Chain
 from tests.planner import models as M
 
 #: Schedules for a chain of n stages, by name: the textbook ones, a random one and one wasting recomputations.

@@ -8,11 +8,11 @@ import pytest
 import torch
 from torch import nn
 
-from planner.chain import Chain, Stage
 from planner.errors import InvalidScheduleError, ScheduleMismatchError
 from planner.executor import CheckpointedSequential, apply_schedule, remove_schedule, validate_ops
-from planner.schedule import Op
-from planner.simulator import simulate
+from planner.model.chain import Chain, Stage
+from planner.model.schedule import Op
+from planner.simulation.simulator import simulate
 from tests.planner import models as M
 from tests.planner.executor.helpers import assert_same_step, chain_for, cnn_case, run_step
 

@@ -8,9 +8,9 @@ import torch
 from torch import nn
 
 from planner.executor import apply_schedule
-from planner.schedule import OpKind
-from planner.solve import solve
+from planner.model.schedule import OpKind
 from planner.solvers.binomial import memory_bounds
+from planner.solvers.dispatch import solve
 from tests.planner.executor.helpers import assert_same_step, chain_for, run_step
 
 
@@ -25,7 +25,7 @@ def test_binomial_schedule_gradients_equal_plain_autograd_bitwise() -> None:
     model = tiny_net()
     chain = chain_for(model)
     schedule = solve(chain, int(memory_bounds(chain)[4]), "binomial")
-    assert schedule.params["snapshots"] == 4
+    assert schedule.params.snapshots == 4
     recomputed = sum(op.kind is not OpKind.B for op in schedule.ops) - (chain.length + 1)
     assert recomputed > 2 * chain.length  # four snapshots over 31 steps: each stage advanced several times
     x = torch.randn(3, 5)

@@ -4,7 +4,7 @@ Issue 31 found binomial's schedule at 9,000 B faster (420 ms) than rotor's and r
 on a uniform 60-stage chain of 1,000-byte activations, though both DPs are optimal among schedules that include
 binomial's. The simulator was right (a schedule's measured peak is its prediction, below); the DPs' grid was
 not: 500 slots over 9,000 B are 18 B, which rounds each activation up to 1,008 B, so nine no longer fit. A slot
-that divides every size of the chain rounds nothing (:func:`planner.discretize.aligned_slot_bytes`).
+that divides every size of the chain rounds nothing (:func:`planner.solvers.discretize.aligned_slot_bytes`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from torch import nn
 
 from memprof import MemoryProfiler, load_trace
 from planner import Chain, Stage, chain_from_trace, min_feasible_budget, simulate, solve
-from planner.measure import measure_schedule
+from planner.measure.runs import measure_schedule
 from tests.planner.prediction_band import assert_near_prediction
 
 

@@ -24,7 +24,8 @@ SCRIPT = textwrap.dedent(
     import torch
     import torch.distributed as dist
     from torch import nn
-    from planner import apply_schedule, solve, min_feasible_budget
+    from planner import apply_schedule, min_feasible_budget
+    from planner import solve
     from tests.planner import models as M
     from tests.planner.executor.helpers import chain_for
     from tests.planner.schedule_probe import ScheduleProbe
@@ -68,7 +69,8 @@ PEAK_SCRIPT = textwrap.dedent(
     from torch import nn
     from memprof import MemoryProfiler, load_trace
     from memprof.capture.distributed import bucket_sizes
-    from planner import apply_schedule, chain_from_trace, min_feasible_budget, solve, store_all_budget
+    from planner import apply_schedule, chain_from_trace, min_feasible_budget, store_all_budget
+    from planner import solve
     from tests.allocator_truth import allocator_rise_bytes
     from tests.planner.schedule_probe import ScheduleProbe
 

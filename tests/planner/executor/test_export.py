@@ -17,9 +17,9 @@ from torch import nn
 from torch.nn import functional as F
 
 from planner.errors import InvalidScheduleError
-from planner.export import export_json, export_python
-from planner.schedule import Op, Schedule
-from planner.simulator import simulate
+from planner.export.files import export_json, export_python
+from planner.model.schedule import Op, Schedule
+from planner.simulation.simulator import simulate
 from tests.allocator_truth import allocator_rise_bytes
 from tests.planner import models as M
 

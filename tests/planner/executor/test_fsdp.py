@@ -24,7 +24,8 @@ SCRIPT = textwrap.dedent(
     import torch.distributed as dist
     from torch import nn
     from torch.distributed.fsdp import fully_shard
-    from planner import apply_schedule, min_feasible_budget, solve
+    from planner import apply_schedule, min_feasible_budget
+    from planner import solve
     from tests.planner import models as M
     from tests.planner.schedule_probe import ScheduleProbe
 

@@ -17,7 +17,7 @@ from torch import nn
 
 from planner import apply_schedule, min_feasible_budget, solve
 from planner.executor import remove_schedule
-from planner.export import export_python
+from planner.export.files import export_python
 from tests.planner.executor.helpers import chain_for
 from tests.planner.executor.test_export import _load
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from planner.executor import CheckpointedSequential
-from planner.simulator import simulate
-from planner.solve import ALGORITHMS, min_feasible_budget, solve, store_all_budget
+from planner.simulation.simulator import simulate
+from planner.solvers.dispatch import ALGORITHMS, min_feasible_budget, solve, store_all_budget
 from tests.allocator_truth import allocator_rise_bytes
 from tests.planner import models as M
 from tests.planner.executor.helpers import assert_same_step, run_step, stochastic_net

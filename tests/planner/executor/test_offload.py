@@ -14,15 +14,15 @@ import torch
 from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from planner.chain import Chain, Stage
 from planner.errors import InvalidScheduleError
 from planner.executor import CheckpointedSequential, apply_schedule, validate_ops
 from planner.executor import offload as executor_offload
-from planner.schedule import Op, OpKind, Schedule
-from planner.simulator import simulate
-from planner.solve import min_feasible_budget, solve, store_all_budget
-from planner.solvers.offload_reference import family
-from planner.transfer import TransferCosts
+from planner.model.chain import Chain, Stage
+from planner.model.schedule import Op, OpKind, Schedule
+from planner.model.transfer import TransferCosts
+from planner.simulation.simulator import simulate
+from planner.solvers.dispatch import min_feasible_budget, solve, store_all_budget
+from planner.solvers.reference.offload import family
 from tests.allocator_truth import allocator_rise_bytes
 from tests.planner import models as M
 from tests.planner import real_models
@@ -169,7 +169,7 @@ def test_a_stage_modified_in_place_after_saving_cannot_be_offloaded() -> None:
 def test_an_exported_offload_schedule_runs_standalone_with_bitwise_gradients(tmp_path) -> None:
     import importlib.util
 
-    from planner.export import export_python
+    from planner.export.files import export_python
 
     model, x = blocks(), torch.randn(32, 16)
     reference = run_step(model, x, lambda out: out.square().sum())

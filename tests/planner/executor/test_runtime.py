@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from planner.executor import CheckpointedSequential, apply_schedule, stage_modules
-from planner.schedule import Op
+from planner.model.schedule import Op
 from tests.planner import models as M
 from tests.planner.executor.helpers import assert_same_step, run_step
 

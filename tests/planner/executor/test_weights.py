@@ -12,13 +12,13 @@ import torch
 from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from planner.chain import Chain
 from planner.errors import InvalidScheduleError
 from planner.executor import CheckpointedSequential, apply_schedule
 from planner.executor import weights as executor_weights
-from planner.schedule import Op, Schedule
-from planner.simulator import simulate
-from planner.weights import WeightCosts
+from planner.model.chain import Chain
+from planner.model.schedule import Op, Schedule
+from planner.model.weights import WeightCosts
+from planner.simulation.simulator import simulate
 from tests.planner import models as M
 from tests.planner import real_models
 from tests.planner.executor.helpers import assert_same_step, run_step
@@ -133,7 +133,7 @@ def test_an_exported_streaming_schedule_runs_standalone_with_bitwise_gradients(t
     import ast
     import importlib.util
 
-    from planner.export import export_python
+    from planner.export.files import export_python
 
     model, x = blocks(), torch.randn(32, 16)
     reference = run_step(model, x, lambda out: out.square().sum())
@@ -154,7 +154,7 @@ def test_an_exported_streaming_schedule_runs_standalone_with_bitwise_gradients(t
 
 
 def test_the_executor_and_the_simulator_look_ahead_alike() -> None:
-    from planner.weight_streams import next_runs as simulated
+    from planner.simulation.weight_streams import next_runs as simulated
 
     rng = __import__("random").Random(0)
     for _ in range(200):
@@ -210,7 +210,7 @@ def test_a_planned_streaming_schedule_of_a_profiled_llama_trains_as_plain_autogr
     the scheduled model leave the same parameters, bit for bit, as two plain ones."""
     from memprof import MemoryProfiler, load_trace
     from planner import chain_from_trace
-    from planner.solve import min_feasible_budget, solve
+    from planner.solvers.dispatch import min_feasible_budget, solve
 
     torch.manual_seed(0)
     case = real_models.llama()

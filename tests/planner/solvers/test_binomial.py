@@ -9,13 +9,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from planner.chain import Chain, Stage
 from planner.errors import FallbackWarning, InfeasibleBudgetError
-from planner.schedule import Op, OpKind
-from planner.simulator import predict, simulate
-from planner.solve import min_feasible_budget, solve, store_all_budget
+from planner.model.chain import Chain, Stage
+from planner.model.schedule import Op, OpKind
+from planner.model.schedule_params import ScheduleParams
+from planner.simulation.simulator import predict, simulate
 from planner.solvers import binomial, rotor
-from planner.solvers.binomial_reference import advances_brute_force
 from planner.solvers.binomial_split import (
     advances,
     beta,
@@ -24,6 +23,8 @@ from planner.solvers.binomial_split import (
     repetitions,
     split,
 )
+from planner.solvers.dispatch import min_feasible_budget, solve, store_all_budget
+from planner.solvers.reference.binomial import advances_brute_force
 from tests.planner.chain_strategies import random_chain, small_chains
 
 
@@ -50,10 +51,10 @@ def test_solve_at_ten_snapshots_takes_the_optimal_count() -> None:
     chain = uniform_chain(99)
     budget = int(binomial.memory_bounds(chain)[10])
     schedule = solve(chain, budget, "binomial")
-    assert schedule.algorithm == "binomial" and schedule.params["snapshots"] == 10
-    assert forwards(schedule.ops) == schedule.params["forwards"] == 322
+    assert schedule.algorithm == "binomial" and schedule.params.snapshots == 10
+    assert forwards(schedule.ops) == schedule.params.forwards == 322
     assert schedule.predicted_peak_bytes == budget  # the bound is exact on a uniform chain
-    assert solve(chain, budget - 1, "binomial").params["snapshots"] == 9
+    assert solve(chain, budget - 1, "binomial").params.snapshots == 9
 
 
 @pytest.mark.parametrize("steps", range(1, 41))
@@ -145,7 +146,7 @@ def test_never_faster_than_the_optimal_dynamic_programs(chain: Chain) -> None:
         found = solve(chain, budget, "binomial")
         slots = max(budget, 1)
         assert solve(chain, budget, "rotor", slots=slots).predicted_makespan_ms <= found.predicted_makespan_ms + 1e-9
-        if not found.params["store_all"]:
+        if not found.params.store_all:
             best = solve(chain, budget, "revolve", slots=slots).predicted_makespan_ms
             assert best <= found.predicted_makespan_ms + 1e-9
 
@@ -153,9 +154,9 @@ def test_never_faster_than_the_optimal_dynamic_programs(chain: Chain) -> None:
 def test_store_all_at_its_own_peak() -> None:
     chain = random_chain(seed=5, length=20)
     top = store_all_budget(chain)
-    assert solve(chain, top, "binomial").params == {"snapshots": None, "store_all": True}
+    assert solve(chain, top, "binomial").params == ScheduleParams(store_all=True)
     below = solve(chain, top - 1, "binomial")
-    assert not below.params["store_all"] and below.predicted_makespan_ms > solve(chain, top, "binomial").predicted_makespan_ms
+    assert not below.params.store_all and below.predicted_makespan_ms > solve(chain, top, "binomial").predicted_makespan_ms
 
 
 def test_schedules_longer_than_the_cap_are_not_offered(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -203,8 +204,8 @@ def test_rotor_falls_back_to_binomial_when_its_table_would_not_fit(monkeypatch: 
         schedule = solve(chain, budget, "rotor")
     assert caught[0].filename == __file__  # points at the caller of solve
     assert schedule.algorithm == "binomial"
-    assert schedule.params["fallback_from"] == "rotor"
-    assert schedule.params["table_bytes_estimate"] == needed and schedule.params["max_table_bytes"] == needed // 2
+    assert schedule.params.fallback_from == "rotor"
+    assert schedule.params.table_bytes_estimate == needed and schedule.params.max_table_bytes == needed // 2
     assert schedule.ops == solve(chain, budget, "binomial").ops
     with pytest.warns(FallbackWarning):
         assert min_feasible_budget(chain, "rotor") == min_feasible_budget(chain, "binomial")

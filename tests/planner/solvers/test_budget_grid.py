@@ -11,9 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from planner import Chain, InfeasibleBudgetError, Stage, pareto_front, solve
-from planner.discretize import discretize, slot_bytes_for
-from planner.simulator import simulate
-from planner.solve import min_feasible_budget, store_all_budget
+from planner.model.schedule_params import ScheduleParams
+from planner.simulation.simulator import simulate
 from planner.solvers import exact, rotor, rotor_fill, rotor_optimal
 from planner.solvers.budget_grid import (
     Minimum,
@@ -23,6 +22,8 @@ from planner.solvers.budget_grid import (
     same_grid_budgets,
     solved_on_own_grid,
 )
+from planner.solvers.discretize import discretize, slot_bytes_for
+from planner.solvers.dispatch import min_feasible_budget, store_all_budget
 from tests.planner.chain_strategies import random_chain, small_chains
 
 # Store-all peaks at 661 bytes. On store-all's grid (500 slots of 2 bytes, the old solve and today's
@@ -45,7 +46,7 @@ def test_issue_661_budget_is_divided_into_its_own_slots() -> None:
     assert store_all_budget(chain) == 661
     old = pareto_front(chain).schedule_at(500)  # one table on store-all's grid
     schedule = solve(chain, 500, "rotor")
-    assert old.params["slot_bytes"] == 2 and schedule.params == {"slots": 500, "slot_bytes": 1}
+    assert old.params.slot_bytes == 2 and schedule.params == ScheduleParams(slots=500, slot_bytes=1)
     assert schedule.predicted_peak_bytes <= 500 and old.predicted_peak_bytes <= 500
     # The budget's own grid is 1-byte slots, on which the DP is exact (the hypothesis test below holds it
     # against exhaustive search): the same time as the DP on a 1-byte grid up to store-all's peak.
@@ -78,7 +79,7 @@ def test_rotor_is_the_best_persistent_sequence_on_1_byte_slots(chain: Chain, slo
                 solve(chain, budget, "rotor", slots)
             continue
         schedule = solve(chain, budget, "rotor", slots)
-        assert schedule.params["slot_bytes"] == 1
+        assert schedule.params.slot_bytes == 1
         assert schedule.predicted_makespan_ms == pytest.approx(best.makespan_ms, abs=1e-4)
         assert schedule.predicted_peak_bytes <= budget
         assert schedule.predicted_makespan_ms <= previous + 1e-9  # time never rises with the budget
@@ -125,7 +126,7 @@ def test_a_budget_whose_own_grid_finds_nothing_gets_the_minimums_schedule() -> N
     at_minimum = solve(chain, 1533, "rotor", 21)
     for budget in (1534, 1553):
         above = solve(chain, budget, "rotor", 21)
-        assert above.ops == at_minimum.ops and above.params == {"slots": 21, "slot_bytes": 73}
+        assert above.ops == at_minimum.ops and above.params == ScheduleParams(slots=21, slot_bytes=73)
         assert above.predicted_peak_bytes <= 1533
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from planner.chain import Chain, Stage
-from planner.simulator import simulate
+from planner.model.chain import Chain, Stage
+from planner.simulation.simulator import simulate
 from planner.solvers import exact
 from tests.planner.chain_strategies import MIB, random_chain, toy_chain
 

@@ -8,10 +8,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from planner import solve_held
-from planner.chain import Chain
 from planner.errors import InfeasibleBudgetError
-from planner.simulator import simulate
-from planner.solvers import held, held_reference
+from planner.model.chain import Chain
+from planner.simulation.simulator import simulate
+from planner.solvers import held
+from planner.solvers.reference import held as held_reference
 from planner.solvers.store_all import store_all_ops
 from tests.planner.chain_strategies import option_chains, random_option_chain
 
@@ -68,7 +69,7 @@ def test_recomputation_never_rises_as_the_budget_grows(chain: Chain, slots: int)
 def test_one_slot_under_the_minimum_raises_naming_it(chain: Chain, slots: int) -> None:
     minimum = held.min_held_bytes(chain, slots)
     schedule = solve_held(chain, minimum, slots)
-    assert schedule.params["held_bytes"] <= minimum
+    assert schedule.params.held_bytes <= minimum
     table = held.compute_table(chain, slots)
     if minimum == 0:
         return  # nothing is below the least a grid can ask
@@ -81,7 +82,7 @@ def test_at_store_alls_held_bytes_nothing_is_recomputed() -> None:
     chain = random_option_chain(3, 8, 3)
     schedule = solve_held(chain, held.store_all_held_bytes(chain))
     assert schedule.ops == store_all_ops(chain)
-    assert schedule.params["held_bytes"] == held.store_all_held_bytes(chain)
+    assert schedule.params.held_bytes == held.store_all_held_bytes(chain)
 
 
 def test_the_simulator_holds_what_the_options_keep_when_the_loss_starts() -> None:
@@ -90,13 +91,13 @@ def test_the_simulator_holds_what_the_options_keep_when_the_loss_starts() -> Non
     low, high = held.min_held_bytes(chain), held.store_all_held_bytes(chain)
     for fraction in (0.0, 0.3, 0.7):
         schedule = solve_held(chain, int(low + fraction * (high - low)))
-        assert schedule.params["held_bytes"] <= schedule.budget_bytes
+        assert schedule.params.held_bytes <= schedule.budget_bytes
         timeline = simulate(chain, schedule.ops).timeline
         before_loss = chain.length - 1  # the point after F_all(L)
         assert (timeline[before_loss].memory_bytes - full[before_loss].memory_bytes
-                == schedule.params["held_bytes"] - held.store_all_held_bytes(chain))
+                == schedule.params.held_bytes - held.store_all_held_bytes(chain))
         assert schedule.predicted_makespan_ms == pytest.approx(
-            simulate(chain, store_all_ops(chain)).makespan_ms + recompute_ms(chain, tuple(schedule.params["options"])))
+            simulate(chain, store_all_ops(chain)).makespan_ms + recompute_ms(chain, tuple(schedule.params.options)))
 
 
 def test_bad_budgets_and_slots_say_what_was_expected() -> None:

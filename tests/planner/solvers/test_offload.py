@@ -12,14 +12,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from planner.chain import Chain, Stage
 from planner.errors import InfeasibleBudgetError
-from planner.schedule import OpKind
-from planner.simulator import predict_with_host, simulate
-from planner.solve import min_feasible_budget, solve, store_all_budget
-from planner.solvers import offload, offload_reference
+from planner.model.chain import Chain, Stage
+from planner.model.schedule import OpKind
+from planner.model.transfer import TransferCosts
+from planner.simulation.simulator import predict_with_host, simulate
+from planner.solvers import offload
+from planner.solvers.dispatch import min_feasible_budget, solve, store_all_budget
+from planner.solvers.reference import offload as offload_reference
 from planner.solvers.store_all import store_all_peak_bytes
-from planner.transfer import TransferCosts
 from tests.planner.chain_strategies import offload_chains, random_chain
 
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -152,9 +153,9 @@ def test_offloading_saves_time_on_a_chain_with_large_saved_activations() -> None
     chain = Chain("wide", 10, stages, transfer=TransferCosts(30.0, 30.0, None))
     budget = (min_feasible_budget(chain, "rotor") + store_all_budget(chain)) // 2
     schedule = solve(chain, budget, "offload")
-    assert schedule.params["offloaded"] and schedule.has_transfers
+    assert schedule.params.offloaded and schedule.has_transfers
     assert schedule.predicted_makespan_ms < solve(chain, budget, "rotor").predicted_makespan_ms
-    assert schedule.predicted_host_peak_bytes == 30 * len(schedule.params["offloaded"])
+    assert schedule.predicted_host_peak_bytes == 30 * len(schedule.params.offloaded)
     kinds = [op.kind for op in schedule.ops]
     assert kinds.count(OpKind.OFFLOAD) == kinds.count(OpKind.PREFETCH)
 
@@ -170,5 +171,5 @@ def test_a_host_cap_limits_what_is_offloaded() -> None:
     chain = Chain("wide", 10, stages, transfer=TransferCosts(30.0, 30.0, 65))
     budget = (min_feasible_budget(chain, "rotor") + store_all_budget(chain)) // 2
     schedule = solve(chain, budget, "offload")
-    assert len(schedule.params["offloaded"]) == 2  # 30 bytes each: two fit under 65
+    assert len(schedule.params.offloaded) == 2  # 30 bytes each: two fit under 65
     assert schedule.predicted_host_peak_bytes == 60

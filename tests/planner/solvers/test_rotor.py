@@ -7,15 +7,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from planner.chain import Chain
-from planner.discretize import discretize
 from planner.errors import InfeasibleBudgetError
-from planner.schedule import OpKind
-from planner.simulator import simulate
+from planner.model.chain import Chain
+from planner.model.schedule import OpKind
+from planner.simulation.simulator import simulate
 from planner.solvers import exact, rotor, rotor_fill
-from planner.solvers.rotor_reference import ReferencePersistent
+from planner.solvers.discretize import discretize
+from planner.solvers.reference.rotor import ReferencePersistent
 from tests.planner.chain_strategies import MIB, exact_grid, random_chain, small_chains, toy_chain
-from tests.planner.test_simulator import PAPER_90MB
+from tests.planner.simulation.test_simulator import PAPER_90MB
 
 
 def assert_tables_equal(table: rotor.RotorTable, reference: ReferencePersistent) -> None:

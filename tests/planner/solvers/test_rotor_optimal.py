@@ -7,12 +7,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from planner.chain import Chain, Stage
-from planner.discretize import discretize
 from planner.errors import InfeasibleBudgetError
-from planner.simulator import simulate
+from planner.model.chain import Chain, Stage
+from planner.simulation.simulator import simulate
 from planner.solvers import exact, rotor, rotor_optimal
-from planner.solvers.rotor_optimal_reference import ReferenceWeak
+from planner.solvers.discretize import discretize
+from planner.solvers.reference.rotor_optimal import ReferenceWeak
 from tests.planner.chain_strategies import MIB, exact_grid, small_chains, toy_chain
 
 

@@ -9,15 +9,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from planner.chain import Chain
-from planner.discretize import discretize
 from planner.errors import InfeasibleBudgetError
-from planner.simulator import predict, simulate
-from planner.solve import min_feasible_budget, solve, store_all_budget
+from planner.model.chain import Chain
+from planner.simulation.simulator import predict, simulate
 from planner.solvers import exact, rotor, rotor_fill, selective
 from planner.solvers.budget_grid import same_grid_budgets
+from planner.solvers.discretize import discretize
+from planner.solvers.dispatch import min_feasible_budget, solve, store_all_budget
 from planner.solvers.option_grid import OptionGrid
-from planner.solvers.selective_reference import ReferenceSelective
+from planner.solvers.reference.selective import ReferenceSelective
 from tests.planner.chain_strategies import (
     exact_grid,
     option_chains,

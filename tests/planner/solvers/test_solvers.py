@@ -7,14 +7,14 @@ import math
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 
-from planner.chain import Chain, Stage
 from planner.errors import InfeasibleBudgetError
-from planner.schedule import Op, OpKind
-from planner.simulator import simulate
-from planner.solve import ALGORITHMS, min_feasible_budget, solve, store_all_budget
+from planner.model.chain import Chain, Stage
+from planner.model.schedule import Op, OpKind
+from planner.simulation.simulator import simulate
 from planner.solvers import periodic, sqrt, store_all
+from planner.solvers.dispatch import ALGORITHMS, min_feasible_budget, solve, store_all_budget
 from tests.planner.chain_strategies import random_chain, small_chains
-from tests.planner.test_simulator import ops
+from tests.planner.simulation.test_simulator import ops
 
 
 def test_store_all_sequence() -> None:
@@ -51,7 +51,7 @@ def test_periodic_keeps_the_fastest_fitting_segment_count() -> None:
     chosen = periodic.plan(chain, budget)
     best = min(makespan for _, peak, makespan in options if peak <= budget)
     assert simulate(chain, chosen.ops).makespan_ms == best
-    assert periodic.periodic_ops(chain, chosen.params["segments"]) == chosen.ops
+    assert periodic.periodic_ops(chain, chosen.params.segments) == chosen.ops
 
 
 def test_sqrt_checkpoints_every_sqrt_l_stages() -> None:

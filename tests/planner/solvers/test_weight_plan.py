@@ -10,15 +10,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from planner import weight_plan, weight_plan_reference
-from planner.chain import Chain, Stage
 from planner.errors import ChainError, InfeasibleBudgetError
-from planner.simulator import simulate
-from planner.solve import min_feasible_budget, solve, store_all_budget
-from planner.solvers import offload, rotor
-from planner.step import StepCosts
-from planner.transfer import TransferCosts
-from planner.weights import WeightCosts
+from planner.model.chain import Chain, Stage
+from planner.model.step import StepCosts
+from planner.model.transfer import TransferCosts
+from planner.model.weights import WeightCosts
+from planner.simulation.simulator import simulate
+from planner.solvers import offload, rotor, weight_plan
+from planner.solvers.dispatch import min_feasible_budget, solve, store_all_budget
+from planner.solvers.reference import weight_plan as weight_plan_reference
 from tests.planner.chain_strategies import small_chains
 
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -95,7 +95,7 @@ def test_the_budget_is_kept_and_the_minimum_is_named_and_reachable(chain: Chain,
     replayed = simulate(chain, schedule)  # the schedule carries its streamed stages
     assert replayed.peak_bytes == schedule.predicted_peak_bytes
     assert replayed.makespan_ms == schedule.predicted_makespan_ms
-    assert set(schedule.params["streamed_weights"]) <= set(range(1, length + 1))
+    assert set(schedule.params.streamed_weights) <= set(range(1, length + 1))
 
 
 def test_streaming_lowers_the_minimum_and_is_not_used_where_the_budget_needs_none() -> None:
@@ -103,9 +103,9 @@ def test_streaming_lowers_the_minimum_and_is_not_used_where_the_budget_needs_non
     rotor_least = min_feasible_budget(chain, "rotor")
     least = min_feasible_budget(chain, "rotor", stream_weights=True)
     assert least < rotor_least
-    assert solve(chain, least, "rotor", stream_weights=True).params["streamed_weights"]
+    assert solve(chain, least, "rotor", stream_weights=True).params.streamed_weights
     roomy = solve(chain, store_all_budget(chain) + 100, "rotor", stream_weights=True)
-    assert roomy.params["streamed_weights"] == []  # nothing to gain: no copies
+    assert roomy.params.streamed_weights == ()  # nothing to gain: no copies
 
 
 def test_a_chain_without_weight_costs_is_refused_with_how_to_fix() -> None:

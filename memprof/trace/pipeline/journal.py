@@ -1,0 +1,351 @@
+"""The journal: raw iteration records on disk, between the training process and the worker.
+
+``record_stats()`` only appends what it saw (:class:`~memprof.analysis.records.IterationRecord`) to a
+segment file under ``<run>/.journal/`` (``seg-<first iteration>.log``, :data:`SEGMENT_RECORDS` records
+each), one ``writev`` per record. A record is a frame: magic, Adler-32 checksum and length, then the
+payload; a reader stops at the first incomplete or damaged frame, which is what a killed writer leaves.
+The background worker (:mod:`memprof.trace.pipeline.worker`) turns the records into Parquet parts and writes its
+carried state (``state.bin``, atomically) after each batch; a segment is deleted once every iteration
+in it is in the tables. ``spec.json`` (the run's :class:`~memprof.analysis.records.RunSpec`) is also
+written atomically. Should both processes die, the reader finishes the remaining records in memory
+(:mod:`memprof.trace.pipeline.recovery`).
+
+Payloads are flat little-endian int64 arrays after a JSON header, never pickles: a trace copied from
+someone else is data, and reading it must not run code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import zlib
+from collections.abc import Iterator
+from itertools import chain
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from memprof.analysis.records import AllocationEvents, CarriedState, IterationRecord, LiveBlock, RunSpec
+from memprof.atomic import write_atomically
+from memprof.errors import CorruptTraceError
+
+JOURNAL_DIR = ".journal"
+SPEC_FILE = "spec.json"
+STATE_FILE = "state.bin"
+# Version 2: the category codes of observations and carried blocks are those with weight_copies and
+# comm_buffers (a version 1 journal's codes name other categories, so it is refused, not misread).
+_MAGIC = b"MPRJ\x02\x00\x00\x00"
+_OLD_MAGIC = b"MPRJ\x01\x00\x00\x00"
+_HEAD = struct.Struct("<8sQ")
+_SEGMENT_SUFFIX = ".log"
+#: Records per segment file; the worker deletes a segment once all its iterations are in the tables.
+SEGMENT_RECORDS = 64
+_FRAME = struct.Struct("<4sIQ")  # magic, Adler-32 of the payload, payload length
+_FRAME_MAGIC = b"MPRF"
+
+
+def segment_path(journal_dir: Path, iteration: int) -> Path:
+    """The segment file that holds the record of ``iteration``."""
+    first = iteration - iteration % SEGMENT_RECORDS
+    return journal_dir / f"seg-{first:09d}{_SEGMENT_SUFFIX}"
+
+
+def segment_starts(journal_dir: Path) -> list[int]:
+    """First iteration of every segment in ``journal_dir``, in order."""
+    found = []
+    for path in journal_dir.glob(f"seg-*{_SEGMENT_SUFFIX}"):
+        digits = path.name[4:-len(_SEGMENT_SUFFIX)]
+        if digits.isdigit():
+            found.append(int(digits))
+    return sorted(found)
+
+
+# ---------------------------------------------------------------------------------------------- container
+def pack_parts(header: dict[str, Any], arrays: dict[str, np.ndarray]) -> list[bytes | memoryview]:
+    """Serialises a JSON header and named 1-D or 2-D int64 arrays, as buffers to write one after another."""
+    shapes = {name: list(np.shape(a)) for name, a in arrays.items()}
+    text = json.dumps({**header, "arrays": shapes}, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # keeps the arrays 8-byte aligned
+    parts: list[bytes | memoryview] = [_HEAD.pack(_MAGIC, len(text)) + text]
+    for array in arrays.values():
+        flat = np.ascontiguousarray(array, dtype="<i8").reshape(-1)
+        if flat.size:  # (a memoryview of an empty array cannot be cast to bytes)
+            parts.append(flat.data.cast("B"))
+    return parts
+
+
+def pack(header: dict[str, Any], arrays: dict[str, np.ndarray]) -> bytes:
+    """:func:`pack_parts` as one byte string."""
+    return b"".join(pack_parts(header, arrays))
+
+
+def unpack(data: bytes | memoryview, what: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """Inverse of :func:`pack`.
+
+    Raises:
+        CorruptTraceError: ``data`` is not a complete journal file (``what`` names it in the message).
+    """
+    if bytes(data[:8]) == _OLD_MAGIC:
+        raise CorruptTraceError(f"{what} was written by an older memprof, whose category codes differ; the iterations "
+                                "its worker had written are readable, profile the run again for the others")
+    if len(data) < _HEAD.size or data[:8] != _MAGIC:
+        raise CorruptTraceError(f"{what} is not a memprof journal file (expected the {_MAGIC[:4].decode()} "
+                                f"version 2 header, found {bytes(data[:8])!r})")
+    _, length = _HEAD.unpack_from(data)
+    try:
+        header = json.loads(bytes(data[_HEAD.size:_HEAD.size + length]))
+        shapes = header.pop("arrays")
+        offset, arrays = _HEAD.size + length, {}
+        for name, shape in shapes.items():
+            count = int(np.prod(shape)) if shape else 1
+            arrays[name] = np.frombuffer(data, dtype="<i8", count=count, offset=offset).reshape(shape)
+            offset += 8 * count
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise CorruptTraceError(f"{what} is damaged ({exc}); it cannot be read") from None
+    if offset != len(data):
+        raise CorruptTraceError(f"{what} holds {len(data)} bytes where its header describes {offset}")
+    return header, arrays
+
+
+def _flat(rows: list, width: int) -> np.ndarray:
+    return np.fromiter(chain.from_iterable(rows), dtype=np.int64, count=width * len(rows)).reshape(-1, width)
+
+
+def _storage_rows(storages: dict[int, tuple[int, int]]) -> np.ndarray:
+    return _flat([(i, p, n) for i, (p, n) in storages.items()], 3)
+
+
+def _with_storages(rows: list, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rows whose last item is a list of storages: ``width`` columns plus its length, and the storages."""
+    if not rows:
+        return np.zeros((0, width + 1), dtype=np.int64), np.zeros((0, 2), dtype=np.int64)
+    *columns, payloads = zip(*rows)
+    head = np.array([*columns, [len(p) for p in payloads]], dtype=np.int64).T
+    return head, _flat(list(chain.from_iterable(payloads)), 2)
+
+
+def _unflatten(head: list[list[int]], flat: list[list[int]]) -> list[tuple]:
+    """Inverse of :func:`_with_storages` (after ``tolist()``)."""
+    rows, at = [], 0
+    for *columns, count in head:
+        rows.append((*columns, [tuple(s) for s in flat[at:at + count]]))
+        at += count
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------- records
+def encode_record(record: IterationRecord) -> bytes:
+    """Serialises one iteration's record (see :func:`decode_record`)."""
+    return b"".join(encode_record_parts(record))
+
+
+def encode_record_parts(record: IterationRecord) -> list[bytes | memoryview]:
+    """:func:`encode_record` as buffers to write one after another (no joined copy)."""
+    head, storage = _with_storages(record.marks, 3)
+    ev = record.events
+    header = {"kind": "record", "iteration": record.iteration, "epoch": record.epoch, "start_ns": record.start_ns,
+              "end_ns": record.end_ns, "reserved_bytes": record.reserved_bytes,
+              "peak_reserved_bytes": record.peak_reserved_bytes, "failed": record.failed, "detail": record.detail}
+    arrays = {
+        "events": np.stack([ev.time_ns, ev.ptr, ev.size_bytes, ev.total_allocated_bytes, ev.total_reserved_bytes]),
+        "marks": head, "mark_storages": storage,
+        "observations": _flat(record.observations, 4), "frees": _flat(record.frees, 2),
+        "param_grads": _storage_rows(record.param_grads), "grads": _storage_rows(record.grads),
+    }
+    return pack_parts(header, arrays)
+
+
+def decode_record(data: bytes | memoryview, what: str = "a journal record") -> IterationRecord:
+    """Rebuilds an :class:`IterationRecord` from :func:`encode_record`'s bytes.
+
+    Raises:
+        CorruptTraceError: the bytes are not such a record.
+    """
+    header, a = unpack(data, what)
+    if "node_rows" in a or "watches" in a:
+        raise CorruptTraceError(f"{what} was written by an older memprof, whose backward marks came from its native "
+                                "reporter and are not replayed any more; profile the run again")
+    try:
+        ev = a["events"]
+        events = AllocationEvents(*(np.ascontiguousarray(ev[i]) for i in range(5)))
+        marks = _unflatten(a["marks"].tolist(), a["mark_storages"].tolist())
+        return IterationRecord(
+            iteration=int(header["iteration"]), epoch=int(header["epoch"]), start_ns=int(header["start_ns"]),
+            end_ns=int(header["end_ns"]), events=events, marks=marks,
+            observations=a["observations"].tolist(), frees=a["frees"].tolist(),
+            param_grads={i: (p, n) for i, p, n in a["param_grads"].tolist()},
+            grads={i: (p, n) for i, p, n in a["grads"].tolist()},
+            reserved_bytes=int(header["reserved_bytes"]), peak_reserved_bytes=int(header["peak_reserved_bytes"]),
+            failed=bool(header["failed"]), detail=bool(header.get("detail", False)))
+    except (KeyError, ValueError, TypeError, IndexError) as exc:
+        raise CorruptTraceError(f"{what} is damaged ({exc!r}); it cannot be read") from None
+
+
+def frames(data: bytes, offset: int = 0) -> Iterator[tuple[int, memoryview]]:
+    """Complete, intact frames of a segment from ``offset``: ``(offset after it, payload)``.
+
+    Stops at the first incomplete or damaged frame: the tail a killed writer left.
+    """
+    view = memoryview(data)
+    while offset + _FRAME.size <= len(data):
+        magic, checksum, length = _FRAME.unpack_from(data, offset)
+        end = offset + _FRAME.size + length
+        if magic != _FRAME_MAGIC or end > len(data):
+            return
+        payload = view[offset + _FRAME.size:end]
+        if zlib.adler32(payload) != checksum:
+            return
+        offset = end
+        yield offset, payload
+
+
+class JournalWriter:
+    """Appends records to the journal's segment files (one ``write`` per record, no new file per step).
+
+    Args:
+        journal_dir: the journal folder (must exist).
+    """
+
+    def __init__(self, journal_dir: Path) -> None:
+        self.journal_dir = journal_dir
+        self._fd: int | None = None
+        self._path: Path | None = None
+
+    def append(self, record: IterationRecord) -> None:
+        """Writes ``record`` at the end of its segment.
+
+        Raises:
+            OSError: it could not be written (a partial frame is ignored by every reader).
+        """
+        path = segment_path(self.journal_dir, record.iteration)
+        fd = self._fd
+        if path != self._path or fd is None:
+            self.close()
+            fd = self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            self._path = path
+        parts = encode_record_parts(record)
+        checksum = 1  # Adler-32's start value
+        for part in parts:
+            checksum = zlib.adler32(part, checksum)
+        parts.insert(0, _FRAME.pack(_FRAME_MAGIC, checksum, sum(len(p) for p in parts)))
+        written = os.writev(fd, parts)
+        total = sum(len(p) for p in parts)
+        if written < total:  # a short write (rare on regular files): write the rest in one piece
+            rest = memoryview(b"".join(parts))[written:]
+            while rest:
+                rest = rest[os.write(fd, rest):]
+
+    def close(self) -> None:
+        """Closes the open segment."""
+        if self._fd is not None:
+            os.close(self._fd)
+        self._fd, self._path = None, None
+
+
+class JournalReader:
+    """Reads the records after a given iteration, in order, as they reach the journal.
+
+    Args:
+        journal_dir: the journal folder.
+        last_iteration: the last iteration already processed (-1: none).
+    """
+
+    def __init__(self, journal_dir: Path, last_iteration: int) -> None:
+        self.journal_dir = journal_dir
+        self.expected = last_iteration + 1
+        self._path: Path | None = None
+        self._offset = 0  # where the next frame not yet returned starts in the segment
+        # Frames read but not yet returned: (offset after the frame, payload). A reader that fell behind
+        # reads the segment's tail once, not once per record.
+        self._frames: list[tuple[int, memoryview]] = []
+        self._next_frame = 0
+
+    def next(self) -> IterationRecord | None:
+        """The next record, or ``None`` when it is not (completely) on disk yet.
+
+        Raises:
+            CorruptTraceError: a record is damaged or out of order.
+        """
+        path = segment_path(self.journal_dir, self.expected)
+        if path != self._path:
+            self._path, self._offset, self._frames, self._next_frame = path, 0, [], 0
+        while True:
+            if self._next_frame >= len(self._frames) and not self._read(path):
+                return None
+            end, payload = self._frames[self._next_frame]
+            self._next_frame += 1
+            record = decode_record(payload, f"a record in {path}")
+            self._offset = end
+            if record.iteration < self.expected:
+                continue  # processed before a restart
+            if record.iteration > self.expected:
+                raise CorruptTraceError(f"{path} holds iteration {record.iteration} where {self.expected} was "
+                                        "expected; the journal is incomplete")
+            self.expected += 1
+            return record
+
+    def _read(self, path: Path) -> bool:
+        """Reads the complete frames after :attr:`_offset`; whether there were any."""
+        try:
+            with open(path, "rb") as handle:
+                handle.seek(self._offset)
+                data = handle.read()
+        except FileNotFoundError:
+            return False
+        start = self._offset
+        self._frames = [(start + end, payload) for end, payload in frames(data)]
+        self._next_frame = 0
+        return bool(self._frames)
+
+
+# ---------------------------------------------------------------------------------------------- spec, state
+def write_spec(journal_dir: Path, spec: RunSpec) -> None:
+    """Writes the run's spec (atomically)."""
+    write_atomically(journal_dir / SPEC_FILE, json.dumps(spec.to_json()).encode())
+
+
+def read_spec(journal_dir: Path) -> RunSpec:
+    """Reads the run's spec.
+
+    Raises:
+        CorruptTraceError: the file is not a spec.
+    """
+    path = journal_dir / SPEC_FILE
+    try:
+        return RunSpec.from_json(json.loads(path.read_bytes()))
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise CorruptTraceError(f"{path} is not a memprof journal spec ({exc!r})") from None
+
+
+def write_state(journal_dir: Path, state: CarriedState) -> None:
+    """Writes the carried state (atomically), then deletes the segments it makes redundant."""
+    header = {"kind": "state", "last_iteration": state.last_iteration, "next_block_id": state.next_block_id,
+              "order": [[m, o] for m, o in state.order.items()], "detailed_peak_bytes": state.detailed_peak_bytes}
+    arrays = {"blocks": _flat(state.blocks, 4)}
+    write_atomically(journal_dir / STATE_FILE, pack(header, arrays))
+    for first in segment_starts(journal_dir):
+        if first + SEGMENT_RECORDS - 1 <= state.last_iteration:
+            (journal_dir / f"seg-{first:09d}{_SEGMENT_SUFFIX}").unlink(missing_ok=True)
+
+
+def read_state(journal_dir: Path) -> CarriedState:
+    """Reads the carried state.
+
+    Raises:
+        CorruptTraceError: the file is not a state.
+        OSError: it cannot be read.
+    """
+    path = journal_dir / STATE_FILE
+    header, arrays = unpack(path.read_bytes(), str(path))
+    try:
+        if len(arrays.get("watches", ())):  # an older memprof's backward marks waiting on the next iteration
+            raise CorruptTraceError(f"{path} was written by an older memprof whose backward marks came from its "
+                                    "native reporter; profile the run again")
+        blocks = [LiveBlock(*row) for row in arrays["blocks"].tolist()]
+        return CarriedState(int(header["last_iteration"]), blocks, int(header["next_block_id"]),
+                            {int(m): int(o) for m, o in header["order"]},
+                            int(header.get("detailed_peak_bytes", 0)))
+    except (KeyError, ValueError, TypeError) as exc:
+        raise CorruptTraceError(f"{path} is damaged ({exc!r}); it cannot be read") from None

@@ -1,0 +1,319 @@
+"""Building a chain's cost model, and what the training step holds around it, from a profiled run.
+
+The chain is found in the module tree by :mod:`planner.discovery.chain_finder`; every candidate is costed, and by
+default the one whose step can save the most memory (the widest range between its minimum feasible and
+store-all budgets) is kept. Costs are medians over the recorded iterations (the first is dropped when there
+are more, since it includes one-off allocations and warm-up), over the latest iterations that kept their
+detail; the step around the chain (:mod:`planner.discovery.step_costs`) comes from the last complete detailed
+iteration's timeline (from its last micro-batch on when it accumulated gradients: :mod:`planner.discovery.accumulation`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pandas as pd
+
+from memprof.trace import Trace
+from planner.discovery import step_costs
+from planner.discovery.accumulation import last_micro_batch
+from planner.discovery.chain_finder import (
+    Candidate,
+    ModuleTree,
+    candidates,
+    container_candidate,
+    why_no_chain,
+)
+from planner.discovery.graph_finder import (
+    articulation_points,
+    carried_edges,
+    container_graph,
+    graph_candidates,
+    named_candidate,
+)
+from planner.discovery.loss_options import (
+    CAUSAL_LM_CLASSES,
+    DEFAULT_CHUNKS,
+    head_from_costs,
+    with_loss_options,
+)
+from planner.discovery.option_builder import RECOMPUTE_COSTS, ops_of_stage, with_options
+from planner.errors import ChainError, NotAChainError
+from planner.model.chain import Chain, Stage
+from planner.model.transfer import TransferCosts
+from planner.model.weights import weights_from_trace
+from planner.solvers.carried_fit import Carried
+
+_COST_COLUMNS = ["forward_ms", "backward_ms", "output_bytes", "saved_bytes", "input_bytes",
+                 "forward_overhead_bytes", "backward_overhead_bytes", "weight_grad_bytes"]
+_RANKING_SLOTS = 100  # a coarse grid is enough to rank candidates; the chosen chain is solved finely later
+
+
+#: Costs are medians over at most this many detailed iterations, the latest: enough to smooth timing noise,
+#: and a long run's thousand detailed iterations are not all read.
+MEDIAN_ITERATIONS = 32
+
+
+def _usable(trace: Trace) -> list[int]:
+    """The detailed iterations a chain is costed from: all but the partial one of a failed run, and of a
+    compiled model only those it ran eagerly (``meta.json``'s ``eager_iterations``: a compiled iteration
+    runs no module hook, so its layers are empty; see :mod:`memprof.capture.eager_pass`)."""
+    detailed = trace.detail_iterations
+    eager = set(trace.meta.get("eager_iterations") or ())
+    if eager and eager & set(detailed):
+        detailed = [i for i in detailed if i in eager]
+    failure = trace.meta.get("failure") or {}
+    if "iteration" in failure and len(detailed) > 1:
+        detailed = [i for i in detailed if i != failure["iteration"]]
+    return detailed
+
+
+def _structure(trace: Trace) -> pd.DataFrame:
+    columns = ["iteration", "module", "parent", "order", "calls", "kind", "input_ids", "output_ids"]
+    usable = _usable(trace)
+    layers = trace.read("layers", columns=columns, iterations=usable[-1:]) if usable else pd.DataFrame()
+    if layers.empty:
+        raise NotAChainError(f"run {trace.run_id} has no layer rows: record at least one iteration with record_stats()")
+    return layers
+
+
+def _candidates(trace: Trace, tree: ModuleTree, container: str | None) -> list[Candidate]:
+    if container is None:
+        found = [c for c in [*candidates(tree), *graph_candidates(tree)] if len(c.groups) >= 2]
+        why = why_no_chain(tree) if not found else ""
+        if why:  # modules run several times per step broke every run: say so rather than plan one stage
+            raise NotAChainError(f"no chain of blocks found in run {trace.run_id}: {why}")
+        found = found or candidates(tree)
+        if not found:
+            raise NotAChainError(f"no sequential chain found in run {trace.run_id}: no module has children that "
+                                 "consume each other's outputs")
+        return found
+    if container not in tree.nodes:
+        known = ", ".join(repr(m) for m in tree.nodes if m)[:300]
+        raise NotAChainError(f"no module named {container!r} ran in run {trace.run_id}; modules: {known}")
+    runs, sequence = container_candidate(tree, container)
+    covered = [m for run in runs for g in run for m in g]
+    if len(runs) != 1 or covered != sequence:
+        try:  # a graph: blocks that also read earlier blocks' outputs
+            return [container_graph(tree, container)]
+        except NotAChainError as exc:
+            raise NotAChainError(
+                f"the children of {container!r} do not form one chain (found {len(runs)} separate runs"
+                f"{': ' + ' | '.join(','.join(m for g in r for m in g) for r in runs) if runs else ''}); "
+                f"name a container whose children each consume the previous one's output. As a graph: {exc}"
+            ) from None
+    return [Candidate(container, runs[0])]
+
+
+def _medians(trace: Trace) -> pd.DataFrame:
+    usable = _usable(trace)
+    if len(usable) > 1:  # the first includes one-off allocations and warm-up
+        usable = [i for i in usable if i != usable[0]]
+    recorded = set(trace.op_iterations)  # a planning pass's forward runs several times slower than the others
+    if any(i not in recorded for i in usable):
+        usable = [i for i in usable if i not in recorded]
+    layers = trace.read("layers", columns=["iteration", "module", *_COST_COLUMNS], iterations=usable[-MEDIAN_ITERATIONS:])
+    return layers.groupby("module")[_COST_COLUMNS].median()
+
+
+def _timeline(trace: Trace) -> step_costs.Timeline:
+    iteration = _usable(trace)[-1:]
+    events = trace.read("events", iterations=iteration)
+    split = trace.read("iterations", columns=["iteration", "micro_batches"], iterations=iteration).micro_batches
+    # gradient accumulation: the step around the chain is the last micro-batch's (planner.discovery.accumulation)
+    return step_costs.Timeline(last_micro_batch(events, int(split.max()) if len(split) else 1))
+
+
+def _stages(candidate: Candidate, costs: pd.DataFrame, fresh_grads: bool, freed: tuple[int, ...]) -> list[Stage]:
+    stages = []
+    for group, freed_bytes in zip(candidate.groups, freed):
+        rows = costs.loc[list(group)]
+        output = int(rows.output_bytes.iloc[-1])
+        stages.append(Stage(
+            forward_ms=float(rows.forward_ms.sum()),
+            backward_ms=float(rows.backward_ms.sum()),
+            output_bytes=output,
+            saved_bytes=max(int(rows.saved_bytes.sum()) - freed_bytes, output),
+            grad_bytes=output,
+            forward_overhead_bytes=int(rows.forward_overhead_bytes.max()),
+            backward_overhead_bytes=int(rows.backward_overhead_bytes.max()),
+            name=group[0] if len(group) == 1 else f"{group[0]}..{group[-1]}",
+            modules=group,
+            weight_grad_bytes=int(rows.weight_grad_bytes.sum()) if fresh_grads else 0,
+        ))
+    return stages
+
+
+def _build(trace: Trace, tree: ModuleTree, candidate: Candidate, costs: pd.DataFrame, timeline: step_costs.Timeline,
+           auto: bool, fuse: bool = True) -> Chain:
+    input_bytes = int(costs.loc[candidate.groups[0][0]].input_bytes)
+    outputs = {m: int(costs.loc[m].output_bytes) for m in candidate.modules}
+    readers = frozenset(candidate.groups[c - 1][0] for e in carried_edges(tree, candidate.groups) for c in e.consumers)
+    if fuse:
+        groups, freed = step_costs.fuse_freed_outputs(candidate.groups, timeline, outputs, readers)
+    else:
+        groups, freed = candidate.groups, tuple(0 for _ in candidate.groups)
+    candidate = Candidate(candidate.parent, groups)
+    carried = _carried(tree, candidate, costs)
+    bounds = step_costs.boundaries(timeline, candidate.groups[0], candidate.groups[-1])
+    step, loss, fresh = None, Stage(0.0, 0.0, 0, 0, 0, name="loss"), True
+    if bounds is None:
+        stages = _stages(candidate, costs, True, freed)
+    else:
+        # gradients already held when the chain starts (zero_grad(set_to_none=False)) are model state
+        fresh = int(timeline.rows.at[bounds.chain_start, "weight_grads"]) * 2 < int(timeline.rows.weight_grads.max())
+        stages = step_costs.calibrated(_stages(candidate, costs, fresh, freed), timeline, candidate.groups,
+                                       input_bytes)
+        step, loss = step_costs.measure(timeline, bounds, input_bytes, stages[-1].grad_bytes,
+                                        sum(stage.saved_bytes for stage in stages))
+    return Chain(
+        name=candidate.parent or trace.meta.get("model", "model"),
+        input_bytes=input_bytes,
+        stages=(*stages, loss),
+        source={"run_id": trace.run_id, "container": candidate.parent, "auto": auto,
+                "modules": [list(g) for g in candidate.groups],
+                **({"articulation_points": list(articulation_points(candidate.groups, carried_edges(
+                    tree, candidate.groups)))} if carried else {})},
+        step=step,
+        transfer=transfer_from_meta(trace.meta),
+        carried=carried,
+        weights=weights_from_trace(trace, candidate.groups, step, fresh),
+    )
+
+
+def _carried(tree: ModuleTree, candidate: Candidate, costs: pd.DataFrame) -> tuple[Carried, ...]:
+    """The tensors the stages read besides the running activation, with their sizes (see planner.solvers.carried_fit)."""
+    out = []
+    for edge in carried_edges(tree, candidate.groups):
+        consumers = tuple(c for c in edge.consumers if c > max(edge.producer_stage + 1, 1))
+        grad = bool(edge.producer)  # made by a module: it may carry a gradient; a mask made by an op does not
+        if not consumers or (edge.producer_stage == 0 and not grad):
+            continue
+        size = int(costs.loc[edge.producer].output_bytes) if edge.producer in costs.index else 0
+        out.append(Carried(edge.producer_stage, consumers, size, edge.producer, grad))
+    return tuple(out)
+
+
+def transfer_from_meta(meta: dict) -> TransferCosts | None:
+    """The transfer costs a run stored in ``meta.json`` (key ``transfer``), or ``None`` (the default applies).
+
+    The key is optional and written only by a training script that measured its device
+    (:func:`planner.measure.bandwidth.measure_transfer_bandwidth`, passed as ``extra_meta``).
+    """
+    raw = meta.get("transfer")
+    return TransferCosts.from_dict(raw) if raw is not None else None
+
+
+def saving_bytes(chain: Chain) -> int:
+    """How much memory checkpointing can save on ``chain``: store-all's budget minus the minimum feasible one."""
+    from planner.solvers.dispatch import min_feasible_budget, store_all_budget
+
+    return store_all_budget(chain) - min_feasible_budget(chain, "rotor", slots=_RANKING_SLOTS)
+
+
+def _savings(chains: list[Chain]) -> list[int]:
+    """What each chain can save, against one store-all peak when every chain has the step around it.
+
+    Every candidate describes the same profiled step, so store-all's peak is one number; the candidates'
+    predictions of it differ only by their models' errors (coarse stages overestimate it), which must not
+    decide the ranking: against the highest, the chain that saves the most is the one whose minimum is lowest.
+    """
+    from planner.solvers.dispatch import min_feasible_budget, store_all_budget
+
+    if not all(chain.step is not None for chain in chains):
+        return [saving_bytes(chain) for chain in chains]
+    minimums = [min_feasible_budget(chain, "rotor", slots=_RANKING_SLOTS) for chain in chains]
+    reference = max(store_all_budget(chain) for chain in chains)
+    return [reference - minimum for minimum in minimums]
+
+
+def chain_from_trace(trace: Trace, container: str | None = None, checkpoints: Sequence[str] | None = None,
+                     recompute_cost: str = "time", selective_overhead_us: float | None = None,
+                     loss_chunks: Sequence[int] = DEFAULT_CHUNKS) -> Chain:
+    """Builds the cost model of the model's chain from a profiled run.
+
+    Blocks that read earlier blocks' outputs besides the previous one's (a U-Net's skips, an encoder's output
+    read by every decoder layer) still form a chain: those tensors are carried across the stages between
+    (:mod:`planner.discovery.graph_finder`, :mod:`planner.solvers.carried_fit`).
+
+    Args:
+        trace: a run opened with :func:`memprof.load_trace`.
+        container: the module whose children form the chain (e.g. ``"features"``); when omitted, the chain
+            anywhere in the model whose step can save the most memory.
+        checkpoints: the modules whose outputs are the stage boundaries, i.e. the stages themselves, in the
+            order they run (the user's choice of checkpoints); excludes ``container``.
+        recompute_cost: what weighs the recomputation of a stage's options when the run recorded its ops:
+            ``"time"`` (their recorded times) or ``"flops"`` (their FLOPs, as torch.compile's partitioner).
+        selective_overhead_us: what a selective checkpoint adds per op (microseconds), paid by every option on
+            each op of its stage; default: what the run's planning pass measured (``meta.json``), else 0. Pass
+            0 for a device whose kernels hide the dispatch (large blocks on a GPU).
+        loss_chunks: the chunk counts the loss stage offers when a language-model head runs after the chain
+            (:mod:`planner.discovery.loss_options`; the executor then computes the head and its cross-entropy
+            in chunks, gradients equal to float rounding); ``()``: none, the loss always runs as written.
+
+    Raises:
+        ChainError: an unknown ``recompute_cost``, a negative or unknown ``selective_overhead_us`` (given
+            or in ``meta.json``).
+        NotAChainError: no chain could be found, or the checkpoints do not cut the graph (the message says
+            what was looked at, or which tensor crosses which checkpoint).
+    """
+    if recompute_cost not in RECOMPUTE_COSTS:
+        raise ChainError(f"recompute_cost must be one of {RECOMPUTE_COSTS}, found {recompute_cost!r}")
+    tree = ModuleTree(_structure(trace))
+    if checkpoints is not None and container is not None:
+        raise NotAChainError("give either a container or the checkpoints, not both")
+    found = [named_candidate(tree, list(checkpoints))] if checkpoints is not None else _candidates(trace, tree, container)
+    costs, timeline = _medians(trace), _timeline(trace)
+    chains = [_build(trace, tree, candidate, costs, timeline, container is None and checkpoints is None,
+                     fuse=checkpoints is None) for candidate in found]
+    if len(chains) == 1:
+        return _with_loss_options(trace, tree, costs, _with_op_options(trace, chains[0], recompute_cost,
+                                                                       selective_overhead_us), loss_chunks)
+    ranked = [(saving, chain.length, -index) for index, (chain, saving) in enumerate(zip(chains, _savings(chains)))]
+    best = max(range(len(chains)), key=lambda i: ranked[i])
+    chosen = chains[best]
+    reason = (f"saves up to {ranked[best][0]} bytes of the step, the most of {len(chains)} chains found "
+              f"(next best: {sorted(r[0] for r in ranked)[-2]} bytes)")
+    chain = _with_op_options(trace, Chain(chosen.name, chosen.input_bytes, chosen.stages,
+                                          {**chosen.source, "why": reason}, chosen.step, chosen.transfer, chosen.carried,
+                                          chosen.weights),
+                             recompute_cost, selective_overhead_us)
+    return _with_loss_options(trace, tree, costs, chain, loss_chunks)
+
+
+def _with_loss_options(trace: Trace, tree: ModuleTree, costs: pd.DataFrame, chain: Chain,
+                       chunks: Sequence[int]) -> Chain:
+    """``chain`` whose loss stage may compute the language-model head and its loss in chunks, when the model is a
+    Hugging Face causal LM (the executor replaces its ``loss_function``), a head runs after the chain and the
+    loss stage was measured (a chain with step costs)."""
+    if not chunks or chain.step is None or not str(trace.meta.get("model", "")).endswith(CAUSAL_LM_CLASSES):
+        return chain
+    structure = [(name, node.order, node.kind) for name, node in tree.nodes.items()]
+    flops: dict[str, int] = {}
+    for record in trace.op_records():
+        flops[record.module] = flops.get(record.module, 0) + record.flops
+    layers = trace.read("layers", columns=["iteration", "module", "weight_bytes"], iterations=_usable(trace)[-1:])
+    weights = {str(m): int(b) for m, b in zip(layers.module, layers.weight_bytes)}
+    head = head_from_costs(structure, chain, costs.output_bytes.astype(int).to_dict(),
+                           costs.forward_ms.astype(float).to_dict(), flops, weights)
+    return chain if head is None else with_loss_options(chain, head, chunks)
+
+
+def _with_op_options(trace: Trace, chain: Chain, recompute_cost: str, overhead_us: float | None) -> Chain:
+    """``chain`` with each stage's recomputation options, when the run recorded a planning pass (its ops)."""
+    records = trace.op_records()
+    if not records:
+        return chain
+    by_stage = {index: ops_of_stage(records, stage) for index, stage in enumerate(chain.stages[:-1], start=1)}
+    return with_options(chain, {index: ops for index, ops in by_stage.items() if ops}, recompute_cost,
+                        _selective_overhead_ms(trace, overhead_us))
+
+
+def _selective_overhead_ms(trace: Trace, given_us: float | None) -> float:
+    """The selective checkpoint's cost per op in ms: ``given_us``, else what the run's planning pass measured
+    (0 when it did not: a run recorded before the measurement was added, or not closed)."""
+    where = "selective_overhead_us" if given_us is not None else "meta.json's selective_overhead_us_per_op"
+    value = given_us if given_us is not None else trace.meta.get("selective_overhead_us_per_op", 0.0)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+        raise ChainError(f"{where} must be a non-negative number of microseconds, found {value!r}")
+    return float(value) / 1000.0

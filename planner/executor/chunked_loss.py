@@ -1,0 +1,241 @@
+"""A language-model head and its cross-entropy computed a chunk of tokens at a time.
+
+Plain autograd materialises the head's logits (tokens x vocabulary) and, for the loss, their log-softmax,
+and keeps both until the backward: at a 128k vocabulary that is more than every transformer block holds.
+:class:`ChunkedLinearCrossEntropy` computes ``cross_entropy(hidden @ weight.T + bias, targets)`` over
+``chunk_tokens`` rows at a time, so only one chunk's logits live at once; it saves only its inputs (the
+hidden states, the weight, the targets) and recomputes each chunk's logits in the backward to produce the
+gradients of the hidden states, the weight and the bias. The head's matrix product therefore runs twice
+(forward and backward): the memory is paid for in time, as a stage option of the planner prices it.
+
+The semantics are Hugging Face's causal-LM loss (``transformers.loss.loss_utils.ForCausalLMLoss``): the
+labels are shifted by one (the last position predicts nothing), positions labelled ``ignore_index`` (-100)
+count for nothing, the logits are upcast to float32 before the softmax, and the sum is divided by the
+number of counted positions, or by ``num_items_in_batch`` when the caller passes it (gradient
+accumulation over micro-batches). A weight shared with the input embedding (GPT-2 ties them) receives its
+gradient through autograd, summed into the one Parameter like any other use.
+
+Against plain autograd the results differ by float rounding only: the loss sums per-chunk sums, and the
+weight's gradient sums per-chunk matrix products, in another order than one matrix product over every
+token (docs/planner.md gives the tolerance the tests hold it to).
+
+Part of the pure-torch runtime (imports only torch and the standard library; ``planner.export.files`` embeds it).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+IGNORE_INDEX = -100
+"""The label Hugging Face (and ``nn.CrossEntropyLoss``'s default) ignores."""
+
+
+def shifted_targets(labels: torch.Tensor, ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
+    """The targets of a causal LM, flattened: position ``t`` predicts ``labels[..., t + 1]``, the last nothing.
+
+    The same as ``ForCausalLMLoss``: pad the labels on the right with ``ignore_index`` and drop the first.
+    """
+    padded = F.pad(labels, (0, 1), value=ignore_index)
+    return padded[..., 1:].reshape(-1)
+
+
+def _logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+            dtype: torch.dtype | None) -> torch.Tensor:
+    """One chunk's logits in ``dtype`` (the dtype the forward's head produced: autocast's, if it was on)."""
+    if dtype is not None and hidden.dtype != dtype:
+        hidden, weight = hidden.to(dtype), weight.to(dtype)
+        bias = bias.to(dtype) if bias is not None else None
+    return F.linear(hidden, weight, bias)
+
+
+class _Gradients:
+    """The gradients of the hidden states, the weight and the bias, filled one chunk at a time.
+
+    The weight's (and bias's) gradient sums over every chunk: it is accumulated in float32 whatever the head's
+    dtype, then cast once.
+    """
+
+    def __init__(self, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                 needs: tuple[bool, ...]) -> None:
+        self.weight, self.bias = weight, bias
+        self.hidden = torch.empty_like(hidden) if needs[0] else None
+        self.weight_grad = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if needs[1] else None
+        self.bias_grad = (torch.zeros(bias.shape, dtype=torch.float32, device=bias.device)
+                          if needs[2] and bias is not None else None)
+
+    def add(self, start: int, rows: torch.Tensor, grad_logits: torch.Tensor) -> None:
+        """Adds one chunk's share, ``grad_logits`` being d(loss)/d(logits) of ``rows``, in the head's dtype."""
+        if self.hidden is not None:
+            self.hidden[start:start + rows.shape[0]] = grad_logits @ self.weight.to(grad_logits.dtype)
+        if self.weight_grad is not None:  # out= rather than addmm_: FLOP counters see aten.addmm, not addmm_
+            torch.addmm(self.weight_grad, grad_logits.t().to(torch.float32),
+                        rows.to(grad_logits.dtype).to(torch.float32), out=self.weight_grad)
+        if self.bias_grad is not None:
+            self.bias_grad += grad_logits.sum(dim=0, dtype=torch.float32)
+
+    def results(self) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+        """``(grad hidden, grad weight, grad bias)`` in the inputs' dtypes (``None`` where not needed)."""
+        weight = self.weight_grad.to(self.weight.dtype) if self.weight_grad is not None else None
+        bias = self.bias_grad.to(self.bias.dtype) if self.bias_grad is not None and self.bias is not None else None
+        return self.hidden, weight, bias
+
+
+def _grad_logits(probabilities: torch.Tensor, targets: torch.Tensor, ignore_index: int, scale: torch.Tensor,
+                 dtype: torch.dtype) -> torch.Tensor:
+    """d(scale x summed cross-entropy)/d(logits) = scale x (softmax - one_hot(target)), zero on ignored rows,
+    computed in place in ``probabilities`` (float32 softmax of one chunk) and returned in ``dtype``."""
+    counted = targets != ignore_index
+    where = counted.nonzero().squeeze(1)
+    probabilities[where, targets[where]] -= 1.0
+    probabilities *= (counted.to(torch.float32) * scale).unsqueeze(1)
+    return probabilities.to(dtype)
+
+
+def _divisor(targets: torch.Tensor, ignore_index: int, divisor: Any, device: torch.device) -> torch.Tensor:
+    """What the summed loss is divided by: ``divisor`` if given, else the counted targets (float32)."""
+    if divisor is None:
+        divisor = (targets != ignore_index).sum()
+    return torch.as_tensor(divisor, device=device).to(torch.float32)
+
+
+class ChunkedLinearCrossEntropy(torch.autograd.Function):
+    """``sum(cross_entropy(hidden @ weight.T + bias, targets)) / divisor``, ``chunk_tokens`` rows at a time.
+
+    Inputs: ``hidden`` (tokens, features), ``weight`` (vocabulary, features), ``bias`` (vocabulary) or
+    ``None``, ``targets`` (tokens,) int64, ``chunk_tokens``, ``ignore_index``, ``divisor`` (a tensor or a
+    number; ``None``: the number of targets that are not ``ignore_index``). Keeps its inputs only; the
+    backward recomputes each chunk's logits.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                targets: torch.Tensor, chunk_tokens: int, ignore_index: int, divisor: Any) -> torch.Tensor:
+        total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        dtype = hidden.dtype
+        for start in range(0, hidden.shape[0], chunk_tokens):
+            logits = _logits(hidden[start:start + chunk_tokens], weight, bias, None)
+            dtype = logits.dtype
+            total += F.cross_entropy(logits.float(), targets[start:start + chunk_tokens], ignore_index=ignore_index,
+                                     reduction="sum")
+            del logits  # the next chunk's logits take this one's memory
+        divisor = _divisor(targets, ignore_index, divisor, hidden.device)
+        ctx.save_for_backward(hidden, weight, bias, targets, divisor)
+        ctx.chunk_tokens, ctx.ignore_index, ctx.dtype = chunk_tokens, ignore_index, dtype
+        return total / divisor
+
+    @staticmethod
+    def backward(ctx: Any, grad_loss: torch.Tensor) -> Any:
+        hidden, weight, bias, targets, divisor = ctx.saved_tensors
+        scale = grad_loss.to(torch.float32) / divisor
+        grads = _Gradients(hidden, weight, bias, ctx.needs_input_grad[:3])
+        step = ctx.chunk_tokens
+        for start in range(0, hidden.shape[0], step):
+            rows = hidden[start:start + step]
+            probabilities = torch.softmax(_logits(rows, weight, bias, ctx.dtype).float(), dim=-1)
+            grads.add(start, rows, _grad_logits(probabilities, targets[start:start + step], ctx.ignore_index, scale,
+                                                ctx.dtype))
+            del probabilities
+        return (*grads.results(), None, None, None, None)
+
+
+class EagerChunkedLinearCrossEntropy(torch.autograd.Function):
+    """:class:`ChunkedLinearCrossEntropy` that computes the gradients in its forward, chunk by chunk.
+
+    No logits are recomputed (the head's FLOPs are plain autograd's); instead the gradients of the hidden
+    states and the weight are allocated in the forward and kept until the backward, which scales them by the
+    loss's incoming gradient (1 for ``loss.backward()``) and hands them over. In a training step the loss's
+    backward follows its forward at once, and those gradients would be allocated then anyway.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                targets: torch.Tensor, chunk_tokens: int, ignore_index: int, divisor: Any) -> torch.Tensor:
+        total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        divisor = _divisor(targets, ignore_index, divisor, hidden.device)
+        scale = 1.0 / divisor
+        grads = _Gradients(hidden, weight, bias, ctx.needs_input_grad[:3])
+        for start in range(0, hidden.shape[0], chunk_tokens):
+            rows, chunk_targets = hidden[start:start + chunk_tokens], targets[start:start + chunk_tokens]
+            logits = _logits(rows, weight, bias, None)
+            dtype = logits.dtype
+            log_probabilities = torch.log_softmax(logits.float(), dim=-1)
+            del logits
+            total += F.nll_loss(log_probabilities, chunk_targets, ignore_index=ignore_index, reduction="sum")
+            grads.add(start, rows, _grad_logits(log_probabilities.exp_(), chunk_targets, ignore_index, scale, dtype))
+            del log_probabilities
+        ctx.grads = grads.results()  # not saved tensors: the backward scales them in place
+        return total / divisor
+
+    @staticmethod
+    def backward(ctx: Any, grad_loss: torch.Tensor) -> Any:
+        grads, ctx.grads = ctx.grads, None  # a second backward has nothing to hand over (retain_graph)
+        if grads is None:
+            raise RuntimeError("the eager chunked loss hands its gradients over once; backward through it again "
+                               "(retain_graph=True) is not supported: use the recomputing chunked loss")
+        for grad in grads:
+            if grad is not None:
+                grad.mul_(grad_loss.to(grad.dtype))
+        return (*grads, None, None, None, None)
+
+
+def chunked_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                                 targets: torch.Tensor, chunk_tokens: int, ignore_index: int = IGNORE_INDEX,
+                                 num_items_in_batch: Any = None, eager: bool = False) -> torch.Tensor:
+    """The mean cross-entropy of a linear head's logits, one chunk of ``chunk_tokens`` tokens at a time.
+
+    Args:
+        hidden: the head's input, ``(..., features)``; every leading dimension is a token.
+        weight: the head's weight, ``(vocabulary, features)`` (may be tied to an embedding).
+        bias: the head's bias, or ``None``.
+        targets: one class per token (as many as ``hidden`` has tokens), ``ignore_index`` where none counts.
+        chunk_tokens: tokens whose logits live at once (> 0).
+        ignore_index: the target that counts for nothing.
+        num_items_in_batch: divide the summed loss by this instead of the number of counted tokens.
+        eager: compute the gradients in the forward (:class:`EagerChunkedLinearCrossEntropy`: no recomputed
+            logits, the gradients held from the loss's forward to its backward) instead of recomputing each
+            chunk's logits in the backward (:class:`ChunkedLinearCrossEntropy`).
+
+    Raises:
+        ValueError: ``chunk_tokens`` is not positive, or ``targets`` does not give one class per token.
+    """
+    if isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, int) or chunk_tokens <= 0:
+        raise ValueError(f"chunk_tokens must be a whole number of tokens > 0, found {chunk_tokens!r}")
+    flat = hidden.reshape(-1, hidden.shape[-1])
+    flat_targets = targets.reshape(-1).to(device=flat.device, dtype=torch.long)
+    if flat_targets.shape[0] != flat.shape[0]:
+        raise ValueError(f"targets give {flat_targets.shape[0]} classes for {flat.shape[0]} tokens of hidden "
+                         f"states; expected one per token (shift a causal LM's labels with shifted_targets)")
+    function = EagerChunkedLinearCrossEntropy if eager else ChunkedLinearCrossEntropy
+    loss: torch.Tensor = function.apply(flat, weight, bias, flat_targets, chunk_tokens, ignore_index,
+                                        num_items_in_batch)
+    return loss
+
+
+def chunked_causal_lm_loss(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                           labels: torch.Tensor | None, chunk_tokens: int, ignore_index: int = IGNORE_INDEX,
+                           num_items_in_batch: Any = None, shift_labels: torch.Tensor | None = None,
+                           eager: bool = False) -> torch.Tensor:
+    """Hugging Face's ``ForCausalLMLoss`` of ``lm_head(hidden)``, without the whole logits.
+
+    Args:
+        hidden: the last hidden states, ``(batch, sequence, features)``.
+        weight, bias: the language-model head's parameters.
+        labels: the unshifted labels, ``(batch, sequence)`` (ignored when ``shift_labels`` is given).
+        chunk_tokens: tokens whose logits live at once.
+        ignore_index: the label that counts for nothing.
+        num_items_in_batch: as in ``ForCausalLMLoss``: divide the sum by it instead of the counted tokens.
+        shift_labels: already shifted labels, as ``ForCausalLMLoss`` accepts them.
+        eager: compute the gradients in the forward (see :func:`chunked_linear_cross_entropy`).
+
+    Raises:
+        ValueError: neither ``labels`` nor ``shift_labels`` is given, or they do not match ``hidden``.
+    """
+    if shift_labels is None:
+        if labels is None:
+            raise ValueError("the chunked causal-LM loss needs labels= (or shift_labels=)")
+        shift_labels = shifted_targets(labels, ignore_index)
+    return chunked_linear_cross_entropy(hidden, weight, bias, shift_labels, chunk_tokens, ignore_index,
+                                        num_items_in_batch, eager)

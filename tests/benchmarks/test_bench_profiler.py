@@ -1,0 +1,52 @@
+"""The profiler benchmark's pure parts: thread settings, the worker's stage table, the targets' verdicts."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks import bench_profiler as bp
+
+
+def _lane(tool: bp.Tool, wall: list[float], cpu: list[float], threads: int, stats: list[dict] | None = None) -> bp.Lane:
+    lane = bp.Lane(bp.MODELS[1], threads, tool, None, None, None)  # type: ignore[arg-type]  # nothing is trained
+    lane.wall_ms, lane.cpu_ms = [wall], [cpu]
+    lane.call_ms, lane.child_cpu_ms, lane.start_ms, lane.stop_ms, lane.child_start_ms = [0.5], [1.0], [1], [1], [400]
+    lane.stats = stats or []
+    return lane
+
+
+def test_thread_settings_put_zero_for_torchs_default_and_drop_repeats() -> None:
+    expected = [1, bp.DEFAULT_THREADS] if bp.DEFAULT_THREADS != 1 else [1]
+    assert bp.parse_threads("1,0") == expected
+    assert bp.parse_threads(f"0,{bp.DEFAULT_THREADS}") == [bp.DEFAULT_THREADS]
+    with pytest.raises(ValueError):
+        bp.parse_threads("-1")
+    with pytest.raises(ValueError):
+        bp.parse_threads("two")
+
+
+def test_the_worker_stats_of_several_blocks_add_up() -> None:
+    cpu, counts = bp.merged_stats([{"cpu_s": {"analysis": 0.5, "start": 0.4}, "counts": {"records": 20}},
+                                   {"cpu_s": {"analysis": 0.25}, "counts": {"records": 10, "flushes": 2}}])
+    assert cpu == {"analysis": 0.75, "start": 0.4} and counts == {"records": 30, "flushes": 2}
+
+
+def test_the_stage_table_is_per_record_and_the_start_per_run() -> None:
+    stats = [{"cpu_s": {"analysis": 0.06, "journal read and decode": 0.02, "start": 0.4},
+              "counts": {"records": 20, "detailed": 10, "gathers": 3, "flushes": 2}}] * 2
+    lanes = {("cnn", 1): [_lane(bp.Tool(), [10.0], [10.0], 1), _lane(bp.Memprof(), [11.0], [12.0], 1, stats)]}
+    table = "\n".join(bp.worker_table(lanes))
+    assert "| analysis | 3.00 |" in table and "| journal read and decode | 1.00 |" in table
+    assert "| **all but the start** | **4.00** |" in table
+    assert "| start, once per run (CPU ms) | 400 |" in table
+    assert "| records (detailed) / gathers / flushes | 40 (20) / 6 / 4 |" in table
+
+
+def test_the_targets_are_judged_at_torchs_default_threads_against_torch_profiler() -> None:
+    n = bp.DEFAULT_THREADS
+    lanes = {("cnn", n): [_lane(bp.Tool(), [100.0], [100.0], n), _lane(bp.Memprof(), [104.0], [130.0], n),
+                          _lane(bp.TorchProfiler(), [106.0], [120.0], n)]}
+    (line,) = bp.target_lines(lanes)
+    assert "wall 1.04x (target 1.05x: met; torch.profiler 1.06x: at or below it)" in line
+    assert "CPU 1.30x (target 1.25x: missed; torch.profiler 1.20x: above it)" in line
+    assert bp.target_lines({("cnn", n + 1): lanes["cnn", n]}) == ["- (memprof did not run at torch's default threads)"]

@@ -1,0 +1,141 @@
+"""The journal's file format: records survive the round trip, a torn or foreign file is never misread."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from memprof.analysis.records import AllocationEvents, CarriedState, IterationRecord, LiveBlock, Mark
+from memprof.errors import CorruptTraceError
+from memprof.trace.pipeline.journal import (
+    SEGMENT_RECORDS,
+    JournalReader,
+    JournalWriter,
+    decode_record,
+    encode_record,
+    frames,
+    pack,
+    read_state,
+    segment_path,
+    segment_starts,
+    unpack,
+    write_state,
+)
+
+
+def _record(iteration: int, n_events: int = 5) -> IterationRecord:
+    rng = np.random.default_rng(iteration)
+    events = AllocationEvents(*(rng.integers(0, 1 << 40, n_events) for _ in range(5)))
+    return IterationRecord(
+        iteration=iteration, epoch=iteration // 3, start_ns=1_000 + iteration, end_ns=2_000 + iteration,
+        events=events,
+        marks=[(10, Mark.FWD_ENTER, 0, [(0x1000, 64), (0x2000, 32)]), (11, Mark.FWD_EXIT, 0, []),
+               (12, Mark.BWD_END, -1, [])],
+        observations=[(10, 0x1000, 6, 64), (11, 0x3000, 3, 0)], frees=[(13, 0x1000)],
+        param_grads={0: (0x4000, 16)}, grads={0: (0x4000, 16), 2: (0x5000, 8)},
+        reserved_bytes=4096, peak_reserved_bytes=8192, failed=iteration == 7)
+
+
+def _same(a: IterationRecord, b: IterationRecord) -> None:
+    for name in ("time_ns", "ptr", "size_bytes", "total_allocated_bytes", "total_reserved_bytes"):
+        np.testing.assert_array_equal(getattr(a.events, name), getattr(b.events, name))
+    assert [(t, int(k), m, [tuple(s) for s in p]) for t, k, m, p in a.marks] == \
+        [(t, int(k), m, [tuple(s) for s in p]) for t, k, m, p in b.marks]
+    assert [tuple(o) for o in a.observations] == [tuple(o) for o in b.observations]
+    assert [tuple(f) for f in a.frees] == [tuple(f) for f in b.frees]
+    assert (a.param_grads, a.grads) == (b.param_grads, b.grads)
+    assert (a.iteration, a.epoch, a.start_ns, a.end_ns, a.reserved_bytes, a.peak_reserved_bytes, a.failed) == \
+        (b.iteration, b.epoch, b.start_ns, b.end_ns, b.reserved_bytes, b.peak_reserved_bytes, b.failed)
+
+
+@pytest.mark.parametrize("iteration,n_events", [(0, 0), (3, 5), (7, 1000)])
+def test_record_round_trip(iteration, n_events):
+    record = _record(iteration, n_events)
+    _same(decode_record(encode_record(record)), record)
+
+
+def test_empty_record_round_trip():
+    record = IterationRecord(iteration=0, epoch=0, start_ns=1, end_ns=2, events=AllocationEvents.empty())
+    _same(decode_record(encode_record(record)), record)
+
+
+@pytest.mark.parametrize("key", ["node_rows", "watches"])  # a forward without backward left only watches
+def test_a_record_with_native_backward_rows_is_refused(key):
+    """A journal left by a memprof that took backward marks from its native reporter cannot be replayed."""
+    record = _record(3)
+    header, arrays = unpack(encode_record(record), "a record")
+    arrays[key] = np.zeros((1, 5), dtype=np.int64)
+    with pytest.raises(CorruptTraceError, match="older memprof"):
+        decode_record(pack(header, arrays))
+
+
+@pytest.mark.parametrize("data", [b"", b"PAR1" + b"\0" * 60, b'{"format": "x"}'])
+def test_foreign_bytes_are_refused(data):
+    with pytest.raises(CorruptTraceError, match="not a memprof journal file"):
+        unpack(data, "a test file")
+
+
+def test_truncated_record_is_refused():
+    data = encode_record(_record(3))
+    with pytest.raises(CorruptTraceError, match="holds .* bytes where its header describes|damaged"):
+        decode_record(data[:-8])
+
+
+def test_writer_and_reader_follow_segments(tmp_path):
+    writer = JournalWriter(tmp_path)
+    total = SEGMENT_RECORDS + 5
+    for i in range(total):
+        writer.append(_record(i))
+    writer.close()
+    assert segment_starts(tmp_path) == [0, SEGMENT_RECORDS]
+    reader = JournalReader(tmp_path, last_iteration=-1)
+    seen = []
+    while (record := reader.next()) is not None:
+        seen.append(record.iteration)
+        if record.iteration == 5:
+            _same(record, _record(5))
+    assert seen == list(range(total))
+    # a reader that starts later skips what was processed before
+    later = JournalReader(tmp_path, last_iteration=SEGMENT_RECORDS - 3)
+    assert later.next().iteration == SEGMENT_RECORDS - 2
+
+
+def test_a_torn_or_damaged_tail_is_where_reading_stops(tmp_path):
+    writer = JournalWriter(tmp_path)
+    for i in range(3):
+        writer.append(_record(i))
+    writer.close()
+    path = segment_path(tmp_path, 0)
+    data = path.read_bytes()
+    assert len(list(frames(data))) == 3
+    torn = data[:-10]  # the writer was killed inside the last write
+    assert len(list(frames(torn))) == 2
+    flipped = bytearray(data)
+    flipped[-1] ^= 0xFF  # a damaged byte in the last record: its checksum no longer matches
+    assert len(list(frames(bytes(flipped)))) == 2
+    path.write_bytes(torn)
+    reader = JournalReader(tmp_path, -1)
+    assert [reader.next().iteration for _ in range(2)] == [0, 1]
+    assert reader.next() is None  # not an error: the rest may still be coming
+
+
+def test_a_gap_in_the_journal_is_an_error(tmp_path):
+    writer = JournalWriter(tmp_path)
+    writer.append(_record(0))
+    writer.append(_record(2))
+    writer.close()
+    reader = JournalReader(tmp_path, -1)
+    assert reader.next().iteration == 0
+    with pytest.raises(CorruptTraceError, match="holds iteration 2 where 1 was expected"):
+        reader.next()
+
+
+def test_state_round_trip_and_drops_finished_segments(tmp_path):
+    writer = JournalWriter(tmp_path)
+    for i in range(SEGMENT_RECORDS + 1):
+        writer.append(_record(i))
+    writer.close()
+    state = CarriedState(SEGMENT_RECORDS - 1, [LiveBlock(-1, 0x10, 64, 0), LiveBlock(7, 0x20, 8, 4)], 8, {0: 0, 3: 1})
+    write_state(tmp_path, state)
+    assert read_state(tmp_path) == state
+    assert segment_starts(tmp_path) == [SEGMENT_RECORDS]  # every iteration of the first is final

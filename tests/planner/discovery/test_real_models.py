@@ -1,0 +1,245 @@
+"""The planner on models written by others: Hugging Face transformers and torchvision-style CNNs.
+
+For each model: the chain is found at block level in its trace, schedules are applied in place (the model's
+own forward keeps calling its blocks) and run (each stage's forward calls counted: the schedule's
+recomputations happen), gradients are bitwise those of plain autograd, the whole training step's peak measured
+with the allocator (torch.profiler's raw memory events) is within the band of ``prediction_band.py`` around the
+prediction, and at the minimum feasible budget the step saves what was predicted (on five models, half the
+activations or more).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from memprof import MemoryProfiler, load_trace
+from planner import (
+    ALGORITHMS,
+    Chain,
+    InfeasibleBudgetError,
+    apply_schedule,
+    chain_from_trace,
+    min_feasible_budget,
+    solve,
+    store_all_budget,
+)
+from planner.executor import remove_schedule
+from planner.measure.runs import measure_schedule
+from tests.allocator_truth import allocator_rise_bytes
+from tests.planner.prediction_band import assert_near_prediction, assert_saving_as_predicted
+from tests.planner.real_models import ALL_BUILDERS, RealModel
+from tests.planner.schedule_probe import ScheduleProbe
+
+pytestmark = pytest.mark.slow
+
+BATCH = 2
+EXPECTED_CHAINS = {
+    "gpt2": ["transformer.drop", *(f"transformer.h.{i}" for i in range(4)), "transformer.ln_f"],
+    "bert": [f"bert.encoder.layer.{i}" for i in range(8)],
+    "llama": [*(f"model.layers.{i}" for i in range(4)), "model.norm"],
+    "t5": [*(f"encoder.block.{i}" for i in range(3)), "encoder.final_layer_norm"],
+    "resnet": ["conv1", "bn1", "maxpool", *(f"layer{s}.{b}" for s in range(1, 5) for b in range(2)), "avgpool", "fc"],
+    "mobilenet": [f"features.{i}" for i in range(10)],
+    "vit": ["encoder.dropout", *(f"encoder.layers.encoder_layer_{i}" for i in range(4)), "encoder.ln"],
+}
+
+
+def _train(real: RealModel, model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: tuple) -> None:
+    optimizer.zero_grad(set_to_none=True)
+    real.loss(model, batch).backward()
+    optimizer.step()
+
+
+def _profile(real: RealModel, out_dir) -> tuple[Chain, dict]:
+    model = real.model
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    with MemoryProfiler(model, optimizer, out_dir=out_dir, print_period=0, background=False) as profiler:
+        for _ in range(3):
+            batch = real.make_batch(BATCH)  # one batch alive at a time, as with a data loader
+            _train(real, model, optimizer, batch)
+            profiler.record_stats()
+    extra = {"optimizer": optimizer, "batch": batch, "run_dir": profiler.run_dir}
+    return chain_from_trace(load_trace(profiler.run_dir)), extra
+
+
+def _storage_bytes(tensors) -> int:
+    seen: dict[int, int] = {}
+    for tensor in tensors:
+        if isinstance(tensor, torch.Tensor):
+            storage = tensor.untyped_storage()
+            seen[storage.data_ptr()] = storage.nbytes()
+    return sum(seen.values())
+
+
+def allocator_step_peak(real: RealModel, model, optimizer, batch) -> int:
+    """The whole step's peak: what is allocated at its start plus the highest rise of torch.profiler's events."""
+    _train(real, model, optimizer, batch)  # optimizer state exists, as in the profiled steps
+    optimizer.zero_grad(set_to_none=True)
+    state = [t for s in optimizer.state.values() for t in s.values()]
+    start = _storage_bytes([*model.parameters(), *model.buffers(), *state, *batch])
+    return start + allocator_rise_bytes(lambda: _train(real, model, optimizer, batch))
+
+
+def _grads(real: RealModel, model, batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(7)
+    loss = real.loss(model, batch)
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.fixture(scope="module", params=sorted(ALL_BUILDERS))
+def profiled(request, tmp_path_factory):
+    torch.manual_seed(0)
+    real = ALL_BUILDERS[request.param]()
+    chain, extra = _profile(real, tmp_path_factory.mktemp(request.param))
+    return real, chain, extra
+
+
+def test_chain_is_found_at_block_level(profiled) -> None:
+    real, chain, _ = profiled
+    found = [m for stage in chain.stages[:-1] for m in stage.modules if m != "relu"]
+    blocks = [m for m in EXPECTED_CHAINS[real.name] if m in real.blocks]
+    assert [m for m in found if m in blocks] == blocks  # every block is a stage of its own, in order
+    assert set(found) <= set(EXPECTED_CHAINS[real.name])
+    assert chain.step is not None and chain.source["auto"]
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_schedules_give_plain_gradients_and_the_predicted_step_peak(profiled, algorithm: str) -> None:
+    real, chain, extra = profiled
+    model, optimizer, batch = real.model, extra["optimizer"], extra["batch"]
+    try:
+        budget = store_all_budget(chain) if algorithm == "store_all" else min_feasible_budget(chain, algorithm)
+    except InfeasibleBudgetError:
+        pytest.skip(f"{algorithm} has no schedule for this chain at any budget")
+    schedule = solve(chain, budget, algorithm)
+    assert schedule.predicted_step_peak_bytes is not None and schedule.predicted_step_peak_bytes <= budget
+    reference = copy.deepcopy(model)
+    ref_loss, ref_grads = _grads(real, reference, batch)
+    probe = ScheduleProbe(model, schedule)
+    apply_schedule(model, schedule)
+    try:
+        loss, grads = _grads(real, model, batch)
+        assert torch.equal(loss, ref_loss)
+        assert grads.keys() == ref_grads.keys()
+        assert all(torch.equal(grads[name], ref_grads[name]) for name in grads)
+        measured = allocator_step_peak(real, model, optimizer, batch)
+        probe.assert_ran(steps=3)  # the executor ran the schedule in the three steps, recomputations counted
+    finally:
+        remove_schedule(model)
+        probe.remove()
+    predicted = schedule.predicted_step_peak_bytes
+    assert_near_prediction(measured, predicted, real.name, algorithm)
+
+
+# On llama and resnet at these test sizes the step's minimum is set by what no schedule lowers (every parameter
+# gradient allocated at the end of backward beside the first stages' activations; the convolutions' backward
+# workspace), and the fastest schedule at that minimum has no reason to keep fewer than half the activations.
+# There the minimum is checked to sit on that floor instead.
+HALVED = ("bert", "gpt2", "mobilenet", "t5", "vit")
+
+
+def test_minimum_budget_saves_what_was_predicted(profiled, tmp_path) -> None:
+    real, chain, extra = profiled
+    optimizer = extra["optimizer"]
+    activations, measured, predicted = {}, {}, {}
+    for name, budget in (("store_all", store_all_budget(chain)), ("rotor", min_feasible_budget(chain))):
+        schedule = solve(chain, budget, name)
+        model = real.model
+        probe = ScheduleProbe(model, schedule)
+        try:
+            _, comparison = measure_schedule(model, real.make_batch, schedule, tmp_path / name, steps=3,
+                                             batch_size=BATCH, loss=real.loss, optimizer=optimizer)
+            probe.assert_ran(steps=3)
+        finally:
+            remove_schedule(model)
+            probe.remove()
+        activations[name] = comparison.measured_activation_peak_bytes
+        measured[name], predicted[name] = comparison.measured_step_peak_bytes, comparison.predicted_step_peak_bytes
+        assert_near_prediction(measured[name], predicted[name], real.name, name)
+    # below store-all's peak by what was predicted
+    assert_saving_as_predicted(measured["store_all"] - measured["rotor"], predicted["store_all"] - predicted["rotor"],
+                               predicted["store_all"], real.name)
+    if real.name in HALVED:
+        assert activations["rotor"] <= 0.5 * activations["store_all"], activations
+    else:  # the floor outside the chain is most of the minimum: over 85% of it (measured 88% and 99%)
+        floor = chain.step.floor_bytes
+        assert "no schedule changes" in chain.step.explain_floor()
+        assert floor <= predicted["rotor"] and floor >= 0.85 * predicted["rotor"], (floor, predicted)
+
+
+def test_exported_file_applies_to_a_fresh_copy(profiled, tmp_path) -> None:
+    import importlib.util
+
+    from planner.export.files import export_python
+
+    real, chain, extra = profiled
+    schedule = solve(chain, min_feasible_budget(chain), "rotor")
+    path = tmp_path / f"apply_{real.name}.py"
+    path.write_text(export_python(schedule))
+    spec = importlib.util.spec_from_file_location(f"apply_{real.name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    fresh = copy.deepcopy(real.model)
+    ref_loss, ref_grads = _grads(real, copy.deepcopy(fresh), extra["batch"])
+    module.apply_schedule(fresh)
+    loss, grads = _grads(real, fresh, extra["batch"])
+    assert torch.equal(loss, ref_loss) and grads.keys() == ref_grads.keys()
+    assert all(torch.equal(grads[name], ref_grads[name]) for name in grads)
+
+
+def test_offload_schedules_between_the_extremes_run_as_predicted(profiled) -> None:
+    """Halfway between rotor's minimum and store-all, the offload schedule runs with plain gradients and the
+    predicted step peak (the executor copies host to host here). At the default 24 GB/s the copies hide behind
+    these CPU-timed stages, so every model whose blocks record much more than their output offloads some; the
+    ResNet's blocks record little besides it, and whether offloading one wins depends on the timings."""
+    real, chain, extra = profiled
+    model, optimizer, batch = real.model, extra["optimizer"], extra["batch"]
+    budget = (min_feasible_budget(chain, "rotor") + store_all_budget(chain)) // 2
+    schedule = solve(chain, budget, "offload")
+    if real.name != "resnet":
+        assert schedule.has_transfers and schedule.predicted_host_peak_bytes > 0
+    ref_loss, ref_grads = _grads(real, copy.deepcopy(model), batch)
+    probe = ScheduleProbe(model, schedule)
+    apply_schedule(model, schedule)
+    try:
+        loss, grads = _grads(real, model, batch)
+        assert torch.equal(loss, ref_loss) and grads.keys() == ref_grads.keys()
+        assert all(torch.equal(grads[name], ref_grads[name]) for name in grads)
+        measured = allocator_step_peak(real, model, optimizer, batch)
+        probe.assert_ran(steps=3)
+    finally:
+        remove_schedule(model)
+        probe.remove()
+    predicted = schedule.predicted_step_peak_bytes
+    assert_near_prediction(measured, predicted, real.name)
+
+
+def test_t5_decoder_blocks_with_the_encoders_output_carried(tmp_path) -> None:
+    """Each decoder block reads the encoder's output (made before this chain) through two projections, k and
+    v: its six gradients are added one by one in backward order, as plain autograd adds them, so the encoder's
+    gradients are bitwise equal too (summing each block's pair first would change their float rounding)."""
+    from tests.planner.real_models import t5
+
+    torch.manual_seed(0)
+    real = t5()
+    _, extra = _profile(real, tmp_path)
+    chain = chain_from_trace(load_trace(extra["run_dir"]), container="decoder.block")
+    model, optimizer, batch = real.model, extra["optimizer"], extra["batch"]
+    for algorithm in ("rotor", "selective"):
+        schedule = solve(chain, min_feasible_budget(chain, algorithm), algorithm)
+        ref_loss, ref_grads = _grads(real, copy.deepcopy(model), batch)
+        apply_schedule(model, schedule)
+        try:
+            loss, grads = _grads(real, model, batch)
+            measured = allocator_step_peak(real, model, optimizer, batch)
+        finally:
+            remove_schedule(model)
+        assert torch.equal(loss, ref_loss) and grads.keys() == ref_grads.keys()
+        assert all(torch.equal(grads[name], ref_grads[name]) for name in grads), algorithm
+        predicted = schedule.predicted_step_peak_bytes
+        assert_near_prediction(measured, predicted, "t5", algorithm)
