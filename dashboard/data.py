@@ -7,7 +7,6 @@ refused when it points outside the folder (``..``, absolute paths, symbolic link
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Callable, Hashable
 from pathlib import Path, PurePosixPath, PureWindowsPath
@@ -20,21 +19,16 @@ from dashboard.cache import BoundedCache
 from memprof import RunEntry, Trace, list_runs, load_trace
 from memprof.categories import CATEGORY_COLUMNS
 from memprof.errors import MemprofError, TraceError, TraceNotFoundError
-from memprof.schema import OPS
 from memprof.trace import (
     EVENTS,
     ITERATIONS,
     LAYERS,
-    META_FILE,
-    TABLES,
     RankScan,
     rank_dirs,
     rank_of,
     scan_ranks,
-    table_dir_name,
 )
-from memprof.trace.liveness import INTERRUPTED, RUNNING
-from memprof.trace.pipeline.journal import JOURNAL_DIR
+from memprof.trace.liveness import INTERRUPTED, RUNNING, run_stamp
 from memprof.units import format_bytes
 
 T = TypeVar("T")
@@ -89,26 +83,6 @@ def resolve_run(traces_dir: str | Path, name: str) -> Path:
     if not target.is_dir():
         raise TraceNotFoundError(f"no run named {name!r} in {root}")
     return target
-
-
-def run_stamp(run_dir: Path) -> tuple[int, ...]:
-    """Modification times of a run's metadata, table folders and journal; changes whenever a part is written.
-
-    A part is renamed into its table's folder (the folder's time changes); a running run's journal gets
-    records before any part (its newest segment's time changes).
-    """
-    stamps: list[int] = []
-    journal = run_dir / JOURNAL_DIR
-    segments = sorted(journal.glob("seg-*.log")) if journal.is_dir() else []
-    watched = (run_dir / META_FILE, *(run_dir / table_dir_name(t) for t in (*TABLES, OPS)), journal,
-               *segments[-1:])
-    for path in watched:
-        try:
-            stat = os.stat(path)
-            stamps.extend((stat.st_mtime_ns, stat.st_size if path.is_file() else 0))
-        except OSError:
-            stamps.extend((0, 0))
-    return tuple(stamps)
 
 
 #: A word that names an exception class (``ArrowInvalid``, ``OSError``): meaningless to a dashboard's user.

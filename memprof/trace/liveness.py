@@ -17,6 +17,9 @@ import socket
 from pathlib import Path
 from typing import Any
 
+from memprof.schema import META_FILE, OPS, TABLES, table_dir_name
+from memprof.trace.pipeline.journal import JOURNAL_DIR
+
 #: The states a run can be in, as :func:`run_state` names them.
 RUNNING, INTERRUPTED, CLOSED, FAILED = "running", "interrupted", "closed", "failed"
 _PROC = Path("/proc")
@@ -83,3 +86,23 @@ def run_state(meta: dict[str, Any]) -> str:
     if status != RUNNING:
         return str(status) if status in (CLOSED, FAILED) else CLOSED
     return INTERRUPTED if writer_alive(meta.get("writer")) is False else RUNNING
+
+
+def run_stamp(run_dir: Path) -> tuple[int, ...]:
+    """Modification times of a run's metadata, table folders and journal; changes whenever a part is written.
+
+    A part is renamed into its table's folder (the folder's time changes); a running run's journal gets
+    records before any part (its newest segment's time changes).
+    """
+    stamps: list[int] = []
+    journal = run_dir / JOURNAL_DIR
+    segments = sorted(journal.glob("seg-*.log")) if journal.is_dir() else []
+    watched = (run_dir / META_FILE, *(run_dir / table_dir_name(t) for t in (*TABLES, OPS)), journal,
+               *segments[-1:])
+    for path in watched:
+        try:
+            stat = os.stat(path)
+            stamps.extend((stat.st_mtime_ns, stat.st_size if path.is_file() else 0))
+        except OSError:
+            stamps.extend((0, 0))
+    return tuple(stamps)
