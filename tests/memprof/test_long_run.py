@@ -28,6 +28,7 @@ def _caught_up(profiler: MemoryProfiler) -> None:
     assert sink._answered == sink._submitted
 
 
+@pytest.mark.slow
 def test_the_profilers_memory_stays_flat_over_a_long_run(tmp_path):
     torch.manual_seed(0)
     torch.set_num_threads(1)

@@ -82,6 +82,7 @@ def test_each_option_of_each_block_gives_plain_gradients_and_its_predicted_peak(
     assert_step_peak_as_predicted(real, optimizer, schedule, tmp_path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["gpt2", "bert", "llama", "t5", "resnet", "mobilenet"])
 def test_dp_schedules_with_options_on_several_blocks_give_plain_gradients(name: str, tmp_path: Path) -> None:
     """What ``solve(..., "selective")`` picks: options on consecutive blocks, stages recomputed from F_ck

@@ -45,6 +45,7 @@ def prediction_band(predicted: int, largest_gradient: int) -> tuple[float, float
     return predicted - 0.01 * predicted - largest_gradient, predicted * 1.001
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(MODELS))
 def test_measured_peak_follows_the_prediction_for_every_algorithm(tmp_path, name):
     build, batch_size, container = MODELS[name]

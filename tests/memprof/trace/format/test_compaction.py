@@ -139,6 +139,7 @@ def long_run(tmp_path_factory) -> LongRun:
     return run
 
 
+@pytest.mark.slow
 def test_long_run_stays_within_the_bound(long_run):
     policy = long_run.writer.policy
     for table in TABLES:
@@ -151,6 +152,7 @@ def test_long_run_stays_within_the_bound(long_run):
     assert long_run.parts[ITERATIONS] == FLUSHES and table_size(long_run.run_dir, ITERATIONS)[0] <= 7 * 5
 
 
+@pytest.mark.slow
 def test_long_run_reads_back_every_row_in_iteration_order(long_run):
     trace = load_trace(long_run.run_dir)
     for table in TABLES:
@@ -159,6 +161,7 @@ def test_long_run_reads_back_every_row_in_iteration_order(long_run):
     assert trace.detail_iterations == list(range(0, FLUSHES * ITERATIONS_PER_FLUSH, DETAIL_EVERY))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("k", [0, 1, 50, 4096, 9950, 9999])
 def test_reading_one_iteration_of_a_long_run(long_run, k):
     trace = load_trace(long_run.run_dir)
