@@ -279,3 +279,24 @@ def write_chain_run(run_dir: Path, stages: int, iterations: int = 2, seed: int =
         writer.append(EVENTS, events)
         writer.append(ITERATIONS, [iteration_row(iteration, events)])
     write_meta(run_dir, meta(run_dir.name, model="Deep"))
+
+
+def profile_mlp(root: Path, run_id: str = "mlp") -> tuple:
+    """Profiles the example MLP (3 blocks of 64, batch 256) for 3 steps into ``root/run_id``, as a user would.
+
+    Returns:
+        ``(make_batch, zoo)``: the batch maker, to measure a schedule on the same data, and the example models.
+    """
+    import torch
+
+    from examples import zoo
+    from memprof import MemoryProfiler
+
+    torch.manual_seed(0)
+    model, make_batch = zoo.mlp(blocks=3, width=64, in_features=32)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    with MemoryProfiler(model, optimizer, out_dir=root, run_id=run_id, print_period=0) as profiler:
+        for _ in range(3):
+            zoo.train_step(model, optimizer, make_batch(256))
+            profiler.record_stats()
+    return make_batch, zoo

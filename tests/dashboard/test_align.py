@@ -52,24 +52,16 @@ def test_each_operation_is_found_in_the_measured_events_recomputations_included(
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory):
     """A profiled MLP and a schedule of it that recomputes (the lowest budget), executed under the profiler."""
-    import torch
-
     import planner
     from dashboard import callbacks_planner as cp
     from dashboard.data import TraceStore
-    from examples import zoo
-    from memprof import MemoryProfiler, load_trace
+    from memprof import load_trace
+    from tests.dashboard.fixtures import profile_mlp
 
     root = tmp_path_factory.mktemp("align") / "traces"
-    torch.manual_seed(0)
-    model, make_batch = zoo.mlp(blocks=3, width=64, in_features=32)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    with MemoryProfiler(model, optimizer, out_dir=root, run_id="mlp", print_period=0) as profiler:
-        for _ in range(3):
-            zoo.train_step(model, optimizer, make_batch(256))
-            profiler.record_stats()
-    chain = planner.chain_from_trace(load_trace(root / "mlp"))
-    schedule = planner.pareto_front(chain).schedule_at(planner.pareto_front(chain).min_feasible_bytes)
+    make_batch, zoo = profile_mlp(root)
+    front = planner.pareto_front(planner.chain_from_trace(load_trace(root / "mlp")))
+    schedule = front.schedule_at(front.min_feasible_bytes)
     again, _ = zoo.mlp(blocks=3, width=64, in_features=32)
     planner.measure_schedule(again, make_batch, schedule, root, steps=3, batch_size=256, run_id="mlp-low",
                              source_run="mlp")

@@ -5,30 +5,24 @@ from __future__ import annotations
 import numpy as np
 import plotly.graph_objects as go
 import pytest
-import torch
 
 import planner
 from dashboard import callbacks as cb
 from dashboard import callbacks_planner as cp
 from dashboard.data import TraceStore
 from examples import zoo
-from memprof import MemoryProfiler, load_trace
+from memprof import load_trace
 from memprof.categories import CATEGORY_COLUMNS
 from memprof.units import format_bytes
 from planner.measure.runs import measure_schedule
+from tests.dashboard.fixtures import profile_mlp
 
 
 @pytest.fixture(scope="module")
 def real(tmp_path_factory):
     """A profiled MLP (run ``mlp``) and one measured schedule of it (run ``mlp-rotor``)."""
     root = tmp_path_factory.mktemp("real") / "traces"
-    torch.manual_seed(0)
-    model, make_batch = zoo.mlp(blocks=3, width=64, in_features=32)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    with MemoryProfiler(model, optimizer, out_dir=root, run_id="mlp", print_period=0) as profiler:
-        for _ in range(3):
-            zoo.train_step(model, optimizer, make_batch(256))
-            profiler.record_stats()
+    make_batch, _ = profile_mlp(root)
     store = TraceStore(root)
     low, high = cp.planner_bounds(store, ["mlp"], cp.AUTO)[:2]
     chain = planner.chain_from_trace(load_trace(root / "mlp"))
