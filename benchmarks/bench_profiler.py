@@ -13,8 +13,9 @@ stopping the tool (for ``torch.profiler``, stopping plus processing its events) 
 costs.
 
 memprof's background worker is a child process. Its CPU is counted in the CPU columns: after the warm-up the
-benchmark waits until the worker has processed the warm-up's records and reads its CPU time so far
-(``/proc/<pid>/task/*/schedstat``); what it spends from there to its exit (the timed steps' records, its last
+benchmark waits until the worker has processed the warm-up's records and written them (the warm-up's detailed
+iterations have large parts, which with 10-step blocks would otherwise be written among the timed steps) and reads
+its CPU time so far (``/proc/<pid>/task/*/schedstat``); what it spends from there to its exit (the timed steps' records, its last
 writes) is divided over the timed steps, like the inline mode's work inside ``record_stats()``. Its start (the
 interpreter, numpy and pyarrow: about 0.4 s of CPU, once per run) is reported apart, as a one-off, like
 ``torch.profiler``'s processing at the end; the worker's own account of where its CPU went, stage by stage, is
@@ -54,6 +55,9 @@ from torch import nn
 
 from examples import zoo
 from memprof import MemoryProfiler
+from memprof.errors import CorruptTraceError
+from memprof.trace.pipeline.journal import read_state
+from memprof.trace.pipeline.worker import PRIORITY_ENV
 
 RESULTS_PATH = Path(__file__).parent / "results" / "profiler_overhead.md"
 # issue 35: memprof's default mode, at torch's default threads, at most 1.05x wall and 1.25x CPU (children
@@ -117,6 +121,7 @@ class Memprof(Tool):
 
     name = "memprof"
     background = True
+    priority: str | None = None  # the worker's scheduling priority (memprof.trace.pipeline.worker.lower_priority)
 
     def __init__(self) -> None:
         self._profiler: MemoryProfiler | None = None
@@ -128,6 +133,11 @@ class Memprof(Tool):
     def start(self, model: nn.Module, optimizer: torch.optim.Optimizer, workdir: Path) -> None:
         self._runs += 1
         run_id = f"{type(self).__name__.lower()}-{self._runs}"
+        # the worker reads it when it starts (with the first record); every lane sets its own
+        if self.priority is None:
+            os.environ.pop(PRIORITY_ENV, None)
+        else:
+            os.environ[PRIORITY_ENV] = self.priority
         self._profiler = MemoryProfiler(model, optimizer, out_dir=workdir, run_id=run_id, print_period=0,
                                         background=self.background)
         self._sink, self._warm_cpu_s = self._profiler._sink, None
@@ -140,9 +150,12 @@ class Memprof(Tool):
         pid = getattr(sink, "pid", None)
         if pid is None or profiler is None:
             return
-        # let the worker finish the warm-up's records (it gathers a few before it wakes), then read its CPU
+        # let the worker finish the warm-up's records (it gathers a few before it wakes) and write them, then read
+        # its CPU: the parts of the warm-up's detailed iterations are the warm-up's, not the timed steps' (with
+        # 10-step blocks their flush would otherwise fall among the timed steps)
         while sink.mode == "background" and sink._answered < sink._submitted:
             profiler._handle(sink._read(block=True))
+        _wait_for_flush(sink.journal_dir, profiler.iteration - 1)
         self._warm_cpu_s = worker_cpu_s(pid) if sink.mode == "background" else None
         self._children_s = _children_cpu_s()
 
@@ -161,6 +174,17 @@ class Memprof(Tool):
         return getattr(self._sink, "worker_stats", None)
 
 
+def _wait_for_flush(journal_dir: Path, through: int, timeout_s: float = 5.0) -> None:
+    """Waits until the worker has written iteration ``through`` (its saved state says so; it writes what it has
+    once training pauses for half a second)."""
+    deadline = time.perf_counter() + timeout_s
+    while time.perf_counter() < deadline:
+        with contextlib.suppress(OSError, CorruptTraceError):
+            if read_state(journal_dir).last_iteration >= through:
+                return
+        time.sleep(0.05)
+
+
 def worker_cpu_s(pid: int) -> float | None:
     """CPU seconds a running process has used so far, all its threads (``None`` where /proc cannot tell)."""
     total = 0
@@ -177,6 +201,27 @@ class MemprofInline(Memprof):
 
     name = "memprof (inline)"
     background = False
+
+
+class MemprofIdle(Memprof):
+    """memprof with its worker at Linux's SCHED_IDLE priority (not in the default set: ``--tools``)."""
+
+    name = "memprof (worker SCHED_IDLE)"
+    priority = "idle"
+
+
+class MemprofNice0(Memprof):
+    """memprof with its worker at training's own priority (not in the default set: ``--tools``)."""
+
+    name = "memprof (worker nice 0)"
+    priority = "nice:0"
+
+
+class MemprofNice19(Memprof):
+    """memprof with its worker at nice 19 (not in the default set: ``--tools``)."""
+
+    name = "memprof (worker nice 19)"
+    priority = "nice:19"
 
 
 class MemTrackerTool(Tool):
@@ -233,6 +278,8 @@ class TorchProfiler(Tool):
 
 
 TOOLS: tuple[type[Tool], ...] = (Tool, Memprof, MemprofInline, MemTrackerTool, TorchProfiler)
+#: Variants measured on request (``--tools``): the worker's scheduling priority, against the default's.
+EXTRA_TOOLS: tuple[type[Tool], ...] = (MemprofIdle, MemprofNice0, MemprofNice19)
 
 
 # --------------------------------------------------------------------------- measuring
@@ -597,7 +644,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="steady (default): pin glibc's trim and mmap thresholds so page-fault churn does "
                              "not drown the ratios; default: glibc's own settings")
     parser.add_argument("--tools", default=",".join(t.name for t in TOOLS),
-                        help="comma-separated subset of: " + ", ".join(t.name for t in TOOLS)
+                        help="comma-separated subset of: " + ", ".join(t.name for t in TOOLS + EXTRA_TOOLS)
                              + " (the baseline always runs)")
     parser.add_argument("--out", type=Path, default=RESULTS_PATH, help="where the Markdown report is written")
     parser.add_argument("--no-write", action="store_true", help="print only")
@@ -632,7 +679,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not specs:
         raise SystemExit(f"no known model in --models {args.models!r}")
     wanted_tools = set(args.tools.split(","))
-    tools = [t for t in TOOLS if t is Tool or t.name in wanted_tools]
+    tools = [t for t in TOOLS + EXTRA_TOOLS if t is Tool or t.name in wanted_tools]
     args.malloc_line = steady_malloc() if args.malloc == "steady" else "glibc's own thresholds"
     args.load_start = load_average()
     start_s = time.perf_counter()

@@ -20,7 +20,8 @@ measured the same way on the same model and batch:
 - *FLOPs*: forward + backward, ``torch.utils.flop_counter.FlopCounterMode`` around the eager step; for
   torch.compile, the same counter run inside the compiled forward and backward graphs (the partitioner's
   recomputation is in the backward graph), since a counter outside a compiled call does not see them;
-- *step time*: median forward + backward wall time over ``--repeats`` steps (the first excluded).
+- *step time*: median forward + backward wall time over ``--repeats`` steps (the first excluded); ``--repeats 0``
+  skips the timing (on a loaded machine the bytes and FLOPs are exact and the times are not worth their steps).
 
 Methods: plain autograd (store all); eager ``torch.utils.checkpoint`` of every block and of every other block;
 torch.compile
@@ -38,14 +39,16 @@ options (the LM head and its cross-entropy in 4, 16 or 64 chunks, recomputed or 
 in the forward: :mod:`planner.discovery.loss_options`); rotor keeps the loss as written.
 
 Run ``python -m benchmarks.bench_selective [--model gpt2|llama] [--layers 12 --width 768 --heads 12] [--repeats 3]
-[--budgets 8] [--compile-budgets 1.0,0.5,0.3,0.1,0.0] [--held-fractions 0.5,0.3,0.2,0.15,0.12,0.1,0.08]``
-(``--quick``: a 4-layer, 256-wide model for a smoke run).
+[--budgets 8] [--compile-budgets 1.0,0.5,0.3,0.1,0.0] [--held-fractions 0.5,0.3,0.2,0.15,0.12,0.1,0.08]
+[--methods checkpoint,compile,rotor,selective,held]`` (``--quick``: a 4-layer, 256-wide model for a smoke run;
+``--methods``: which methods beside plain autograd, the baseline of every ratio, are measured).
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import math
 import statistics
 import tempfile
 import time
@@ -65,6 +68,8 @@ from planner.model.chain import Chain
 from planner.model.schedule import Schedule
 
 HELD_FRACTIONS = (0.5, 0.3, 0.2, 0.15, 0.12, 0.1, 0.08)
+METHODS = ("checkpoint", "compile", "rotor", "selective", "held")
+"""What ``--methods`` may name, beside plain autograd (always measured: every ratio is to it)."""
 
 
 @dataclass(frozen=True)
@@ -166,7 +171,9 @@ def eager_flops(forward: Callable[[], torch.Tensor]) -> int:
 
 
 def step_ms(forward: Callable[[], torch.Tensor], repeats: int) -> float:
-    """Median forward + backward wall time over ``repeats`` steps, after one warm-up step."""
+    """Median forward + backward wall time over ``repeats`` steps, after one warm-up step (NaN for 0 repeats)."""
+    if repeats == 0:
+        return math.nan
     times = []
     for _ in range(repeats + 1):
         started = time.perf_counter()
@@ -259,8 +266,9 @@ def profiled_chains(work: Workload, out: Path) -> dict[str, Chain]:
             work.model.zero_grad(set_to_none=True)
             prof.record_stats()
     trace = load_trace(prof.run_dir)
-    # The blocks are named: with a large vocabulary the chain finder, which ranks candidates without the loss's
-    # options, prefers (model, lm_head), where the head is a stage of its own and the loss cannot chunk it.
+    # The blocks are named, as when this table was first measured: the chain finder used to rank candidates
+    # without the loss's options and, with a large vocabulary, preferred (model, lm_head), whose loss cannot be
+    # chunked. It now counts them and finds the layers itself (tests/planner/discovery/test_loss_ranking.py).
     blocks = [name for name, module in work.model.named_modules() if any(module is b for b in work.blocks)]
     chains = {cost: activations_chain(chain_from_trace(trace, checkpoints=blocks, recompute_cost=cost))
               for cost in ("time", "flops")}
@@ -281,13 +289,18 @@ def _measure_applied(work: Workload, schedule: Schedule, method: str, setting: s
         work.model.zero_grad(set_to_none=True)
 
 
-def planned_points(work: Workload, chains: dict[str, Chain], repeats: int, budgets: int) -> list[Point]:
-    """memprof rotor and selective at the same ``budgets`` peak budgets on the chain's activations, from the
-    lowest any of them reaches to store-all's (rotor skips those below its own minimum)."""
+def planned_points(work: Workload, chains: dict[str, Chain], repeats: int, budgets: int,
+                   algorithms: tuple[str, ...] = ("rotor", "selective")) -> list[Point]:
+    """memprof rotor and selective (those of ``algorithms``) at the same ``budgets`` peak budgets on the chain's
+    activations, from the lowest any of them reaches to store-all's (rotor skips those below its own minimum)."""
     from planner import min_feasible_budget, solve, store_all_budget
 
-    methods = (("rotor", "time"), ("selective", "time"), ("selective", "flops"))
+    methods = tuple(m for m in (("rotor", "time"), ("selective", "time"), ("selective", "flops")) if m[0] in algorithms)
+    if not methods:
+        return []
     floors = {(algorithm, cost): min_feasible_budget(chains[cost], algorithm) for algorithm, cost in methods}
+    for (algorithm, cost), floor in floors.items():
+        print(f"  minimum activations budget, {algorithm} ({cost}): {format_bytes(floor)}", flush=True)
     low = min(floors.values())
     high = max(store_all_budget(chains[cost]) for _, cost in methods)
     points: list[Point] = []
@@ -340,13 +353,21 @@ def table(points: list[Point], state_bytes: int) -> str:
             f"{hooks} | {format_bytes(p.peak_bytes)} | {p.peak_bytes / base.peak_bytes:.2f}x | "
             f"{format_bytes(state_bytes + p.peak_bytes)} | "
             f"{(state_bytes + p.peak_bytes) / (state_bytes + base.peak_bytes):.2f}x | "
-            f"{p.flops / 1e9:.1f} | {100 * (p.flops / base.flops - 1):+.1f}% | {p.step_ms:.0f} | "
-            f"{100 * (p.step_ms / base.step_ms - 1):+.1f}% |"
+            f"{p.flops / 1e9:.1f} | {100 * (p.flops / base.flops - 1):+.1f}% | {_ms(p.step_ms)} | "
+            f"{_percent(p.step_ms / base.step_ms - 1)} |"
         )
     return "\n".join(lines)
 
 
-_SIZES = {  # --model: layers, width, heads, vocabulary, batch, sequence (and --quick's)
+def _ms(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value:.0f}"
+
+
+def _percent(value: float) -> str:
+    return "-" if math.isnan(value) else f"{100 * value:+.1f}%"
+
+
+SIZES = {  # --model: layers, width, heads, vocabulary, batch, sequence (and --quick's)
     "gpt2": ((12, 768, 12, 50257, 2, 256), (4, 256, 4, 1000, 2, 256)),
     "llama": ((4, 128, 4, 128256, 1, 512), (2, 128, 4, 32000, 1, 256)),
 }
@@ -354,18 +375,20 @@ _SIZES = {  # --model: layers, width, heads, vocabulary, batch, sequence (and --
 
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", choices=tuple(_SIZES), default="gpt2")
+    parser.add_argument("--model", choices=tuple(SIZES), default="gpt2")
     for name in ("layers", "width", "heads", "vocab", "batch", "seq"):
         parser.add_argument(f"--{name}", type=int, default=None)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3, help="timed steps per point (0: bytes and FLOPs only)")
     parser.add_argument("--budgets", type=int, default=8)
     parser.add_argument("--compile-budgets", type=_fractions, default=(*COMPILE_BUDGETS, 0.0),
                         help="torch.compile's activation_memory_budget values, comma-separated")
     parser.add_argument("--held-fractions", type=_fractions, default=HELD_FRACTIONS,
                         help="solve_held budgets as fractions of what the blocks and the loss hold keeping everything")
     parser.add_argument("--quick", action="store_true", help="a small model of the same kind (smoke run)")
+    parser.add_argument("--methods", type=_methods, default=METHODS,
+                        help=f"comma-separated, of {','.join(METHODS)} (plain autograd is always measured)")
     args = parser.parse_args(argv)
-    sizes = dict(zip(("layers", "width", "heads", "vocab", "batch", "seq"), _SIZES[args.model][int(args.quick)]))
+    sizes = dict(zip(("layers", "width", "heads", "vocab", "batch", "seq"), SIZES[args.model][int(args.quick)]))
     for name, value in sizes.items():
         if getattr(args, name) is None:
             setattr(args, name, value)
@@ -376,17 +399,28 @@ def main(argv: list[str] | None = None) -> str:
           f"batch {args.batch} x {args.seq} tokens, fp32, {torch.get_num_threads()} threads", flush=True)
     points = [measure("plain autograd", "store all", work.forward, args.repeats, hooks_of=work.model)]
     state = state_bytes(work.model)  # the warm-up step left every parameter gradient allocated
-    for every, setting in ((1, "every block"), (2, "every other block")):
+    for every, setting in ((1, "every block"), (2, "every other block")) if "checkpoint" in args.methods else ():
         with blocks_checkpointed(work.blocks, every):
             points.append(measure("torch.utils.checkpoint", setting, work.forward, args.repeats))
-    points += compiled_points(work, args.repeats, args.compile_budgets)
-    with tempfile.TemporaryDirectory() as tmp:
-        chains = profiled_chains(work, Path(tmp))
-    points += planned_points(work, chains, args.repeats, args.budgets)
-    points += held_points(work, chains, args.repeats, args.held_fractions)
+    if "compile" in args.methods:
+        points += compiled_points(work, args.repeats, args.compile_budgets)
+    if {"rotor", "selective", "held"} & set(args.methods):
+        with tempfile.TemporaryDirectory() as tmp:
+            chains = profiled_chains(work, Path(tmp))
+        points += planned_points(work, chains, args.repeats, args.budgets, args.methods)
+        if "held" in args.methods:
+            points += held_points(work, chains, args.repeats, args.held_fractions)
     text = table(points, state)
     print(text)
     return text
+
+
+def _methods(text: str) -> tuple[str, ...]:
+    names = tuple(part.strip() for part in text.split(",") if part.strip())
+    unknown = [n for n in names if n not in METHODS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"methods are some of {','.join(METHODS)}, found {text!r}")
+    return names
 
 
 def _fractions(text: str) -> tuple[float, ...]:

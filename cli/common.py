@@ -67,9 +67,11 @@ port_number = whole_number(1, 65535)
 
 
 def load_chain(source: str | Path, container: str | None = None, checkpoints: list[str] | None = None,
-               recompute_cost: str = "time", selective_overhead_us: float | None = None) -> Chain:
+               recompute_cost: str = "time", selective_overhead_us: float | None = None,
+               loss_options: bool = True) -> Chain:
     """The chain of a run directory (found, the children of ``container``, or the named ``checkpoints``) or of
-    a chain JSON file.
+    a chain JSON file; with ``loss_options=False``, its loss stage offers no chunked option (a run's chain is
+    then also found without them: ``chain_from_trace(..., loss_chunks=())``).
 
     Raises:
         ChainError: no such path, or the file is not a chain.
@@ -85,8 +87,9 @@ def load_chain(source: str | Path, container: str | None = None, checkpoints: li
 
         if checkpoints is not None and container is not None:
             raise OptionError("--checkpoints names the stages themselves; drop --container")
+        chunks = {} if loss_options else {"loss_chunks": ()}  # else chain_from_trace's default chunk counts
         return chain_from_trace(load_trace(path), container=container, checkpoints=checkpoints,
-                                recompute_cost=recompute_cost, selective_overhead_us=selective_overhead_us)
+                                recompute_cost=recompute_cost, selective_overhead_us=selective_overhead_us, **chunks)
     if not path.exists():
         raise ChainError(f"no run directory or chain file at {path}")
     if checkpoints is not None:
@@ -97,7 +100,12 @@ def load_chain(source: str | Path, container: str | None = None, checkpoints: li
             f"--container chooses the chain in a run directory, but {path} is a chain file (its stages already "
             "name their modules); drop --container"
         )
-    return Chain.from_json(path)
+    chain = Chain.from_json(path)
+    if loss_options:
+        return chain
+    from planner.discovery.loss_options import without_loss_options
+
+    return without_loss_options(chain)
 
 
 def write_output(path: str | Path, text: str) -> Path:

@@ -57,6 +57,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       help="run directories with op records only: what a selective checkpoint adds per op, paid by "
                            "every block option (default: measured by the planning pass; 0 where large GPU kernels "
                            "hide it)")
+    plan.add_argument("--no-loss-options", dest="loss_options", action="store_false",
+                      help="run the loss as written: no schedule computes a causal LM's head and cross-entropy in "
+                           "chunks (the selective and held-budget solvers' loss options; for a run, the chain is "
+                           "also found without them)")
     plan.add_argument("--slots", default=None,
                       help="memory slots of the dynamic programs (default 500; 10000 with --held-budget)")
     plan.add_argument("--host-cap", default=None, metavar="SIZE",
@@ -99,7 +103,7 @@ def run_plan(args: argparse.Namespace) -> int:
     gbps = _bandwidth(args.bandwidth)
     checkpoints = [name.strip() for name in args.checkpoints.split(",")] if args.checkpoints else None
     chain = _with_link(load_chain(args.source, args.container, checkpoints, args.recompute_cost,
-                                  args.selective_overhead_us), host_cap, gbps)
+                                  args.selective_overhead_us, getattr(args, "loss_options", True)), host_cap, gbps)
     step = chain.step
     solved = chain.activations_only() if activations_only else chain
     if by_held:

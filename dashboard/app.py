@@ -6,7 +6,7 @@ from pathlib import Path
 
 import dash
 
-from dashboard import callbacks, callbacks_planner, callbacks_tables
+from dashboard import callbacks, callbacks_planner, callbacks_slider, callbacks_tables
 from dashboard.cache import BoundedCache
 from dashboard.data import TraceStore
 from dashboard.layout import build_layout
@@ -38,5 +38,6 @@ def create_app(traces_dir: str | Path, cache: BoundedCache | None = None) -> das
     app.layout = build_layout(str(traces_dir))
     callbacks.register(app, store)
     callbacks_planner.register(app, store)
+    callbacks_slider.register(app, store)  # the slider's positions drawn in the page
     callbacks_tables.register(app)  # server-side sorting by the numbers behind the binary units
     return app

@@ -151,11 +151,14 @@ def ranks_view(store: TraceStore, names: list[str] | None) -> tuple[dict, str, g
         return _SHOWN, message, empty_figure(message)
     if scan is None:
         return _HIDDEN, "", empty_figure("not a distributed run")
+    # a damaged part of any rank is left out (memprof.trace.ranks.damaged): one line says which, after the text
+    skipped = f" Left out: {plain_message(scan.damage_message, store.traces_dir)}" if scan.damage_message else ""
     imbalance = peak_imbalance(scan.summary)
     if imbalance is None:
-        return _SHOWN, "No rank has a complete iteration yet.", empty_figure("no iterations")
+        return _SHOWN, "No rank has a complete iteration yet." + skipped, empty_figure("no iterations")
     decimated = len(scan.peaks) < int(scan.summary["iterations"].sum())
-    return _SHOWN, ranks_text(scan, imbalance), rank_peaks_figure(scan.peaks, imbalance.highest_rank, decimated)
+    figure = rank_peaks_figure(scan.peaks, imbalance.highest_rank, decimated)
+    return _SHOWN, ranks_text(scan, imbalance) + skipped, figure
 
 
 def ranks_text(scan: RankScan, imbalance: RankImbalance) -> str:

@@ -1,7 +1,9 @@
-"""Callbacks of the Planner and Export tabs: chain picker, budget slider, measured runs, downloads.
+"""Callbacks of the Planner and Export tabs: chain picker, slider bounds, measured runs, downloads.
 
-The slider callback (:func:`planner_view`) never solves: it reads the cached Pareto front with
-``schedule_at`` and asks the simulator for the predicted timeline.
+The slider never solves: what it shows (:func:`planner_view`) reads the cached Pareto front with ``schedule_at``
+and asks the simulator for the predicted timeline. The page shows every slider position from the chain's views,
+made once (:mod:`dashboard.callbacks_slider`, :mod:`dashboard.slider_views`), and asks :func:`planner_view` only
+for a position they lack.
 
 For a chain found in a run (with step costs) the slider, the texts and the figures speak the whole training
 step's memory, what the device has; the chain's own share is said beside it.
@@ -20,20 +22,10 @@ import planner
 from dashboard import ids
 from dashboard.data import VIEW_ERRORS, TraceStore
 from dashboard.figures import empty_figure
-from dashboard.figures_options import option_summary, schedule_figure_with_options
-from dashboard.figures_pareto import with_current
-from dashboard.figures_planner import memory_figure, schedule_text
-from dashboard.figures_schedule import planner_figure
-from dashboard.measured import MeasuredRun, compare_measured, measured_runs, same_schedule
-from dashboard.planning import (
-    SLIDER_STEPS,
-    PlannerModel,
-    container_choices,
-    default_budget,
-    planner_model,
-    prediction_frame,
-    with_option_columns,
-)
+from dashboard.figures_planner import memory_figure
+from dashboard.measured import MeasuredRun, compare_measured, measured_runs
+from dashboard.planning import SLIDER_STEPS, PlannerModel, container_choices, default_budget, planner_model
+from dashboard.slider_views import budget_text, matching, pareto_at, schedule_view
 from memprof.units import format_bytes
 
 #: Chain picker value for the chain the planner finds by itself; containers are ``"module:<name>"``.
@@ -84,7 +76,8 @@ def _options_note(model: PlannerModel) -> str:
     blocks = sum(1 for stage in model.chain.stages if stage.options)
     note = ""
     if blocks:
-        note = (f" {blocks} stages have recomputation options (from the run's planning pass): the slider reads "
+        have = "1 stage has" if blocks == 1 else f"{blocks} stages have"
+        note = (f" {have} recomputation options (from the run's planning pass): the slider reads "
                 f"selective's optimum, where each recorded forward keeps everything or one option.")
     if model.compile_points:
         note += f" The Pareto figure shows torch.compile's {len(model.compile_points)} measured points."
@@ -157,7 +150,8 @@ def planner_view(store: TraceStore, names: list[str] | None, choice: str | None,
     Returns:
         ``(budget text, peak text, makespan text, operations text, schedule-and-memory figure, Pareto figure,
         planner choice)``; the choice (run, container, budget) feeds the Export tab. The schedule and its
-        predicted memory share one time axis (:func:`dashboard.figures_schedule.planner_figure`).
+        predicted memory share one time axis (:func:`dashboard.figures_schedule.planner_figure`). The page
+        shows the same from the chain's views (:func:`dashboard.callbacks_slider.planner_views`) where it has them.
     """
     if not names:
         blank = empty_figure(_NO_RUN)
@@ -172,45 +166,10 @@ def planner_view(store: TraceStore, names: list[str] | None, choice: str | None,
         return message, "", "", "", failed, failed, None
     budget_bytes = model.clamp(budget)
     schedule = model.front.schedule_at(budget_bytes)
-    prediction = planner.simulate(model.chain, schedule)
-    frame = with_option_columns(prediction_frame(prediction), prediction, model.chain)
-    chain_peak, makespan = int(prediction.peak_bytes), float(prediction.makespan_ms)
-    step = model.step
-    if step is None:
-        state = model.model_state_bytes
-        peak = chain_peak
-        budget_text = (f"budget {format_bytes(budget_bytes)} for activations "
-                       f"(+ {format_bytes(state)} model state = {format_bytes(budget_bytes + state)} in all)")
-        peak_text = f"predicted peak {format_bytes(peak)}"
-    else:
-        peak = step.step_peak_bytes(chain_peak)
-        budget_text = (f"budget {format_bytes(budget_bytes)} for the whole step ({format_bytes(step.base_bytes)} "
-                       f"beside the chain leaves it {format_bytes(max(step.chain_budget_bytes(budget_bytes), 0))})")
-        peak_text = f"predicted step peak {format_bytes(peak)} (the chain's own {format_bytes(chain_peak)})"
-    makespan_text = f"predicted makespan {makespan:.3f} ms"
-    store_all = model.points[model.points["algorithm"] == "store_all"]
-    if not store_all.empty and float(store_all["makespan_ms"].iloc[0]) > 0:
-        base = float(store_all["makespan_ms"].iloc[0])
-        makespan_text += f" ({makespan / base - 1:+.1%} over store-all's {base:.3f} ms)"
-    # a measured run of the same operations, measured as the same quantity (whole step or activations)
-    matches = [c for c in comparisons(store, names[0]) if isinstance(c, MeasuredRun)
-               and same_schedule(c.schedule, schedule) and c.whole_step == model.whole_step]
-    if matches:
-        compared = [c.comparison for c in matches]
-        peak_text += "; measured " + ", ".join(f"{format_bytes(c.measured_peak_bytes)} ({c.peak_error:+.1%})"
-                                               for c in compared)
-        makespan_text += "; measured " + ", ".join(f"{c.measured_step_ms:.3f} ms ({c.time_error:+.1%})"
-                                                   for c in compared)
-    memory = memory_figure(frame, budget_bytes, [(c.name, c.measured) for c in matches],
-                           base_bytes=step.base_bytes if step is not None else None,
-                           floor_bytes=step.floor_bytes if step is not None else None)
-    pareto = with_current(model.pareto, current=(peak, makespan), budget_bytes=budget_bytes)
+    view = schedule_view(model, schedule, matching(comparisons(store, names[0]), schedule, model.whole_step))
     picked = {"run": names[0], "container": container_of(choice), "budget_bytes": budget_bytes}
-    options = option_summary(frame)
-    ops_text = schedule_text(schedule.ops) + (f"\n\nrecomputation options:\n{options}" if options else "")
-    base = step.base_bytes if step is not None else 0
-    figure = planner_figure(schedule_figure_with_options(frame, model.chain.module_names, base), memory)
-    return budget_text, peak_text, makespan_text, ops_text, figure, pareto, picked
+    return (budget_text(model, budget_bytes), view.peak_text, view.makespan_text, view.ops_text,
+            view.figure(budget_bytes), pareto_at(model, view, budget_bytes), picked)
 
 
 def measured_view(store: TraceStore, names: list[str] | None) -> list[Any]:
@@ -309,23 +268,15 @@ def register(app: dash.Dash, store: TraceStore) -> None:
     def _bounds(names, choice):
         return planner_bounds(store, names, choice)
 
-    @app.callback(Output(ids.PLANNER_BUDGET_TEXT, "children"), Output(ids.PLANNER_PEAK, "children"),
-                  Output(ids.PLANNER_MAKESPAN, "children"), Output(ids.PLANNER_SCHEDULE_TEXT, "children"),
-                  Output(ids.PLANNER_SCHEDULE_GRAPH, "figure"), Output(ids.PLANNER_PARETO_GRAPH, "figure"),
-                  Output(ids.PLANNER_CHOICE, "data"),
-                  Input(ids.PLANNER_BUDGET, "value"), Input(ids.SELECTED_RUNS, "data"),
-                  Input(ids.PLANNER_CONTAINER, "value"))
-    def _plan(budget, names, choice):
-        return planner_view(store, names, choice, budget)
-
     @app.callback(Output(ids.PLANNER_MEASURED, "children"), Input(ids.SELECTED_RUNS, "data"))
     def _measured(names):
         return measured_view(store, names)
 
-    @app.callback(Output(ids.EXPORT_SUMMARY, "children"), Input(ids.PLANNER_CHOICE, "data"),
-                  Input(ids.SELECTED_RUNS, "data"), Input(ids.TABS, "value"))
-    def _summary(choice, names, tab):
-        # solved again only where it is read: not on every slider move, beside the Planner's own redraw
+    # made when the Export tab opens, where it is read: the slider's choice is a State, so a slider move (drawn in
+    # the page) asks the server nothing
+    @app.callback(Output(ids.EXPORT_SUMMARY, "children"), Input(ids.TABS, "value"), Input(ids.SELECTED_RUNS, "data"),
+                  State(ids.PLANNER_CHOICE, "data"))
+    def _summary(tab, names, choice):
         if tab != ids.TAB_EXPORT:
             raise dash.exceptions.PreventUpdate
         return export_summary(store, choice, names)

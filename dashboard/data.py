@@ -28,6 +28,7 @@ from memprof.trace import (
     rank_of,
     scan_ranks,
 )
+from memprof.trace.listing import run_entry
 from memprof.trace.liveness import INTERRUPTED, RUNNING, run_stamp
 from memprof.units import format_bytes
 
@@ -133,6 +134,14 @@ class TraceStore:
             return list_runs(self.traces_dir)
         except TraceNotFoundError:
             return []
+
+    def entry(self, name: str) -> RunEntry:
+        """Run ``name`` as :meth:`runs` lists it, its ``meta.json`` read again (its state may have changed since).
+
+        Raises:
+            UnsafeRunPathError, TraceNotFoundError: see :func:`resolve_run`.
+        """
+        return run_entry(self.path(name), name)
 
     def trace(self, name: str) -> Trace:
         """The opened run (metadata and footers validated; damaged parts skipped, see ``Trace.damage``)."""

@@ -9,6 +9,7 @@ more than that, so these builders return the figure in plotly's JSON form (``{"d
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -170,8 +171,33 @@ def memory_figure(prediction: pd.DataFrame, budget_bytes: int | None = None,
         base_bytes: what the step holds beside the chain (``None``: a chain-only figure).
         floor_bytes: the step's peak outside the chain, which no schedule lowers, drawn as a line.
     """
+    data, extent = memory_traces(prediction, measured, base_bytes)
+    return {"data": data, "layout": memory_layout(extent, budget_bytes, title, floor_bytes)}
+
+
+@dataclass(frozen=True)
+class MemoryExtent:
+    """What a memory figure's layout needs to know of its lines (:func:`memory_traces`).
+
+    Attributes:
+        top: the highest memory drawn (bytes).
+        bottom: the lowest memory drawn on a whole-step figure, 0 on a chain-only one.
+        base_bytes: what the step holds beside the chain (``None``: a chain-only figure).
+        host_top: the top of the host-memory line (``None``: the schedule offloads nothing).
+        aligned: whether measured lines were moved onto the prediction's clock.
+    """
+
+    top: float
+    bottom: float = 0.0
+    base_bytes: int | None = None
+    host_top: float | None = None
+    aligned: bool = False
+
+
+def memory_traces(prediction: pd.DataFrame, measured: Sequence[tuple[str, pd.DataFrame]] = (),
+                  base_bytes: int | None = None) -> tuple[list[dict[str, Any]], MemoryExtent]:
+    """The lines of :func:`memory_figure` (none depends on the budget) and their extent."""
     x, y = predicted_line(prediction)
-    whole_step = base_bytes is not None
     if base_bytes is not None:
         y = y + float(base_bytes)
         name = f"predicted (chain + {format_bytes(base_bytes)} beside it)"
@@ -183,27 +209,36 @@ def memory_figure(prediction: pd.DataFrame, budget_bytes: int | None = None,
         data.append({**_memory_trace(host[0], host[1], "host memory (offloaded)",
                                      {"color": OP_COLORS["OFFLOAD"], "width": 1.5}, "host"), "yaxis": "y2"})
     for index, (run, frame) in enumerate(measured):
-        color = MEASURED_COLORS[index % len(MEASURED_COLORS)]
-        data.append(_measured_trace(run, frame, color))
-    top = max([float(np.max(y)) if len(y) else 0.0, float(budget_bytes or 0), float(floor_bytes or 0)]
-              + [float(f["memory_bytes"].max()) for _, f in measured if len(f)])
+        data.append(_measured_trace(run, frame, MEASURED_COLORS[index % len(MEASURED_COLORS)]))
+    drawn = [f for _, f in measured if len(f)]
+    top = max([float(np.max(y)) if len(y) else 0.0] + [float(f["memory_bytes"].max()) for f in drawn])
     bottom = 0.0
-    if whole_step and len(y):  # whole-step lines sit far above 0 (the model state): tick what is drawn
-        bottom = min([float(np.min(y))] + [float(f["memory_bytes"].min()) for _, f in measured if len(f)])
-    if base_bytes is not None:
+    if base_bytes is not None and len(y):  # whole-step lines sit far above 0 (the model state): tick what is drawn
+        bottom = min([float(np.min(y))] + [float(f["memory_bytes"].min()) for f in drawn])
+    aligned = any("measured_ms" in f.columns for _, f in measured)
+    return data, MemoryExtent(top, bottom, base_bytes, float(np.max(host[1])) if host is not None else None, aligned)
+
+
+def memory_layout(extent: MemoryExtent, budget_bytes: int | None = None, title: str = "",
+                  floor_bytes: int | None = None) -> dict[str, Any]:
+    """The layout of :func:`memory_figure` over lines of ``extent``: its axes, the budget and the floor lines.
+
+    Cheap, so the budget slider's views make one per position (:mod:`dashboard.slider_views`).
+    """
+    top = max(extent.top, float(budget_bytes or 0), float(floor_bytes or 0))
+    if extent.base_bytes is not None:
         default = (f"Predicted memory of the whole training step (the chain's simulated timeline + "
-                   f"{format_bytes(base_bytes)} held beside it)")
+                   f"{format_bytes(extent.base_bytes)} held beside it)")
         y_title = "whole-step memory"
     else:
         default = "Predicted activation memory (budget counts activations, not weights)"
         y_title = "activation memory"
-    aligned = any("measured_ms" in f.columns for _, f in measured)
     x_title = "time since the forward began (ms" + (", measured runs aligned to the prediction at each operation)"
-                                                     if aligned else ")")
+                                                     if extent.aligned else ")")
     layout = base_layout(title or default, x_title, "", height=380, legend={"orientation": "h", "y": -0.25},
-                     yaxis=byte_axis(y_title, top, bottom_bytes=bottom))
-    if host is not None:  # its own axis: host memory is not the device's, and may sit far below a whole step
-        layout["yaxis2"] = {**byte_axis("host memory", float(np.max(host[1]))), "overlaying": "y", "side": "right",
+                         yaxis=byte_axis(y_title, top, bottom_bytes=extent.bottom))
+    if extent.host_top is not None:  # its own axis: host memory is not the device's, and may sit far below a whole step
+        layout["yaxis2"] = {**byte_axis("host memory", extent.host_top), "overlaying": "y", "side": "right",
                             "showgrid": False, "rangemode": "tozero"}
         layout["margin"] = {**layout["margin"], "r": 70}
     shapes, notes = [], []
@@ -219,7 +254,7 @@ def memory_figure(prediction: pd.DataFrame, budget_bytes: int | None = None,
         notes.append(note)
     if shapes:
         layout.update(shapes=shapes, annotations=notes)
-    return {"data": data, "layout": layout}
+    return layout
 
 
 #: Colours of the measured runs drawn over a prediction, one per run.

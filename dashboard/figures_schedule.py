@@ -18,6 +18,8 @@ SCHEDULE_SHARE = 0.55
 _GAP = 0.07
 #: Height of the memory row, in pixels.
 MEMORY_HEIGHT_PX = 300
+#: Where the memory figure's y axes go: under the schedule's rows (``y2``), its host axis beside it (``y3``).
+_MOVED = {"y": "y2", "y2": "y3"}
 
 
 def _retarget(items: list[dict[str, Any]], axes: dict[str, str], key: str) -> list[dict[str, Any]]:
@@ -35,10 +37,18 @@ def planner_figure(schedule: Figure, memory: Figure) -> Figure:
     ``schedule``'s y axis stays ``y``; ``memory``'s becomes ``y2`` (its host axis, when it has one, ``y3``).
     The x axis is ``memory``'s (its title, at the bottom), with spikes across both rows.
     """
-    schedule_layout, memory_layout = schedule["layout"], memory["layout"]
-    moved = {"y": "y2", "y2": "y3"}
-    data = [*(dict(t, xaxis="x", yaxis="y") for t in schedule["data"]),
-            *(dict(t, xaxis="x") for t in _retarget(memory["data"], moved, "yaxis"))]
+    return {"data": planner_data(schedule["data"], memory["data"]),
+            "layout": planner_layout(schedule["layout"], memory["layout"])}
+
+
+def planner_data(schedule: list[dict[str, Any]], memory: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The traces of :func:`planner_figure`: the schedule's on ``y``, the memory's moved to ``y2`` (and ``y3``)."""
+    return [*(dict(t, xaxis="x", yaxis="y") for t in schedule),
+            *(dict(t, xaxis="x") for t in _retarget(memory, _MOVED, "yaxis"))]
+
+
+def planner_layout(schedule_layout: dict[str, Any], memory_layout: dict[str, Any]) -> dict[str, Any]:
+    """The layout of :func:`planner_figure`; the budget slider's views make one per position (cheap)."""
     total = int(schedule_layout.get("height", 300)) + MEMORY_HEIGHT_PX
     split = MEMORY_HEIGHT_PX / total
     layout: dict[str, Any] = {
@@ -54,10 +64,10 @@ def planner_figure(schedule: Figure, memory: Figure) -> Figure:
     }
     if "yaxis2" in memory_layout:
         layout["yaxis3"] = {**memory_layout["yaxis2"], "overlaying": "y2", "anchor": "x"}
-    shapes = _retarget(memory_layout.get("shapes", []), moved, "yref")
-    notes = _retarget(memory_layout.get("annotations", []), moved, "yref")
+    shapes = _retarget(memory_layout.get("shapes", []), _MOVED, "yref")
+    notes = _retarget(memory_layout.get("annotations", []), _MOVED, "yref")
     if shapes:
         layout["shapes"] = shapes
     if notes:
         layout["annotations"] = notes
-    return {"data": data, "layout": layout}
+    return layout

@@ -7,6 +7,7 @@ URL = "url"
 TABS = "tabs"
 SELECTED_RUNS = "selected-runs"  # dcc.Store: the chosen run names (at most two), client side
 PLANNER_CHOICE = "planner-choice"  # dcc.Store: {run, container, budget_bytes} of the shown schedule
+PLANNER_DRAWN = "planner-drawn"  # dcc.Store: {run, container, inputs} the Planner shows (dashboard.live_planner)
 STATUS = "status"
 RUN_PROBLEM = "run-problem"  # one line above every tab: what is wrong with the chosen run (damaged, interrupted)
 LIVE_INTERVAL = "live-interval"  # dcc.Interval: on while the chosen run is still being written
@@ -63,6 +64,10 @@ PLANNER_SCHEDULE_GRAPH = "planner-schedule-graph"
 PLANNER_TIMELINE_GRAPH = "planner-timeline-graph"  # unused: the memory is drawn under the schedule (one time axis)
 PLANNER_PARETO_GRAPH = "planner-pareto-graph"
 PLANNER_MEASURED = "planner-measured"
+PLANNER_VIEWS = "planner-views"  # dcc.Store: every slider position of the chain, drawn in the page (slider_views)
+PLANNER_VIEWS_KEY = "planner-views-key"  # dcc.Store: [run, chain] the views are of (so they are sent once)
+PLANNER_REQUEST = "planner-request"  # dcc.Store: a position the views lack, asked of the server
+PLANNER_SERVED = "planner-served"  # dcc.Store: the server's answer to that request
 
 # Export
 EXPORT_SUMMARY = "export-summary"

@@ -189,6 +189,10 @@ def build_layout(traces_dir: str) -> html.Div:
         dcc.Location(id=ids.URL, refresh=False),
         dcc.Store(id=ids.SELECTED_RUNS, data=[]),
         dcc.Store(id=ids.PLANNER_CHOICE, data=None),
+        # the budget slider's positions, drawn in the page (dashboard.callbacks_slider), and the server's answers
+        *(dcc.Store(id=store, data=None) for store in (ids.PLANNER_VIEWS, ids.PLANNER_VIEWS_KEY,
+                                                       ids.PLANNER_REQUEST, ids.PLANNER_SERVED)),
+        dcc.Store(id=ids.PLANNER_DRAWN, data=None),  # a live run's planner inputs, redrawn when they change
         dcc.Store(id=ids.TIMELINE_ZOOM, data=None),
         dcc.Store(id=ids.LIVE_STAMP, data=None),
         # on only while the chosen run is being written (dashboard.live); each tick reads only new parts

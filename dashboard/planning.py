@@ -16,6 +16,7 @@ reads; torch.compile's measured points (``compile_points.json`` beside the run) 
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -122,16 +123,34 @@ def model_state_bytes(iterations: pd.DataFrame) -> int:
 
 
 def planner_model(store: TraceStore, name: str, container: str | None) -> PlannerModel:
-    """The cached planner model of run ``name`` (one DP solve per run, container and run stamp).
+    """The cached planner model of run ``name``: one DP solve per run, container and set of planner inputs.
+
+    Keyed on what the chain is built from (:func:`planner_inputs`), not on the run's stamp: a live run's new
+    iterations without detail leave the model (and its Pareto front) as it is.
 
     Raises:
         planner.errors.NotAChainError: no chain was found (or the container is not one).
         memprof.errors.TraceError: the run cannot be read.
     """
     container = container or None
+    run_dir = store.path(name)
     # the points file is written after the run (profile-ops --compile-baseline): its stamp is part of the key
-    key = ("planner", container, _points_stamp(store.path(name)))
-    return store.memo(name, key, lambda run_dir: _build_model(store, name, container, run_dir))
+    key = ("planner", str(run_dir), container, _points_stamp(run_dir), planner_inputs(store, name))
+    return store.cache.get_or_build(key, lambda: _build_model(store, name, container, run_dir))
+
+
+def planner_inputs(store: TraceStore, name: str) -> str:
+    """A digest of what run ``name``'s planner model is built from; it changes only when a rebuilt model could
+    differ (:func:`planner.chain_inputs`, the model state at the run's peak, the device).
+
+    Cached on the run's stamp: a tick of a live run that wrote nothing costs no read.
+    """
+    def build(_: Path) -> str:
+        trace = store.trace(name)
+        inputs = (planner.chain_inputs(trace), model_state_bytes(store.iterations(name)), trace.meta.get("device"))
+        return hashlib.sha1(repr(inputs).encode()).hexdigest()[:16]
+
+    return store.memo(name, "planner-inputs", build)
 
 
 def front_algorithm(chain: Chain) -> str:

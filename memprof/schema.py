@@ -86,7 +86,7 @@ LATER_CATEGORIES: dict[str, object] = {"weight_copies": 0, "comm_buffers": 0}
 #: them and read with these values; an older reader sees more columns and misreads none of those it knows,
 #: though its categories then sum to less than the total where a run had weight copies or comm buffers).
 LATER_COLUMNS: dict[str, dict[str, object]] = {
-    "ops": {"writes": None},
+    "ops": {"writes": None, "reads": None},
     "iterations": {"micro_batches": 1, **LATER_CATEGORIES},
     "events": dict(LATER_CATEGORIES),
     "layers": {"weight_copy_bytes": 0, "comm_buffer_bytes": 0},
@@ -148,6 +148,7 @@ OPS_SCHEMA = pa.schema(
         pa.field("forward_ms", pa.float64()),
         pa.field("flops", pa.int64()),
         pa.field("writes", pa.list_(pa.int64())),  # null in parts written before the column existed
+        pa.field("reads", pa.list_(pa.int64())),  # likewise
     ]
 )
 

@@ -35,6 +35,7 @@ from planner.solvers.dispatch import (
 )
 
 if TYPE_CHECKING:
+    from planner.discovery.costed import chain_inputs
     from planner.discovery.from_trace import chain_from_trace
     from planner.executor import CheckpointedSequential, apply_schedule, remove_schedule
     from planner.export.files import export_json, export_python
@@ -71,6 +72,7 @@ _LAZY = {
     "algorithm_points": "planner.fronts.points",
     "apply_schedule": "planner.executor",
     "chain_from_trace": "planner.discovery.from_trace",
+    "chain_inputs": "planner.discovery.costed",
     "measure_transfer_bandwidth": "planner.measure.bandwidth",
     "export_json": "planner.export.files",
     "export_python": "planner.export.files",
@@ -123,6 +125,7 @@ __all__ = [
     "algorithm_points",
     "apply_schedule",
     "chain_from_trace",
+    "chain_inputs",
     "compare",
     "export_json",
     "export_python",

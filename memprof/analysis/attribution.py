@@ -3,9 +3,10 @@
 Every block the allocator handed out is classified into exactly one category, so the categories
 always sum to the allocator's total. The work is split in two passes:
 
-1. :func:`sweep` walks allocations, frees, observations and marks in time order, building the
+1. the sweep walks allocations, frees, observations and marks in time order, building the
    block table (who was allocated and freed when, in which phase and module) and the list of
-   forward and backward calls;
+   forward and backward calls: :func:`sweep_reference` here, the slow and obvious walk, and
+   :func:`memprof.analysis.sweep.sweep`, the same walk with its hot loop trimmed, which the analysis runs;
 2. :func:`series` turns the classified blocks into per-category live bytes after every change,
    from which the event rows, the iteration's peak and the per-layer costs are read.
 """
@@ -73,10 +74,11 @@ class Sweep:
     alloc_change: list[int] = field(default_factory=list)  # -1: alive before the iteration
     free_change: list[int] = field(default_factory=list)  # -1: still alive
     change_block: list[int] = field(default_factory=list)  # block index of each change
-    change_sign: list[int] = field(default_factory=list)
-    change_phase: list[int] = field(default_factory=list)
-    change_module: list[int] = field(default_factory=list)
-    change_truth: list[int] = field(default_factory=list)  # allocator's running total, or -1
+    # (lists as the reference walk appends them; int64 arrays from memprof.analysis.sweep, which fills them at the end)
+    change_sign: list[int] | np.ndarray = field(default_factory=list)
+    change_phase: list[int] | np.ndarray = field(default_factory=list)
+    change_module: list[int] | np.ndarray = field(default_factory=list)
+    change_truth: list[int] | np.ndarray = field(default_factory=list)  # allocator's running total, or -1
     marks: list[tuple[int, int, int, int, int]] = field(default_factory=list)  # (ns, kind, module, change, phase)
     forward_calls: list[Call] = field(default_factory=list)
     backward_calls: list[Call] = field(default_factory=list)
@@ -126,6 +128,12 @@ class _Walker:
         # (0: not known); see _buckets_rebuilt
         self.rebuild_change = -1
         self.rebuild_bytes = 0
+        # each change's sign, phase, module and allocator total, as the walk appends them
+        self.signs: list[int] = []
+        self.phases: list[int] = []
+        self.modules: list[int] = []
+        self.truths: list[int] = []
+        s.change_sign, s.change_phase, s.change_module, s.change_truth = self.signs, self.phases, self.modules, self.truths
 
     def _new_block(self, block_id: int, ptr: int, size: int, category: int, change: int) -> int:
         s = self.s
@@ -148,10 +156,10 @@ class _Walker:
     def _change(self, block: int, sign: int, truth: int) -> int:
         s = self.s
         s.change_block.append(block)
-        s.change_sign.append(sign)
-        s.change_phase.append(self.phase)
-        s.change_module.append(self._module())
-        s.change_truth.append(truth)
+        self.signs.append(sign)
+        self.phases.append(self.phase)
+        self.modules.append(self._module())
+        self.truths.append(truth)
         return len(s.change_block) - 1
 
     def free(self, ptr: int, truth: int) -> None:
@@ -340,9 +348,10 @@ _MARK_HANDLERS: dict[int, Callable[[_Walker, int, int, Any], None]] = {
 _MARK_ROLES: dict[int, int] = {Mark.FWD_ENTER: INPUTS, Mark.FWD_EXIT: FEATURE, Mark.BWD_ENTER: GRADS, Mark.BWD_EXIT: GRADS}
 
 
-def sweep(events: AllocationEvents, marks: list, observations: list, baseline_frees: list,
-          carried: list[LiveBlock], parents: list[int], next_block_id: int, use_truth: bool) -> Sweep:
-    """Walks one iteration in time order (see module docstring).
+def sweep_reference(events: AllocationEvents, marks: list, observations: list, baseline_frees: list,
+                    carried: list[LiveBlock], parents: list[int], next_block_id: int, use_truth: bool) -> Sweep:
+    """Walks one iteration in time order (see module docstring): the reference :func:`memprof.analysis.sweep.sweep` is
+    tested against.
 
     Args:
         events: the allocator's events of the iteration.
@@ -360,8 +369,8 @@ def sweep(events: AllocationEvents, marks: list, observations: list, baseline_fr
     # at marks, so those are read once per mark and the two hot paths below are inlined.
     live, sizes, block_ids, categories = s.live, s.sizes, s.block_ids, s.categories
     alloc_change, free_change = s.alloc_change, s.free_change
-    c_block, c_sign, c_phase, c_module, c_truth = (s.change_block, s.change_sign, s.change_phase,
-                                                   s.change_module, s.change_truth)
+    c_block, c_sign, c_phase, c_module, c_truth = (s.change_block, walker.signs, walker.phases, walker.modules,
+                                                   walker.truths)
     phase, module, in_forward = walker.phase, walker._module(), walker.phase == PHASE_FORWARD
     for t, _, _, kind, a, b, c in _merge(events, baseline_frees, observations, marks):
         if kind == "c":

@@ -11,16 +11,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
+import numpy as np
 import pyarrow as pa
 
 from memprof.analysis.allocations import allocation_table
-from memprof.analysis.attribution import sweep
+from memprof.analysis.attribution import Sweep
 from memprof.analysis.console import format_report
 from memprof.analysis.failure import failure_details
 from memprof.analysis.layers import layer_rows, subtree_bytes
 from memprof.analysis.micro_batches import micro_batches
 from memprof.analysis.records import CarriedState, IterationRecord, LiveBlock, Mark, RunSpec
-from memprof.analysis.timeline import event_table, peak_summary, series
+from memprof.analysis.sweep import sweep
+from memprof.analysis.timeline import Series, event_table, peak_figures, peak_row, series
 from memprof.schema import EVENTS_SCHEMA
 
 
@@ -96,6 +98,26 @@ class IterationProcessor:
             return replace(processed, before=before)
         return processed
 
+    def _peak(self, sw: Sweep, state: CarriedState, detail: bool,
+              report_due: bool) -> tuple[Series | None, int, bool, dict[str, Any]]:
+        """The series (when the detail or the report needs it), the peak, whether the iteration keeps its detail
+        (``detail``, or a new peak), and the peak's summary.
+
+        The per-category series costs the background worker more than the rest of an iteration that keeps no
+        detail, which only reads it at its peak: those take the totals and the categories at the peak alone.
+        """
+        spec = self.spec
+        s = series(sw, use_truth=spec.use_truth) if detail or report_due or spec.use_truth else None
+        if s is not None:
+            total, at_peak = s.total, s.per_category[int(np.argmax(s.total))]
+        else:
+            total, at_peak = peak_figures(sw)
+        peak = int(total.max())
+        if not detail and spec.detail.new_peak(peak, state.detailed_peak_bytes):
+            detail = True
+            s = s if s is not None else series(sw, use_truth=spec.use_truth)
+        return s, peak, detail, peak_row(sw, total, at_peak, list(spec.names))
+
     def _analyse(self, state: CarriedState, record: IterationRecord, forced: bool,
                  report: bool = True) -> tuple[ProcessedIteration, CarriedState]:
         """One iteration's rows from the state before it (a pure function of both), and the state after it."""
@@ -103,16 +125,13 @@ class IterationProcessor:
         sw = sweep(record.events, record.marks, record.observations,
                    [] if spec.use_truth else record.frees, state.blocks, self._parents, state.next_block_id,
                    use_truth=spec.use_truth)
-        s = series(sw, use_truth=spec.use_truth)
         order = dict(state.order)
         for call in sorted(sw.forward_calls, key=lambda c: c.start_ns):
             order.setdefault(call.module, len(order))
-        summary = peak_summary(sw, s, list(spec.names))
         split = micro_batches(sw.marks)  # gradient accumulation: the layers rows are one micro-batch's
-        peak = int(s.total.max())
-        policy = spec.detail
-        detail = (forced or record.detail or record.failed or policy.scheduled(record.iteration)
-                  or policy.new_peak(peak, state.detailed_peak_bytes))
+        report_due = report and spec.print_period > 0 and record.iteration % spec.print_period == 0
+        detail = forced or record.detail or record.failed or spec.detail.scheduled(record.iteration)
+        s, peak, detail, summary = self._peak(sw, state, detail, report_due)
         row = {
             "iteration": record.iteration,
             "epoch": record.epoch,
@@ -120,20 +139,19 @@ class IterationProcessor:
             "peak_reserved_bytes": record.peak_reserved_bytes,
             "reserved_bytes": record.reserved_bytes,
             "num_events": len(sw.marks) + 2,
-            "num_allocations": int(sum(1 for a in sw.alloc_change if a >= 0)),
+            "num_allocations": len(sw.alloc_change) - sw.alloc_change.count(-1),  # (ids >= 0; -1: alive before)
             "detail": detail,
             "micro_batches": split.count,
             **summary,
         }
-        report_due = report and spec.print_period > 0 and record.iteration % spec.print_period == 0
         layers: list[dict[str, Any]] = []
-        if detail or report_due:  # the console report shows the layers
+        if s is not None and (detail or report_due):  # the console report shows the layers
             grads = {**record.grads, **record.param_grads}
             layers = layer_rows(sw, s, list(spec.infos), record.iteration, order, list(spec.weight_bytes),
                                 subtree_bytes(list(spec.infos), grads), split,
                                 comm_bytes=cast(int, summary["comm_buffers"]))
         table, allocations = self._empty_events, None
-        if detail:
+        if s is not None and detail:
             table = event_table(sw, s, record.iteration, record.start_ns, record.end_ns, list(spec.names),
                                 record.reserved_bytes)
             allocations = allocation_table(sw, record.events, record.iteration, spec.names)

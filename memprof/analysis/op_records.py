@@ -29,6 +29,11 @@ class OpRecord:
         writes: indexes of the ops whose outputs this op wrote in place (``relu_`` on a convolution's output,
             ``bernoulli_`` filling an ``empty_like``); ``None`` when not recorded (traces written before the
             column existed).
+        reads: indexes of the ops whose outputs this op takes as tensor inputs, by storage like ``writes`` (a
+            view's reader names the op that allocated its storage; an in-place op reads what it writes);
+            tensors made outside the recorded forward (inputs, parameters) are not listed. The planner walks
+            them back to price a partial recomputation (:mod:`planner.discovery.cone`); ``None`` when not
+            recorded (traces written before the column existed).
     """
 
     index: int
@@ -39,6 +44,7 @@ class OpRecord:
     forward_ms: float = 0.0
     flops: int = 0
     writes: tuple[int, ...] | None = None
+    reads: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         for key in ("index", "output_bytes", "flops"):
@@ -57,3 +63,8 @@ class OpRecord:
                 raise ValueError(f"op record {self.index} ({self.op}): writes must name this op or earlier ones, "
                                  f"found {writes}")
             object.__setattr__(self, "writes", writes)
+        if self.reads is not None:
+            reads = tuple(int(i) for i in self.reads)
+            if any(not 0 <= i < self.index for i in reads):
+                raise ValueError(f"op record {self.index} ({self.op}): reads must name earlier ops, found {reads}")
+            object.__setattr__(self, "reads", reads)

@@ -61,6 +61,29 @@ def series(sw: Sweep, use_truth: bool) -> Series:
     return Series(per_cat, total, activations)
 
 
+def peak_figures(sw: Sweep) -> tuple[np.ndarray, np.ndarray]:
+    """What ``series(sw, use_truth=False)`` says of the peak, without its per-category table: the allocated bytes
+    after each change (:attr:`Series.total`) and each category's bytes where they are first highest.
+
+    An iteration that keeps no detail reads the series only there, and the table costs the background worker
+    more than the rest of such an iteration.
+    """
+    sizes = np.asarray(sw.sizes, dtype=np.int64)
+    carried = np.asarray(sw.alloc_change, dtype=np.int64) < 0
+    block = np.asarray(sw.change_block, dtype=np.int64)
+    signed = np.asarray(sw.change_sign, dtype=np.int64) * sizes[block]
+    total = np.empty(len(block) + 1, dtype=np.int64)
+    total[0] = int(sizes[carried].sum())
+    np.cumsum(signed, out=total[1:])
+    total[1:] += total[0]
+    k = int(np.argmax(total))
+    cats = np.asarray(sw.categories, dtype=np.int64)
+    at_peak = np.zeros(N_CAT, dtype=np.int64)
+    np.add.at(at_peak, cats[carried], sizes[carried])
+    np.add.at(at_peak, cats[block[:k]], signed[:k])
+    return total, at_peak
+
+
 def _align_to_truth(per_cat: np.ndarray, truth: np.ndarray) -> None:
     # The allocator's absolute total (CUDA) is the truth; what the hooks could not attribute
     # (blocks allocated before the profiler started) is 'other'.
@@ -160,17 +183,23 @@ def peaks_between_reference(total: np.ndarray, idx: np.ndarray) -> np.ndarray:
 def peak_summary(sw: Sweep, s: Series, module_names: list[str]) -> dict[str, object]:
     """The iteration's peak: bytes, categories, phase and module that was running."""
     k = int(np.argmax(s.total))
+    return peak_row(sw, s.total, s.per_category[k], module_names)
+
+
+def peak_row(sw: Sweep, total: np.ndarray, at_peak: np.ndarray, module_names: list[str]) -> dict[str, object]:
+    """:func:`peak_summary` from the allocated bytes after each change and the categories at their (first) highest."""
+    k = int(np.argmax(total))
     phase, module = "other", ""
     if k > 0:
         phase = PHASE_OF_CODE[sw.change_phase[k - 1]].value
         index = sw.change_module[k - 1]
         module = module_names[index] if index >= 0 else ""
     out: dict[str, object] = {
-        "peak_allocated_bytes": int(s.total[k]),
+        "peak_allocated_bytes": int(total[k]),
         "peak_phase": phase,
         "peak_module": module,
-        "allocated_bytes": int(s.total[-1]),
+        "allocated_bytes": int(total[-1]),
     }
     for code, name in enumerate(CATEGORY_COLUMNS):
-        out[name] = int(s.per_category[k, code])
+        out[name] = int(at_peak[code])
     return out

@@ -88,6 +88,7 @@ class _Op:
     forward_ms: float
     flops: int
     writes: tuple[int, ...] = ()
+    reads: tuple[int, ...] = ()
     needs: set[int] = field(default_factory=set)
 
 
@@ -213,6 +214,8 @@ class OpRecorder:
         inputs = {found[0] for t in tree_leaves((args, kwargs))
                   if isinstance(t, torch.Tensor) and (found := _storage(t)) is not None}
         cuda = any(isinstance(t, torch.Tensor) and t.is_cuda for t in tree_leaves((args, kwargs)))
+        # read before the op runs: its outputs may reuse an input's address (an in-place op keeps it)
+        reads = tuple(sorted({creator for ptr in inputs if (creator := self._creator.get(ptr)) is not None}))
         writes = tuple(sorted({creator for t in _written(func, args, kwargs) if (found := _storage(t)) is not None
                                and (creator := self._creator.get(found[0])) is not None}))
         if cuda:
@@ -236,7 +239,8 @@ class OpRecorder:
         self._node_starts.append(self._next_node)
         self._next_node = _next_node_number()
         module = self._stack[-1] if self._stack else ""
-        self._ops.append(_Op(module, str(func), output_bytes, elapsed_ms, _flops(func, args, kwargs, out), writes))
+        self._ops.append(_Op(module, str(func), output_bytes, elapsed_ms, _flops(func, args, kwargs, out), writes,
+                             reads))
         return out
 
     # ------------------------------------------------------------------ results
@@ -250,7 +254,7 @@ class OpRecorder:
             self._ops[saver].needs.add(creator)
         return [OpRecord(index=i, module=op.module, op=op.op, output_bytes=op.output_bytes,
                          needs=tuple(sorted(op.needs)), forward_ms=op.forward_ms, flops=op.flops,
-                         writes=op.writes)
+                         writes=op.writes, reads=op.reads)
                 for i, op in enumerate(self._ops)]
 
     def _owner(self, node: int) -> int | None:

@@ -376,10 +376,19 @@ class MemoryProfiler:
         self._check_open()
         self._finish_iteration(detail=bool(detail))
 
+    def _write_failed(self, error: str, stacklevel: int = 5) -> None:
+        """Notes a failed write; the first one is a warning (a full disk or a revoked permission must not stop
+        the user's training, nor fill its log: said once, whichever table failed)."""
+        if self._write_error is None:
+            warnings.warn(f"memprof could not write the trace to {self.run_dir} ({error}); "
+                          "training continues, later iterations are attempted again", RuntimeWarning,
+                          stacklevel=stacklevel)
+        self._write_error = error
+
     def _finish_iteration(self, restart: bool = True, failed: bool = False, detail: bool = False) -> None:
         end_ns = now_ns()
-        if self._stacks is not None:
-            self._stacks.end()
+        if self._stacks is not None and (error := self._stacks.end()) is not None:
+            self._write_failed(error, stacklevel=4)
         if self._op_pass is not None and self.iteration == self._op_pass.iteration:
             detail = self._write_ops() or detail
         events = self._stream.collect(restart=restart)
@@ -441,12 +450,7 @@ class MemoryProfiler:
             if outcome.failure is not None and self._failure is not None:
                 self._failure.update(outcome.failure)
             if outcome.write_error is not None:
-                # A full disk or a revoked permission must not stop the user's training: say it once.
-                if self._write_error is None:
-                    warnings.warn(f"memprof could not write the trace to {self.run_dir} ({outcome.write_error}); "
-                                  "training continues, later iterations are attempted again", RuntimeWarning,
-                                  stacklevel=4)
-                self._write_error = outcome.write_error
+                self._write_failed(outcome.write_error)
         stopped = getattr(self._sink, "stopped", None)
         if stopped and not self._worker_warned:
             self._worker_warned = True
@@ -486,8 +490,8 @@ class MemoryProfiler:
         finally:
             if self._oom_snapshot is not None:
                 self._oom_snapshot.stop()
-            if self._stacks is not None:
-                self._stacks.end()
+            if self._stacks is not None and (error := self._stacks.end()) is not None:
+                self._write_failed(error, stacklevel=4)
             self._recorder.detach()
             self._distributed.detach()
             self._eager.end()

@@ -34,6 +34,10 @@ from memprof.trace.pipeline.journal import (
 
 #: Records the worker may fall behind by before ``record_stats()`` waits for it (bounds disk and close time).
 MAX_PENDING = 16
+#: The worker is woken (one line on its stdin) once this many records wait, or at once when a report or a failure
+#: is due; below ``MAX_PENDING``, so training never waits for it. Several records in a row run on warm caches, and
+#: a wake-up costs both processes a pipe write, a read and a scheduler switch.
+WAKE_RECORDS = 8
 _STALL_S = 120.0  # a worker silent this long while owing answers is taken for hung
 # Answers are short lines: a small read size keeps os.read from allocating (and faulting in) 64 KiB each step.
 _READ_BYTES = 4096
@@ -127,6 +131,7 @@ class BackgroundSink:
         self._inline: InlineSink | None = None
         self._journal = JournalWriter(self.journal_dir)
         self._submitted = self._answered = 0
+        self._last = self._told = -1  # the last iteration journaled, and the last the worker was woken for
         self._reported = -1  # the last iteration whose outcome the caller has had
         self._buffer = b""
         self._eof = False
@@ -138,9 +143,16 @@ class BackgroundSink:
         self.worker_stats: dict[str, Any] | None = None
 
     def _start(self) -> _Worker:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "memprof.trace.pipeline.worker", str(self.run_dir)], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=_worker_env(), start_new_session=True)
+        # Its own process group keeps a terminal's Ctrl-C away from it; the training process's session keeps it in
+        # the same scheduler autogroup (Linux groups tasks by session), where its low priority counts against
+        # training's threads: from a session of its own it competed with the whole training process as an equal.
+        command = [sys.executable, "-m", "memprof.trace.pipeline.worker", str(self.run_dir)]
+        if sys.version_info >= (3, 11):
+            proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                    env=_worker_env(), process_group=0)
+        else:  # pragma: no cover - Python 3.10 has no process_group (and preexec_fn is unsafe with torch's threads)
+            proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                    env=_worker_env(), start_new_session=True)
         assert proc.stdin is not None and proc.stdout is not None  # both are pipes (PIPE above)
         os.set_blocking(proc.stdout.fileno(), False)
         return _Worker(proc, proc.stdin, proc.stdout)
@@ -170,29 +182,40 @@ class BackgroundSink:
             except OSError as exc:
                 return self._take_over(f"it could not be started: {exc}", record)
         outcomes = self._read(block=False)
+        if self._inline is not None:  # the worker was found gone (and taken over) just now
+            return outcomes + self._inline.submit(record)
         try:
             self._journal.append(record)
         except OSError as exc:
             # The journal cannot take it (disk full, folder gone): go on inline from the worker's state.
             lost = Outcome(record.iteration, write_error=str(exc))
             return outcomes + self._take_over(None, record) + [lost]
-        # the worker lets a few records gather before it wakes up, unless something is to be shown now
-        now = record.failed or (self._spec.print_period > 0 and record.iteration % self._spec.print_period == 0)
-        try:
-            self._running().stdin.write(f"{record.iteration}{' now' if now else ''}\n".encode())
-            self._running().stdin.flush()
-        except OSError:
-            return outcomes + self._take_over(self._why_stopped())
         self._submitted += 1
+        self._last = record.iteration
+        # the worker is woken once a few records wait, unless something is to be shown now
+        now = record.failed or (self._spec.print_period > 0 and record.iteration % self._spec.print_period == 0)
+        if now or record.iteration - self._told >= WAKE_RECORDS:
+            outcomes += self._wake(record.iteration)
         while self._inline is None and self._submitted - self._answered > MAX_PENDING:
             outcomes += self._read(block=True)
         return outcomes
+
+    def _wake(self, through: int) -> list[Outcome]:
+        """Tells the worker to process the journal through iteration ``through``."""
+        self._told = through
+        try:
+            self._running().stdin.write(f"{through}\n".encode())
+            self._running().stdin.flush()
+        except OSError:
+            return self._take_over(self._why_stopped())
+        return []
 
     def finish(self) -> list[Outcome]:
         """Waits for the worker to process every record, stops it and removes the journal."""
         outcomes: list[Outcome] = []
         if self._inline is None and self._proc is not None:
             worker = self._proc
+            self._told = self._last  # "end": the worker processes every journaled record before it exits
             try:
                 worker.stdin.write(b"end\n")
                 worker.stdin.close()
@@ -210,8 +233,12 @@ class BackgroundSink:
 
     # ------------------------------------------------------------------ talking to the worker
     def _read(self, block: bool) -> list[Outcome]:
-        """Answers available now; with ``block``, waits until some come (or the worker ends)."""
+        """Answers available now; with ``block``, wakes the worker and waits until some come (or the worker ends)."""
         fd = self._running().stdout.fileno()
+        if block and not self._eof and self._told < self._last:
+            taken = self._wake(self._last)
+            if self._inline is not None:  # it could not be woken: taken over
+                return taken
         if block and not select.select([fd], [], [], _STALL_S)[0]:
             return self._take_over(f"it sent nothing for {_STALL_S:.0f} s")
         outcomes: list[Outcome] = []

@@ -9,29 +9,28 @@ and torch's own frames left out). A function mode, not a dispatch mode: a Python
 wrap scalar arguments into tensors, 8 bytes each, which would change the very memory being measured (seen:
 every detailed step's peak 8 B higher). Allocations made by autograd's backward and by C++ code run no
 Python function and have no call; the dashboard names their module and phase. At the end of the iteration the rows
-are written as one part of the ``stacks`` table; the reader joins them with the ``allocations`` rows by
-address and time. Nothing is captured in other iterations, and no tensor is kept.
+are written as one part of the ``stacks`` table, which this process compacts like the worker compacts the other
+tables (:mod:`memprof.trace.format.compaction`: a long run keeps a bounded number of parts); the reader joins
+them with the ``allocations`` rows by address and time. Nothing is captured in other iterations, and no tensor is
+kept.
 """
 
 from __future__ import annotations
 
 import sys
 import traceback
-import warnings
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves
 
 from memprof.analysis.detail import DetailPolicy
-from memprof.atomic import write_atomically
 from memprof.capture import hooks
-from memprof.schema import STACKS, STACKS_SCHEMA, table_dir_name
-from memprof.trace.format.compaction import parse_part_name, part_name
+from memprof.schema import STACKS, STACKS_SCHEMA
+from memprof.trace.format.writer import STACKS_TABLES, TraceWriter
 
 #: Outputs this large or larger carry their Python stack (smaller ones only their op).
 STACK_MIN_BYTES = 1 << 20
@@ -104,6 +103,7 @@ class StackCapture:
         self._mode: _Mode | None = None
         self._rows: list[tuple[int, int, int, str, str]] = []
         self._iteration = -1
+        self._writer: TraceWriter | None = None  # opened at the first write: most iterations write nothing
 
     def begin(self, iteration: int) -> None:
         """Starts capturing when ``iteration`` is scheduled for detail."""
@@ -125,35 +125,48 @@ class StackCapture:
                 self._rows.append((now, ptr, nbytes, op_name(func), stack))
                 inputs.add(ptr)  # a tuple output sharing one storage is one allocation
 
-    def end(self) -> None:
-        """Stops capturing and writes the iteration's rows (a failed write is a warning, never an error)."""
+    def end(self) -> str | None:
+        """Stops capturing and writes the iteration's rows.
+
+        Returns:
+            Why the rows could not be written (a full disk ...), for the profiler to report with its own write
+            errors, once; ``None`` when they were written or there were none. Never raises for it.
+        """
         if self._mode is None:
-            return
+            return None
         self._mode.__exit__(None, None, None)
         self._mode = None
         rows, self._rows = self._rows, []
         if not rows:
-            return
+            return None
         try:
-            write_stacks(self.run_dir, self._iteration, rows)
+            if self._writer is None:
+                self._writer = TraceWriter(self.run_dir, tables=STACKS_TABLES)
+            write_stacks(self._writer, self._iteration, rows)
         except OSError as exc:
-            warnings.warn(f"memprof could not write the allocation stacks of iteration {self._iteration} "
-                          f"({exc}); the drill-down shows their sizes without ops", RuntimeWarning, stacklevel=3)
+            return f"the allocation stacks of iteration {self._iteration}: {exc}"
+        return None
 
 
-def write_stacks(run_dir: Path, iteration: int, rows: list[tuple[int, int, int, str, str]]) -> Path:
-    """Appends one part holding ``rows`` (time, address, bytes, op, stack) to the run's ``stacks`` table."""
-    directory = Path(run_dir) / table_dir_name(STACKS)
-    directory.mkdir(parents=True, exist_ok=True)
-    lasts = [parsed[1] for p in directory.glob("part-*.parquet") if (parsed := parse_part_name(p.name))]
-    number = max(lasts, default=0) + 1
+def write_stacks(writer: TraceWriter, iteration: int, rows: list[tuple[int, int, int, str, str]]) -> Path | None:
+    """Appends one part holding ``rows`` (time, address, bytes, op, stack) to the run's ``stacks`` table and
+    merges its parts as the compaction policy says (a merge that fails is a warning: the parts stay readable).
+
+    Args:
+        writer: a writer of the run's ``stacks`` table (``TraceWriter(run_dir, tables=STACKS_TABLES)``).
+        iteration: the captured iteration.
+        rows: its rows.
+
+    Raises:
+        OSError: the part could not be written.
+    """
     times, ptrs, sizes, ops, stacks = zip(*rows)
     table = pa.Table.from_arrays(
         [pa.array([iteration] * len(rows), pa.int64()), pa.array(times, pa.int64()), pa.array(ptrs, pa.int64()),
          pa.array(sizes, pa.int64()), pa.array(ops, pa.string()), pa.array(stacks, pa.string())],
         schema=STACKS_SCHEMA)
-    sink = pa.BufferOutputStream()
-    pq.write_table(table, sink, compression="snappy", write_page_checksum=True, write_statistics=["iteration"])
-    path = directory / part_name(number, number, 0)
-    write_atomically(path, memoryview(sink.getvalue()))
+    # made again if it went (a cleanup job, a lost mount): one lost folder is reported once, by the trace's writer
+    writer.run_dir.mkdir(parents=True, exist_ok=True)
+    path = writer.append(STACKS, table)
+    writer.compact()
     return path

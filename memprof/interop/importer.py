@@ -19,12 +19,12 @@ from typing import Any
 
 import numpy as np
 
-from memprof.analysis.attribution import sweep
 from memprof.analysis.detail import DetailPolicy
 from memprof.analysis.failure import failure_details
 from memprof.analysis.iteration import ProcessedIteration
 from memprof.analysis.layers import layer_rows
 from memprof.analysis.records import CAT, AllocationEvents, LiveBlock, ModuleInfo
+from memprof.analysis.sweep import sweep
 from memprof.analysis.timeline import peak_summary, series, timeline_rows
 from memprof.errors import OutputExistsError, SnapshotFormatError
 from memprof.interop.marks import Step

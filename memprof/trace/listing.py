@@ -85,12 +85,19 @@ def list_runs(traces_dir: str | Path) -> list[RunEntry]:
     entries: list[RunEntry] = []
     for child in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
         ranks = sorted(p for p in child.glob("rank=*") if p.is_dir())
-        for run_dir in ranks or [child]:
-            name = run_dir.relative_to(root).as_posix()
-            try:
-                meta = read_meta(run_dir)
-            except TraceError as exc:
-                entries.append(RunEntry(run_dir, name, None, str(exc), "unreadable"))
-            else:
-                entries.append(RunEntry(run_dir, name, meta, None, run_state(meta)))
+        entries.extend(run_entry(run_dir, run_dir.relative_to(root).as_posix()) for run_dir in ranks or [child])
     return entries
+
+
+def run_entry(run_dir: Path, name: str) -> RunEntry:
+    """One run as :func:`list_runs` lists it (only ``meta.json`` read): what a live listing reads again per run.
+
+    Args:
+        run_dir: the run directory.
+        name: its name relative to the traces folder.
+    """
+    try:
+        meta = read_meta(run_dir)
+    except TraceError as exc:
+        return RunEntry(run_dir, name, None, str(exc), "unreadable")
+    return RunEntry(run_dir, name, meta, None, run_state(meta))

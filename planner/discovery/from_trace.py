@@ -2,20 +2,22 @@
 
 The chain is found in the module tree by :mod:`planner.discovery.chain_finder`; every candidate is costed, and by
 default the one whose step can save the most memory (the widest range between its minimum feasible and
-store-all budgets) is kept. Costs are medians over the recorded iterations (the first is dropped when there
-are more, since it includes one-off allocations and warm-up), over the latest iterations that kept their
-detail; the step around the chain (:mod:`planner.discovery.step_costs`) comes from the last complete detailed
-iteration's timeline (from its last micro-batch on when it accumulated gradients: :mod:`planner.discovery.accumulation`).
+store-all budgets, the loss stage's chunked options counted: :mod:`planner.discovery.chain_ranking`) is kept.
+Costs are medians over the recorded iterations (the first is dropped when there are more, since it includes
+one-off allocations and warm-up), over the latest iterations that kept their detail; the step around the chain
+(:mod:`planner.discovery.step_costs`) comes from the last complete detailed iteration's timeline (from its last
+micro-batch on when it accumulated gradients: :mod:`planner.discovery.accumulation`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 import pandas as pd
 
 from memprof.trace import Trace
-from planner.discovery import step_costs
+from planner.discovery import chain_ranking, step_costs
 from planner.discovery.accumulation import last_micro_batch
 from planner.discovery.chain_finder import (
     Candidate,
@@ -24,6 +26,7 @@ from planner.discovery.chain_finder import (
     container_candidate,
     why_no_chain,
 )
+from planner.discovery.costed import median_iterations, usable_iterations
 from planner.discovery.graph_finder import (
     articulation_points,
     carried_edges,
@@ -46,31 +49,11 @@ from planner.solvers.carried_fit import Carried
 
 _COST_COLUMNS = ["forward_ms", "backward_ms", "output_bytes", "saved_bytes", "input_bytes",
                  "forward_overhead_bytes", "backward_overhead_bytes", "weight_grad_bytes"]
-_RANKING_SLOTS = 100  # a coarse grid is enough to rank candidates; the chosen chain is solved finely later
-
-
-#: Costs are medians over at most this many detailed iterations, the latest: enough to smooth timing noise,
-#: and a long run's thousand detailed iterations are not all read.
-MEDIAN_ITERATIONS = 32
-
-
-def _usable(trace: Trace) -> list[int]:
-    """The detailed iterations a chain is costed from: all but the partial one of a failed run, and of a
-    compiled model only those it ran eagerly (``meta.json``'s ``eager_iterations``: a compiled iteration
-    runs no module hook, so its layers are empty; see :mod:`memprof.capture.eager_pass`)."""
-    detailed = trace.detail_iterations
-    eager = set(trace.meta.get("eager_iterations") or ())
-    if eager and eager & set(detailed):
-        detailed = [i for i in detailed if i in eager]
-    failure = trace.meta.get("failure") or {}
-    if "iteration" in failure and len(detailed) > 1:
-        detailed = [i for i in detailed if i != failure["iteration"]]
-    return detailed
 
 
 def _structure(trace: Trace) -> pd.DataFrame:
     columns = ["iteration", "module", "parent", "order", "calls", "kind", "input_ids", "output_ids"]
-    usable = _usable(trace)
+    usable = usable_iterations(trace)
     layers = trace.read("layers", columns=columns, iterations=usable[-1:]) if usable else pd.DataFrame()
     if layers.empty:
         raise NotAChainError(f"run {trace.run_id} has no layer rows: record at least one iteration with record_stats()")
@@ -106,18 +89,12 @@ def _candidates(trace: Trace, tree: ModuleTree, container: str | None) -> list[C
 
 
 def _medians(trace: Trace) -> pd.DataFrame:
-    usable = _usable(trace)
-    if len(usable) > 1:  # the first includes one-off allocations and warm-up
-        usable = [i for i in usable if i != usable[0]]
-    recorded = set(trace.op_iterations)  # a planning pass's forward runs several times slower than the others
-    if any(i not in recorded for i in usable):
-        usable = [i for i in usable if i not in recorded]
-    layers = trace.read("layers", columns=["iteration", "module", *_COST_COLUMNS], iterations=usable[-MEDIAN_ITERATIONS:])
+    layers = trace.read("layers", columns=["iteration", "module", *_COST_COLUMNS], iterations=median_iterations(trace))
     return layers.groupby("module")[_COST_COLUMNS].median()
 
 
 def _timeline(trace: Trace) -> step_costs.Timeline:
-    iteration = _usable(trace)[-1:]
+    iteration = usable_iterations(trace)[-1:]
     events = trace.read("events", iterations=iteration)
     split = trace.read("iterations", columns=["iteration", "micro_batches"], iterations=iteration).micro_batches
     # gradient accumulation: the step around the chain is the last micro-batch's (planner.discovery.accumulation)
@@ -204,29 +181,6 @@ def transfer_from_meta(meta: dict) -> TransferCosts | None:
     return TransferCosts.from_dict(raw) if raw is not None else None
 
 
-def saving_bytes(chain: Chain) -> int:
-    """How much memory checkpointing can save on ``chain``: store-all's budget minus the minimum feasible one."""
-    from planner.solvers.dispatch import min_feasible_budget, store_all_budget
-
-    return store_all_budget(chain) - min_feasible_budget(chain, "rotor", slots=_RANKING_SLOTS)
-
-
-def _savings(chains: list[Chain]) -> list[int]:
-    """What each chain can save, against one store-all peak when every chain has the step around it.
-
-    Every candidate describes the same profiled step, so store-all's peak is one number; the candidates'
-    predictions of it differ only by their models' errors (coarse stages overestimate it), which must not
-    decide the ranking: against the highest, the chain that saves the most is the one whose minimum is lowest.
-    """
-    from planner.solvers.dispatch import min_feasible_budget, store_all_budget
-
-    if not all(chain.step is not None for chain in chains):
-        return [saving_bytes(chain) for chain in chains]
-    minimums = [min_feasible_budget(chain, "rotor", slots=_RANKING_SLOTS) for chain in chains]
-    reference = max(store_all_budget(chain) for chain in chains)
-    return [reference - minimum for minimum in minimums]
-
-
 def chain_from_trace(trace: Trace, container: str | None = None, checkpoints: Sequence[str] | None = None,
                      recompute_cost: str = "time", selective_overhead_us: float | None = None,
                      loss_chunks: Sequence[int] = DEFAULT_CHUNKS) -> Chain:
@@ -239,7 +193,7 @@ def chain_from_trace(trace: Trace, container: str | None = None, checkpoints: Se
     Args:
         trace: a run opened with :func:`memprof.load_trace`.
         container: the module whose children form the chain (e.g. ``"features"``); when omitted, the chain
-            anywhere in the model whose step can save the most memory.
+            anywhere in the model whose step can save the most memory (with its loss stage's options).
         checkpoints: the modules whose outputs are the stage boundaries, i.e. the stages themselves, in the
             order they run (the user's choice of checkpoints); excludes ``container``.
         recompute_cost: what weighs the recomputation of a stage's options when the run recorded its ops:
@@ -249,7 +203,8 @@ def chain_from_trace(trace: Trace, container: str | None = None, checkpoints: Se
             0 for a device whose kernels hide the dispatch (large blocks on a GPU).
         loss_chunks: the chunk counts the loss stage offers when a language-model head runs after the chain
             (:mod:`planner.discovery.loss_options`; the executor then computes the head and its cross-entropy
-            in chunks, gradients equal to float rounding); ``()``: none, the loss always runs as written.
+            in chunks, gradients equal to float rounding); ``()``: none, the loss always runs as written and
+            the candidate chains are ranked so (``memprof plan --no-loss-options``).
 
     Raises:
         ChainError: an unknown ``recompute_cost``, a negative or unknown ``selective_overhead_us`` (given
@@ -266,37 +221,36 @@ def chain_from_trace(trace: Trace, container: str | None = None, checkpoints: Se
     costs, timeline = _medians(trace), _timeline(trace)
     chains = [_build(trace, tree, candidate, costs, timeline, container is None and checkpoints is None,
                      fuse=checkpoints is None) for candidate in found]
+    loss_options = _loss_options(trace, tree, costs, loss_chunks)
     if len(chains) == 1:
-        return _with_loss_options(trace, tree, costs, _with_op_options(trace, chains[0], recompute_cost,
-                                                                       selective_overhead_us), loss_chunks)
-    ranked = [(saving, chain.length, -index) for index, (chain, saving) in enumerate(zip(chains, _savings(chains)))]
-    best = max(range(len(chains)), key=lambda i: ranked[i])
-    chosen = chains[best]
-    reason = (f"saves up to {ranked[best][0]} bytes of the step, the most of {len(chains)} chains found "
-              f"(next best: {sorted(r[0] for r in ranked)[-2]} bytes)")
-    chain = _with_op_options(trace, Chain(chosen.name, chosen.input_bytes, chosen.stages,
-                                          {**chosen.source, "why": reason}, chosen.step, chosen.transfer, chosen.carried,
-                                          chosen.weights),
-                             recompute_cost, selective_overhead_us)
-    return _with_loss_options(trace, tree, costs, chain, loss_chunks)
+        return loss_options(_with_op_options(trace, chains[0], recompute_cost, selective_overhead_us))
+    # ranked as the planner would get them: the loss stage's options lower some candidates' minimums
+    best, reason = chain_ranking.best([loss_options(chain) for chain in chains])
+    chosen = replace(chains[best], source={**chains[best].source, "why": reason})
+    return loss_options(_with_op_options(trace, chosen, recompute_cost, selective_overhead_us))
 
 
-def _with_loss_options(trace: Trace, tree: ModuleTree, costs: pd.DataFrame, chain: Chain,
-                       chunks: Sequence[int]) -> Chain:
-    """``chain`` whose loss stage may compute the language-model head and its loss in chunks, when the model is a
-    Hugging Face causal LM (the executor replaces its ``loss_function``), a head runs after the chain and the
-    loss stage was measured (a chain with step costs)."""
-    if not chunks or chain.step is None or not str(trace.meta.get("model", "")).endswith(CAUSAL_LM_CLASSES):
-        return chain
+def _loss_options(trace: Trace, tree: ModuleTree, costs: pd.DataFrame,
+                  chunks: Sequence[int]) -> Callable[[Chain], Chain]:
+    """What gives a chain the options of its loss stage: computing the language-model head and its loss in
+    chunks, when the model is a Hugging Face causal LM (the executor replaces its ``loss_function``), a head
+    runs after the chain and the loss stage was measured (a chain with step costs); else the chain as it is."""
+    if not chunks or not str(trace.meta.get("model", "")).endswith(CAUSAL_LM_CLASSES):
+        return lambda chain: chain
     structure = [(name, node.order, node.kind) for name, node in tree.nodes.items()]
     flops: dict[str, int] = {}
     for record in trace.op_records():
         flops[record.module] = flops.get(record.module, 0) + record.flops
-    layers = trace.read("layers", columns=["iteration", "module", "weight_bytes"], iterations=_usable(trace)[-1:])
+    layers = trace.read("layers", columns=["iteration", "module", "weight_bytes"],
+                        iterations=usable_iterations(trace)[-1:])
     weights = {str(m): int(b) for m, b in zip(layers.module, layers.weight_bytes)}
-    head = head_from_costs(structure, chain, costs.output_bytes.astype(int).to_dict(),
-                           costs.forward_ms.astype(float).to_dict(), flops, weights)
-    return chain if head is None else with_loss_options(chain, head, chunks)
+    outputs, times = costs.output_bytes.astype(int).to_dict(), costs.forward_ms.astype(float).to_dict()
+
+    def attach(chain: Chain) -> Chain:
+        head = head_from_costs(structure, chain, outputs, times, flops, weights) if chain.step is not None else None
+        return chain if head is None else with_loss_options(chain, head, chunks)
+
+    return attach
 
 
 def _with_op_options(trace: Trace, chain: Chain, recompute_cost: str, overhead_us: float | None) -> Chain:

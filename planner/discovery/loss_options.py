@@ -133,6 +133,14 @@ def with_loss_options(chain: Chain, head: LossHead, chunks: Sequence[int] = DEFA
     return replace(chain, stages=(*chain.stages[:-1], replace(loss, options=options)))
 
 
+def without_loss_options(chain: Chain) -> Chain:
+    """``chain`` whose loss stage offers no chunked option: every schedule then runs the loss as written (a chain
+    file planned with ``memprof plan --no-loss-options``; a run's chain gets none with ``loss_chunks=()``)."""
+    loss = chain.stages[-1]
+    kept = tuple(option for option in loss.options if not option.chunks)
+    return chain if kept == loss.options else replace(chain, stages=(*chain.stages[:-1], replace(loss, options=kept)))
+
+
 def without_weight_grads(chain: Chain) -> Chain:
     """``chain`` with no stage allocating parameter gradients: budgets on the activations alone, as when the
     gradients already exist. An eager loss option still allocates its own (it adds them to the existing ones

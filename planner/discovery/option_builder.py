@@ -30,6 +30,14 @@ No list per model type: the options come from what the ops of the stage's forwar
   with a dispatch mode's overhead, misjudge what a recomputation costs.
 * Options that keep no less memory for no less time than another (keeping everything included) are
   dropped; the rest are listed from the most memory to the least.
+* Partial options (``StageOption.partial``), when every record of the stage says what it reads
+  (``OpRecord.reads``; older traces keep the behaviour above exactly): ``B(l)`` then replays only the cone
+  (:mod:`planner.discovery.cone`), the ops needed to rebuild the dropped saved tensors, so an option's
+  recomputation is the cone's share of the op weights and FLOPs; the ranking is a greedy on what keeping each
+  output spares of the cone per byte (:mod:`planner.discovery.cone_ranking`), cut as above (the time cuts as
+  fractions of what ``"none"`` replays); random ops' outputs may be kept (the replay restores the RNG state
+  before each random op it runs, so keeping one shifts no other draw); the stage's output is held anyway
+  and never replayed.
 """
 
 from __future__ import annotations
@@ -38,6 +46,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from memprof.analysis.op_records import OpRecord
+from planner.discovery.cone import cone, has_reads, stage_graph
+from planner.discovery.cone_ranking import greedy_ranking
 from planner.errors import ChainError
 from planner.model.chain import Chain, Stage
 from planner.model.stage_option import StageOption
@@ -91,26 +101,42 @@ def stage_options(ops: Sequence[OpRecord], stage: Stage, recompute_cost: str = "
     output_op = allocating[-1] if allocating else None
     # A kept op is not recomputed, so keeping a matmul whose output no backward reads still saves its time.
     wanted = needed | {i for i, record in enumerate(ops) if record.flops > 0}
-    candidates = [i for i in sorted(wanted) if ops[i].output_bytes > 0 and i != output_op and _cacheable(ops, i)]
+    partial = has_reads(ops)
+    candidates = [i for i in sorted(wanted) if ops[i].output_bytes > 0 and i != output_op
+                  and _cacheable(ops, i, partial=partial)]
     weights = _weights(ops, recompute_cost)
-    ranked = sorted(candidates, key=lambda i: (-weights[i] / ops[i].output_bytes,
-                                               -ops[i].flops / ops[i].output_bytes, i))
+    if partial:
+        graph = stage_graph(ops)
+        held = frozenset(() if output_op is None else (output_op,))
+        ranked, spared, total = greedy_ranking(graph, candidates, {i: ops[i].output_bytes for i in candidates},
+                                               weights, held)
+
+        def replayed(kept: frozenset[int]) -> frozenset[int]:
+            return cone(graph, kept | held)
+    else:
+        ranked = sorted(candidates, key=lambda i: (-weights[i] / ops[i].output_bytes,
+                                                   -ops[i].flops / ops[i].output_bytes, i))
+        spared, total = [weights[i] for i in ranked], sum(weights)
+
+        def replayed(kept: frozenset[int]) -> frozenset[int]:  # every op it does not keep, in order
+            return frozenset(i for i in range(len(ops)) if i not in kept)
     kept_sets: list[tuple[str, frozenset[int]]] = [("compute", frozenset(i for i in candidates if ops[i].flops > 0))]
-    for chosen in _prefixes(ranked, [ops[i].output_bytes for i in ranked], [weights[i] for i in ranked],
-                            sum(weights)):
+    for chosen in _prefixes(ranked, [ops[i].output_bytes for i in ranked], spared, total):
         kept_sets.append((_name(ops, chosen), frozenset(chosen)))
     kept_sets.append(("none", frozenset()))
     made: dict[frozenset[int], StageOption] = {}
     for name, kept in kept_sets:
         if name and kept not in made:  # one option per kept set, under its first name ("compute")
-            made[kept] = _option(ops, stage, name, kept, weights, overhead_ms_per_op * len(ops))
+            made[kept] = _option(ops, stage, name, kept, weights, overhead_ms_per_op * len(ops), replayed(kept),
+                                 partial)
     return _undominated(list(made.values()), stage)
 
 
 def _prefixes(ranked: Sequence[int], sizes: Sequence[int], weights: Sequence[float],
               total_weight: float) -> list[list[int]]:
     """The prefixes of ``ranked`` cut at :data:`BYTE_CUTS` of its bytes (the longest within each, at least
-    one op) and at :data:`TIME_CUTS` of ``total_weight`` (the shortest sparing at least that much)."""
+    one op) and at :data:`TIME_CUTS` of ``total_weight`` (the shortest sparing at least that much; ``weights``:
+    what each ranked op spares when kept after those before it)."""
     cuts: list[list[int]] = []
     total_bytes = sum(sizes)
     for cut in BYTE_CUTS:
@@ -137,23 +163,28 @@ RANDOM_OPS = ("bernoulli", "native_dropout", "dropout", "fused_dropout", "rand",
               "normal", "uniform", "exponential", "geometric", "cauchy", "log_normal", "multinomial", "poisson",
               "rrelu")
 """Short names (``aten.<name>.<overload>``, trailing ``_`` and leading ``_`` ignored) of ops that draw random
-numbers. They are always recomputed: the recomputation replays the stage's random numbers from its saved
-RNG state in the forward's order, so skipping one draw would shift every later one."""
+numbers. A selective option always recomputes them: the recomputation replays the stage's random numbers from
+its saved RNG state in the forward's order, so skipping one draw would shift every later one. A partial option
+may keep them (its replay restores the RNG state before each random op)."""
 
 
-def _cacheable(ops: Sequence[OpRecord], i: int) -> bool:
+def _cacheable(ops: Sequence[OpRecord], i: int, partial: bool = False) -> bool:
     """Whether op ``i``'s output may be kept and handed back in the recomputation.
 
     A kept output is the forward's tensor itself; if an op of the stage then writes into it (dropout's
     ``empty_like`` filled by ``bernoulli_``, a convolution's output by ``relu_``), the recomputation would
     apply that write a second time, so it is never kept. Records that do not say what an in-place op writes
     (traces from before ``OpRecord.writes``) fall back to refusing an output followed at once by an in-place
-    op or made uninitialised to be filled (``empty*``). Random ops are never kept (:data:`RANDOM_OPS`).
+    op or made uninitialised to be filled (``empty*``). Random ops are kept only by ``partial`` options
+    (:data:`RANDOM_OPS`), which keep no output of an op that writes in place (their replay skips a kept op,
+    and would skip its write with it).
     """
     short = _short(ops[i])
-    if short.strip("_") in RANDOM_OPS or short.startswith(("empty", "new_empty")):
+    if (short.strip("_") in RANDOM_OPS and not partial) or short.startswith(("empty", "new_empty")):
         return False
     index = ops[i].index
+    if partial and ops[i].writes:
+        return False
     if all(r.writes is not None for r in ops):
         return not any(index in (r.writes or ()) for r in ops[i + 1:])
     return i + 1 >= len(ops) or not _short(ops[i + 1]).endswith("_")
@@ -177,16 +208,18 @@ def _weights(ops: Sequence[OpRecord], recompute_cost: str) -> list[float]:
     return [1.0] * len(ops)
 
 
-def _option(ops: Sequence[OpRecord], stage: Stage, name: str, kept: frozenset[int],
-            weights: Sequence[float], overhead_ms: float) -> StageOption:
-    dropped = [i for i in range(len(ops)) if i not in kept]
-    share = sum(weights[i] for i in dropped) / sum(weights)
+def _option(ops: Sequence[OpRecord], stage: Stage, name: str, kept: frozenset[int], weights: Sequence[float],
+            overhead_ms: float, replayed: frozenset[int], partial: bool) -> StageOption:
+    """The option keeping ``kept``, whose ``B(l)`` replays the ops ``replayed``."""
+    share = sum(weights[i] for i in replayed) / sum(weights)
     saved = stage.output_bytes + sum(ops[i].output_bytes for i in kept)
     saves = tuple(sorted(kept))
     return StageOption(name=name, saved_bytes=min(max(saved, stage.output_bytes), stage.saved_bytes),
-                       recompute_ms=stage.forward_ms * share + overhead_ms, recompute_flops=sum(ops[i].flops for i in dropped),
-                       saves=saves, save_ops=tuple(ops[i].op for i in saves),
-                       save_occurrences=tuple(sum(1 for r in ops[:i] if r.op == ops[i].op) for i in saves))
+                       recompute_ms=stage.forward_ms * share + overhead_ms,
+                       recompute_flops=sum(ops[i].flops for i in replayed), saves=saves,
+                       save_ops=tuple(ops[i].op for i in saves),
+                       save_occurrences=tuple(sum(1 for r in ops[:i] if r.op == ops[i].op) for i in saves),
+                       partial=partial)
 
 
 def _undominated(options: Sequence[StageOption], stage: Stage) -> tuple[StageOption, ...]:

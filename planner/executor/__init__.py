@@ -5,6 +5,8 @@ model; the runtime it installs is pure torch and is embedded verbatim by the sta
 :mod:`~planner.executor.block_io` (a block's arguments and results), :mod:`~planner.executor.stage` (how one
 stage's modules are called), :mod:`~planner.executor.offload` and :mod:`~planner.executor.transfers` (saved
 tensors to host memory and back), :mod:`~planner.executor.selective` (options as selective checkpoints),
+:mod:`~planner.executor.partial` and :mod:`~planner.executor.partial_tape` (partial options: a recorded forward
+replayed only where its dropped saved tensors need it),
 :mod:`~planner.executor.program` (the schedule split into forward, recompute and backward segments),
 :mod:`~planner.executor.grads` (gradients handed between stages), :mod:`~planner.executor.runtime` (running
 them), :mod:`~planner.executor.weights` (streamed weights) and :mod:`~planner.executor.install` (the wrappers

@@ -61,7 +61,7 @@ def apply_schedule(model: nn.Module, schedule: Schedule, container: str | None =
     groups = stage_modules(model, schedule, container)
     remove_schedule(model)
     executor = ScheduleExecutor(groups, runtime_ops(schedule), min_offload_bytes, policies(schedule),
-                                schedule.streamed_weights, root=model)
+                                schedule.streamed_weights, root=model, partial=partial_options(schedule))
     chunks, eager = loss_chunks(schedule)
     try:
         executor.install()
@@ -117,6 +117,13 @@ def policies(schedule: Schedule) -> dict[tuple[int, int], tuple[tuple[str, int],
                 )
             out[(op.stage, op.option)] = policy_of(option.save_ops, option.save_occurrences)
     return out
+
+
+def partial_options(schedule: Schedule) -> list[tuple[int, int]]:
+    """The ``(stage, option)`` pairs the schedule uses whose option is partial (replays only what it needs)."""
+    used = {(op.stage, op.option) for op in schedule.ops if op.option and op.stage <= schedule.chain.length}
+    return sorted((stage, option) for stage, option in used
+                  if schedule.chain.stage(stage).options[option - 1].partial)
 
 
 def remove_schedule(model: nn.Module) -> nn.Module:

@@ -54,22 +54,34 @@ def _logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
 class _Gradients:
     """The gradients of the hidden states, the weight and the bias, filled one chunk at a time.
 
-    The weight's (and bias's) gradient sums over every chunk: it is accumulated in float32 whatever the head's
-    dtype, then cast once.
+    They follow what plain autograd computes where the head runs in a lower precision than its parameters
+    (under autocast): each chunk's products take the head's dtype (the weight cast to it once, not per chunk);
+    the weight's (and bias's) gradient sums over every chunk in float32, as the one matrix product (or sum)
+    over every token accumulates inside, and is then rounded once to the head's dtype, as that product's
+    result is, before taking the parameter's dtype.
     """
 
     def __init__(self, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                  needs: tuple[bool, ...]) -> None:
         self.weight, self.bias = weight, bias
+        self.dtype = weight.dtype  # the head's: the chunks' logits dtype once one is added
+        self.cast: torch.Tensor | None = None
         self.hidden = torch.empty_like(hidden) if needs[0] else None
         self.weight_grad = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if needs[1] else None
         self.bias_grad = (torch.zeros(bias.shape, dtype=torch.float32, device=bias.device)
                           if needs[2] and bias is not None else None)
 
+    def weight_in(self, dtype: torch.dtype) -> torch.Tensor:
+        """The weight in ``dtype``, cast once and kept (a cast per chunk would copy it chunks times)."""
+        if self.cast is None or self.cast.dtype != dtype:
+            self.cast = self.weight.to(dtype)
+        return self.cast
+
     def add(self, start: int, rows: torch.Tensor, grad_logits: torch.Tensor) -> None:
         """Adds one chunk's share, ``grad_logits`` being d(loss)/d(logits) of ``rows``, in the head's dtype."""
+        self.dtype = grad_logits.dtype
         if self.hidden is not None:
-            self.hidden[start:start + rows.shape[0]] = grad_logits @ self.weight.to(grad_logits.dtype)
+            self.hidden[start:start + rows.shape[0]] = grad_logits @ self.weight_in(grad_logits.dtype)
         if self.weight_grad is not None:  # out= rather than addmm_: FLOP counters see aten.addmm, not addmm_
             torch.addmm(self.weight_grad, grad_logits.t().to(torch.float32),
                         rows.to(grad_logits.dtype).to(torch.float32), out=self.weight_grad)
@@ -78,8 +90,9 @@ class _Gradients:
 
     def results(self) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
         """``(grad hidden, grad weight, grad bias)`` in the inputs' dtypes (``None`` where not needed)."""
-        weight = self.weight_grad.to(self.weight.dtype) if self.weight_grad is not None else None
-        bias = self.bias_grad.to(self.bias.dtype) if self.bias_grad is not None and self.bias is not None else None
+        weight = self.weight_grad.to(self.dtype).to(self.weight.dtype) if self.weight_grad is not None else None
+        bias = (self.bias_grad.to(self.dtype).to(self.bias.dtype)
+                if self.bias_grad is not None and self.bias is not None else None)
         return self.hidden, weight, bias
 
 
@@ -134,7 +147,11 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
         step = ctx.chunk_tokens
         for start in range(0, hidden.shape[0], step):
             rows = hidden[start:start + step]
-            probabilities = torch.softmax(_logits(rows, weight, bias, ctx.dtype).float(), dim=-1)
+            # a half-precision chunk's logits are freed once their float32 copy exists; exp of
+            # the log-softmax, as cross-entropy's backward computes it (softmax rounds a few values otherwise)
+            logits = _logits(rows, grads.weight_in(ctx.dtype), bias, ctx.dtype).float()
+            probabilities = torch.log_softmax(logits, dim=-1).exp_()
+            del logits
             grads.add(start, rows, _grad_logits(probabilities, targets[start:start + step], ctx.ignore_index, scale,
                                                 ctx.dtype))
             del probabilities

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import warnings
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -34,6 +34,8 @@ class ScheduleExecutor:
         min_offload_bytes: saved storages below this size stay on the device when their stage is offloaded.
         policies: for each ``(stage, option)`` the schedule uses, the ops the option keeps,
             ``(aten overload name, occurrence)`` pairs.
+        partial: the ``(stage, option)`` pairs whose option is partial: their backward replays only what the
+            dropped saved tensors need (:mod:`planner.executor.partial`), not the whole stage.
         streamed: the stages whose weights live in host memory and are streamed to the device around their
             computations (:mod:`planner.executor.weights`); parameters shared by several stages stay put.
         root: the model the stages live in; a Hugging Face config of it with ``use_cache=True`` is turned off
@@ -46,13 +48,15 @@ class ScheduleExecutor:
     def __init__(self, stages: Sequence[Sequence[nn.Module]], ops: Sequence[tuple[str, int]],
                  min_offload_bytes: int = MIN_OFFLOAD_BYTES,
                  policies: Mapping[tuple[int, int], Sequence[Sequence[Any]]] | None = None,
-                 streamed: Sequence[int] = (), root: nn.Module | None = None) -> None:
+                 streamed: Sequence[int] = (), root: nn.Module | None = None,
+                 partial: Iterable[Sequence[int]] = ()) -> None:
         self.program = Program(ops, len(stages))
         self.root = root
         self.caches: list[tuple[Any, bool]] = []  # the configs whose use_cache the schedule turned off
         # (stage, option) -> the ops F_all(stage)[option] keeps, by name and occurrence (see selective.py)
         self.policies = {(int(s), int(o)): tuple((str(n), int(c)) for n, c in kept)
                          for (s, o), kept in (policies or {}).items()}
+        self.partial = {(int(s), int(o)) for s, o in partial}
         self.pool = HostPool()  # host buffers of offloaded activations, reused across steps
         self.copiers: dict[torch.device, Copier] = {}
         self.min_offload_bytes = int(min_offload_bytes)

@@ -23,6 +23,7 @@ import torch
 from planner.executor.block_io import reshaped_input, secondary_outputs, tensors_in
 from planner.executor.carried_grads import CarriedGrads
 from planner.executor.grads import Recorded, backward_freeing_grad, steal
+from planner.executor.partial import run_partial
 from planner.executor.program import F_ALL, F_NONE, OFFLOAD, TRANSFER_KINDS, B
 from planner.executor.selective import Policy, run_selective, split_option
 from planner.executor.stage import (
@@ -161,6 +162,7 @@ class _Run:
     def _run_forward(self, kind: str, stage: int) -> Any:
         kind, option = split_option(kind)
         policy = self.executor.policies[(stage, option)] if option else None
+        partial = (stage, option) in self.executor.partial
         x = self._input(stage)
         keep = kind != F_NONE or stage - 1 in self.recs
         first = stage not in self.seen
@@ -172,7 +174,7 @@ class _Run:
             with torch.enable_grad(), hooks:
                 # Through a view, the gradients of the stage's input are summed in autograd's buffer and handed
                 # over once, as in plain autograd; on the leaf itself, its first part would be copied and kept.
-                y, raw = self._call(stage, leaf.view_as(leaf) if leaf.requires_grad else leaf, keep, policy)
+                y, raw = self._call(stage, leaf.view_as(leaf) if leaf.requires_grad else leaf, keep, policy, partial)
             if self.transfers is not None and stage in self.program.offloaded:
                 self.transfers.recorded(stage, [y, *tensors_in(raw if first else None)])
             self.recs[stage] = (leaf, y)
@@ -200,16 +202,18 @@ class _Run:
         wrap = self.weights.hooks if streamed and self.weights is not None else None
         return self.transfers.recording(stage, x, self.executor.stages[stage - 1].modules, others, wrap)
 
-    def _call(self, stage: int, x: torch.Tensor, keep: bool, policy: Policy | None = None) -> tuple[torch.Tensor, Any]:
+    def _call(self, stage: int, x: torch.Tensor, keep: bool, policy: Policy | None = None,
+              partial: bool = False) -> tuple[torch.Tensor, Any]:
         plain = runner = self.executor.stages[stage - 1]
-        if policy is not None:  # F_all with an option: PyTorch's selective checkpoint keeps part, recomputes the rest
+        if policy is not None:  # F_all with an option: keeps part, recomputes the rest (all of it, or what is needed)
+            run_option = run_partial if partial else run_selective
 
             def frozen(thunk: Any) -> Any:
                 with plain.frozen_state(unseen=True):
                     return thunk()
 
             def runner(inp: torch.Tensor, call: Any, leaves: Any) -> Any:
-                return run_selective(lambda v: plain(v, call, leaves), inp, policy, frozen)
+                return run_option(lambda v: plain(v, call, leaves), inp, policy, frozen)
         call = self.calls[stage]
         version = x._version
         leaves = None

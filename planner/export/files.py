@@ -3,6 +3,7 @@
 The Python file embeds the pure-torch runtime (:mod:`planner.executor.block_io`, :mod:`planner.executor.sharded`,
 :mod:`planner.executor.stage`,
 :mod:`planner.executor.offload`, :mod:`planner.executor.transfers`, :mod:`planner.executor.selective`,
+:mod:`planner.executor.partial_tape`, :mod:`planner.executor.partial`,
 :mod:`planner.executor.program`, :mod:`planner.executor.grads`, :mod:`planner.executor.carried_grads`,
 :mod:`planner.executor.runtime`, :mod:`planner.executor.weights`, :mod:`planner.executor.install`,
 :mod:`planner.executor.chunked_loss`, :mod:`planner.executor.chunked_head`, which import
@@ -35,6 +36,8 @@ from planner.executor import chunked_loss as executor_chunked_loss
 from planner.executor import grads as executor_grads
 from planner.executor import install as executor_install
 from planner.executor import offload as executor_offload
+from planner.executor import partial as executor_partial
+from planner.executor import partial_tape as executor_partial_tape
 from planner.executor import program as executor_program
 from planner.executor import runtime as executor_runtime
 from planner.executor import selective as executor_selective
@@ -43,7 +46,7 @@ from planner.executor import stage as executor_stage
 from planner.executor import transfers as executor_transfers
 from planner.executor import validate_ops
 from planner.executor import weights as executor_weights
-from planner.executor.apply import loss_chunks, policies, runtime_ops
+from planner.executor.apply import loss_chunks, partial_options, policies, runtime_ops
 from planner.model.schedule import Schedule
 
 
@@ -58,8 +61,9 @@ def export_python(schedule: Schedule) -> str:
     groups = names if all(names) else None
     ops = [list(op) for op in runtime_ops(schedule)]
     kept = {f"{stage}:{option}": [list(pair) for pair in pairs] for (stage, option), pairs in policies(schedule).items()}
-    return "\n".join([_header(schedule), _runtime_body(), _data(schedule, groups, ops, kept, loss_chunks(schedule)),
-                      _APPLY])
+    partial = [list(pair) for pair in partial_options(schedule)]
+    return "\n".join([_header(schedule), _runtime_body(),
+                      _data(schedule, groups, ops, kept, loss_chunks(schedule), partial), _APPLY])
 
 
 def export_json(schedule: Schedule) -> str:
@@ -105,7 +109,7 @@ def _runtime_body() -> str:
     """The runtime modules' code, in dependency order, without docstrings and imports of each other."""
     parts = ["from __future__ import annotations"]
     for module in (executor_block_io, executor_sharded, executor_stage, executor_offload, executor_transfers, executor_selective,
-                   executor_program, executor_grads, executor_carried_grads, executor_runtime, executor_weights,
+                   executor_partial_tape, executor_partial, executor_program, executor_grads, executor_carried_grads, executor_runtime, executor_weights,
                    executor_install, executor_chunked_loss, executor_chunked_head):
         source = inspect.getsource(module)
         lines = source.splitlines()
@@ -128,7 +132,7 @@ def _literal(name: str, value: Any) -> str:
 
 
 def _data(schedule: Schedule, groups: list[list[str]] | None, ops: list, kept: dict[str, list],
-          chunks: tuple[int, bool] = (0, False)) -> str:
+          chunks: tuple[int, bool] = (0, False), partial: list[list[int]] | None = None) -> str:
     info = {
         "algorithm": schedule.algorithm,
         "budget_bytes": schedule.budget_bytes,
@@ -147,6 +151,8 @@ def _data(schedule: Schedule, groups: list[list[str]] | None, ops: list, kept: d
         _literal("OPS", ops),
         "# For each 'stage:option' of an F_all[option]: the ops it keeps, [aten overload, occurrence].",
         _literal("POLICIES", kept),
+        "# The [stage, option] pairs whose option replays only what its dropped saved tensors need (partial).",
+        _literal("PARTIAL", partial or []),
         "# The stages whose weights live in host memory and are streamed to the device (planner.simulation.weight_streams).",
         _literal("STREAMED", list(schedule.streamed_weights)),
         "# [chunks, eager]: the chunks the language-model head and its loss run in (planner.executor.chunked_head;",
@@ -178,7 +184,8 @@ def apply_schedule(model, container="", min_offload_bytes=MIN_OFFLOAD_BYTES):
     if len(groups) != SCHEDULE["stages"]:
         raise ValueError(f"this schedule has {SCHEDULE['stages']} stages; the model offers {len(groups)}")
     policies = {tuple(int(v) for v in key.split(":")): value for key, value in POLICIES.items()}
-    executor = ScheduleExecutor(groups, [tuple(op) for op in OPS], min_offload_bytes, policies, STREAMED, root=model)
+    executor = ScheduleExecutor(groups, [tuple(op) for op in OPS], min_offload_bytes, policies, STREAMED, root=model,
+                                partial=PARTIAL)
     executor.install()
     if LOSS_CHUNKS[0]:
         install_chunked_head(model, chunks=LOSS_CHUNKS[0], eager=LOSS_CHUNKS[1])

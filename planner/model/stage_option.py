@@ -36,6 +36,9 @@ class StageOption:
         eager: a chunked loss that computes its gradients in the forward (no logits recomputed): a-bar_k
             holds the input gradient and the parameter gradients, which ``B`` hands over instead of
             allocating them.
+        partial: a selective option whose ``B(l)`` replays only the ops its dropped saved tensors depend on
+            (the cone, :mod:`planner.discovery.cone`; :mod:`planner.executor.partial` runs it), not every op
+            it does not keep; ``recompute_ms`` and ``recompute_flops`` are the cone's. Not for a chunked loss.
         forward_overhead_bytes: o_f with this option (``None``: the stage's own).
         backward_overhead_bytes: o_b with this option (``None``: the stage's own).
     """
@@ -49,6 +52,7 @@ class StageOption:
     save_occurrences: tuple[int, ...] = ()
     chunks: int = 0
     eager: bool = False
+    partial: bool = False
     forward_overhead_bytes: int | None = None
     backward_overhead_bytes: int | None = None
 
@@ -61,6 +65,9 @@ class StageOption:
         if not isinstance(self.eager, bool) or (self.eager and not self.chunks):
             raise ChainError(f"{where}: eager must be true or false, and true only for a chunked loss (chunks > 0); "
                              f"found eager={self.eager!r}, chunks={self.chunks}")
+        if not isinstance(self.partial, bool) or (self.partial and self.chunks):
+            raise ChainError(f"{where}: partial must be true or false, and true only for a selective option (chunks=0); "
+                             f"found partial={self.partial!r}, chunks={self.chunks}")
         if self.chunks and self.saves:
             raise ChainError(f"{where}: a chunked loss (chunks={self.chunks}) keeps no ops' outputs; found saves "
                              f"{tuple(self.saves)}")
@@ -90,6 +97,7 @@ class StageOption:
                 "recompute_flops": self.recompute_flops, "saves": list(self.saves), "save_ops": list(self.save_ops),
                 "save_occurrences": list(self.save_occurrences),
                 **({"chunks": self.chunks} if self.chunks else {}), **({"eager": True} if self.eager else {}),
+                **({"partial": True} if self.partial else {}),
                 **{key: getattr(self, key) for key in ("forward_overhead_bytes", "backward_overhead_bytes")
                    if getattr(self, key) is not None}}
 
@@ -106,7 +114,7 @@ def option_from_dict(raw: Any, where: str) -> StageOption:
                            recompute_flops=raw.get("recompute_flops", 0), saves=tuple(raw.get("saves", ())),
                            save_ops=tuple(raw.get("save_ops", ())),
                            save_occurrences=tuple(raw.get("save_occurrences", ())), chunks=raw.get("chunks", 0),
-                           eager=raw.get("eager", False),
+                           eager=raw.get("eager", False), partial=raw.get("partial", False),
                            forward_overhead_bytes=raw.get("forward_overhead_bytes"),
                            backward_overhead_bytes=raw.get("backward_overhead_bytes"))
     except (TypeError, ValueError) as exc:

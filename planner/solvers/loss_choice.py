@@ -101,5 +101,24 @@ def plan(name: str, chain: Chain, budget_bytes: int, plan_fixed: Callable[[Chain
 
 
 def min_budget_bytes(chain: Chain, min_fixed: Callable[[Chain], int]) -> int:
-    """The lowest of ``min_fixed`` over the loss's options."""
-    return min(min_fixed(variant(chain, option)) for option in chunk_choices(chain))
+    """The lowest of ``min_fixed`` over the loss's options.
+
+    Only the variants no other one holds less than in every respect are solved (what the loss keeps, its
+    forward and backward transients): a minimum budget depends on memory alone and grows with each of them,
+    so more chunks of the same kind (smaller transients, the same a-bar_k) always reach at least as low.
+    """
+    variants = [variant(chain, option) for option in chunk_choices(chain)]
+    costs = [_memory(fixed) for fixed in variants]
+    kept = [fixed for index, fixed in enumerate(variants)
+            if not any(_covers(other, costs[index]) and (other != costs[index] or earlier < index)
+                       for earlier, other in enumerate(costs) if earlier != index)]
+    return min(min_fixed(fixed) for fixed in kept)
+
+
+def _memory(fixed: Chain) -> tuple[int, int, int]:
+    loss = fixed.stages[-1]
+    return loss.saved_bytes, loss.forward_overhead_bytes, loss.backward_overhead_bytes
+
+
+def _covers(low: tuple[int, ...], high: tuple[int, ...]) -> bool:
+    return all(a <= b for a, b in zip(low, high))

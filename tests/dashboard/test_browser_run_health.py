@@ -7,6 +7,7 @@ listing the tensors alive at that moment. Screenshots land in ``test-artifacts/s
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -143,12 +144,30 @@ def _iterations_shown(chrome) -> int:
     return int(found.group(1).replace(",", "")) if found else 0
 
 
+def _runs_count(chrome, name: str) -> int:
+    """The Runs table's iteration count of run ``name`` (0 while it shows none), read in one script: the table is
+    redrawn under the test on every tick."""
+    text = chrome.execute_script(f"""
+        for (const row of document.querySelectorAll('#{ids.RUNS_TABLE} tr')) {{
+            if (![...row.querySelectorAll('td')].some(cell => cell.textContent === arguments[0])) continue;
+            const cell = row.querySelector('td[data-dash-column="iterations"]');
+            return cell ? cell.textContent : '';
+        }}
+        return '';""", name)
+    text = str(text or "").replace(",", "").strip()
+    return int(text) if text.isdigit() else 0
+
+
 def test_a_live_run_refreshes_on_its_own(driver, server, root):
     live = _train(root, "live", 40, 0.5)
     try:
         assert live.stdout.readline().startswith(b"done")
         load(driver, server.url + "?run=live")
         assert "running" in _row_text(driver, "live").split(" | ")
+        listed = wait_for(driver, lambda: _runs_count(driver, "live"), "the live run's count in the Runs table")
+        # no reload, no click: the Runs table's row follows the run on the same interval
+        wait_for(driver, lambda: _runs_count(driver, "live") >= listed + 3, "the Runs count going up")
+        screenshot(driver, "live-run-runs-table")
         open_tab(driver, "Overview")
         wait_for(driver, lambda: _iterations_shown(driver) >= 1, "the live run's first iterations")
         first = _iterations_shown(driver)
@@ -158,6 +177,56 @@ def test_a_live_run_refreshes_on_its_own(driver, server, root):
     finally:
         live.kill()
         live.wait()
+    assert severe(driver) == []
+
+
+def _append_slower(run_dir: Path, iteration: int, factor: float) -> None:
+    """A detailed iteration like iteration 0 whose modules take ``factor`` times as long."""
+    import pyarrow as pa
+
+    from memprof import load_trace
+    from memprof.schema import LAYERS_SCHEMA
+    from memprof.trace.format.writer import TraceWriter
+    from tests.dashboard.fixtures import activation_profile, event_rows, iteration_row
+
+    layers = load_trace(run_dir).read("layers", iterations=[0])
+    layers = layers.assign(iteration=iteration, forward_ms=layers.forward_ms * factor,
+                           backward_ms=layers.backward_ms * factor)
+    events = event_rows(iteration, activation_profile(1), start_ns=iteration * 10**9)
+    writer = TraceWriter(run_dir)
+    writer.append("layers", pa.Table.from_pandas(layers, schema=LAYERS_SCHEMA, preserve_index=False))
+    writer.append("events", events)
+    writer.append("iterations", [iteration_row(iteration, events)])
+
+
+def _makespan_ms(chrome) -> float:
+    found = re.search(r"predicted makespan ([\d.]+) ms", text_of(chrome, ids.PLANNER_MAKESPAN))
+    return float(found.group(1)) if found else 0.0
+
+
+def test_the_planner_follows_a_live_runs_new_detail(driver, server, root):
+    """The Planner tab open on a run still written: its chain is costed again from the new detailed iterations."""
+    from memprof.trace.liveness import writer_record
+    from tests.dashboard.fixtures import write_chain_run
+
+    run_dir = root / "planned-live"
+    write_chain_run(run_dir, stages=6, iterations=2)
+    meta_path = run_dir / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta_path.write_text(json.dumps({**meta, "status": "running", "writer": writer_record()}))  # this process
+    try:
+        load(driver, server.url + "?run=planned-live")
+        open_tab(driver, "Planner")
+        before = wait_for(driver, lambda: _makespan_ms(driver), "the Planner's makespan")
+        for iteration in (2, 3, 4):  # three times slower: the medians of iterations 1-4 are the new times
+            _append_slower(run_dir, iteration, 3.0)
+        # no reload, no click: the next tick's stamp shows new detail, and the chain is costed again
+        after = wait_for(driver, lambda: _makespan_ms(driver) > 2.5 * before and _makespan_ms(driver),
+                         "the makespan of the chain costed again")
+        assert after == pytest.approx(3 * before, rel=0.01)
+        screenshot(driver, "live-run-planner")
+    finally:
+        meta_path.write_text(json.dumps({**meta, "status": "closed"}))
     assert severe(driver) == []
 
 

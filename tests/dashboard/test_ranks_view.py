@@ -64,7 +64,26 @@ def test_ranks_without_iterations_and_unreadable_ranks_are_said(tmp_path):
     store = TraceStore(tmp_path, BoundedCache())
     _, text, _ = cb.ranks_view(store, ["run/rank=0"])
     assert text.startswith("2 ranks.") and text.endswith("1 more rank has no iteration yet.")
-    part = tmp_path / "run" / "rank=1" / "iterations.parquet" / "part-000002.parquet"
-    part.write_bytes(part.read_bytes()[:-50])
+    (tmp_path / "run" / "rank=2" / "meta.json").write_text("{not json")
     style, text, _ = cb.ranks_view(TraceStore(tmp_path, BoundedCache()), ["run/rank=0"])
-    assert style == {"display": "block"} and text.startswith("Cannot compare the ranks of run/rank=0: rank 1 ")
+    assert style == {"display": "block"} and text.startswith("Cannot compare the ranks of run/rank=0: rank 2 ")
+
+
+@pytest.mark.filterwarnings("ignore:run .* damaged part:RuntimeWarning")
+def test_a_damaged_part_of_another_rank_is_left_out_with_one_line(tmp_path):
+    """As a single run's damaged part (tests/dashboard/test_run_health.py): garbage in one rank's part."""
+    import os
+
+    from memprof.trace.parts import table_parts
+
+    write_many_ranks(tmp_path / "run", 3, 100, part_rows=50)
+    table_parts(tmp_path / "run" / "rank=1", ITERATIONS)[0].write_bytes(os.urandom(3000))  # its spike is in [1]
+    store = TraceStore(tmp_path, BoundedCache())
+    style, text, fig = cb.ranks_view(store, ["run/rank=0"])
+    assert style == {"display": "block"} and text.startswith("3 ranks. Rank 1 peaks highest")
+    assert text.endswith(" Left out: 1 damaged part skipped: lost iterations 0-49 entirely "
+                         "(rank=1/iterations.parquet/part-000001.parquet: not a readable Parquet file (truncated, "
+                         "overwritten or written by another tool)).")
+    assert str(tmp_path) not in text and "Error" not in text
+    assert [len(trace.y) for trace in fig.data] == [100, 50, 100]  # the other ranks and parts are all drawn
+    assert store.rank_peaks("run/rank=2").summary.iterations.tolist() == [100, 50, 100]

@@ -35,6 +35,7 @@ def ops_table(iteration: int, records: Sequence[OpRecord]) -> pa.Table:
         "forward_ms": [float(r.forward_ms) for r in records],
         "flops": [r.flops for r in records],
         "writes": [None if r.writes is None else list(r.writes) for r in records],
+        "reads": [None if r.reads is None else list(r.reads) for r in records],
     }
     return pa.Table.from_pydict(columns, schema=OPS_SCHEMA)
 
@@ -79,14 +80,15 @@ def records_from_frame(frame: pd.DataFrame) -> list[OpRecord]:
                                     output_bytes=int(row["output_bytes"]),
                                     needs=tuple(int(i) for i in (needs if needs is not None else ())),
                                     forward_ms=float(row["forward_ms"]), flops=int(row["flops"]),
-                                    writes=_maybe_indexes(writes)))
+                                    writes=_maybe_indexes(writes), reads=_maybe_indexes(row.get("reads"))))
         except ValueError as exc:
             raise CorruptTraceError(f"the ops table holds an invalid row: {exc}") from None
     return records
 
 
 def _maybe_indexes(value: object) -> tuple[int, ...] | None:
-    """A ``writes`` cell: ``None`` when missing (older parts, NaN after concatenation), else its indexes."""
+    """A ``writes`` or ``reads`` cell: ``None`` when missing (older parts, NaN after concatenation), else its
+    indexes."""
     if value is None or isinstance(value, float):
         return None
     return tuple(int(i) for i in value)  # type: ignore[attr-defined]

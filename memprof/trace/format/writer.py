@@ -27,7 +27,9 @@ from memprof.schema import (
     LATER_COLUMNS,
     LAYERS,
     META_FILE,
+    READ_SCHEMAS,
     SCHEMAS,
+    STACKS,
     table_dir_name,
 )
 from memprof.trace.format.compaction import (
@@ -38,6 +40,9 @@ from memprof.trace.format.compaction import (
     parse_part_name,
     part_name,
 )
+
+#: The tables the training process writes itself and compacts with its own writer (the worker never opens them).
+STACKS_TABLES: tuple[str, ...] = (STACKS,)
 
 
 def write_meta(run_dir: Path, meta: Mapping[str, Any]) -> None:
@@ -52,7 +57,7 @@ def rows_to_table(table: str, rows: Sequence[Mapping[str, Any]]) -> pa.Table:
     Missing required columns raise ``KeyError``; a column added to the format later (``LATER_COLUMNS``) may be
     left out and takes the value the reader gives parts that lack it; extra keys are kept as additional columns.
     """
-    schema = SCHEMAS[table]
+    schema = READ_SCHEMAS[table]
     later = LATER_COLUMNS.get(table, {})
     columns: dict[str, list[Any]] = {
         name: [row[name] for row in rows] if name not in later else [row.get(name, later[name]) for row in rows]
@@ -71,20 +76,31 @@ class TraceWriter:
     """Appends parts to the tables of one run directory and merges them as :attr:`policy` says.
 
     Opening a writer on an existing run directory (the inline takeover does, after killing the
-    worker) first removes what a killed writer left behind: the inputs of an unfinished merge and
-    temporary files. Only one writer may write a run directory at a time.
+    worker) first removes what a killed writer left behind in its tables: the inputs of an unfinished
+    merge and temporary files. Only one writer may write a table at a time: the worker (or the inline
+    takeover) writes the flushed tables, the training process its ``stacks`` (:data:`STACKS_TABLES`).
 
     Args:
         run_dir: the run's directory; created if missing.
         policy: when parts are merged (:class:`~memprof.trace.format.compaction.CompactionPolicy`).
+        tables: the tables this writer appends to and compacts (default: the flushed ones, ``SCHEMAS``).
+
+    Raises:
+        KeyError: a table the format does not know.
     """
 
-    def __init__(self, run_dir: Path, policy: CompactionPolicy | None = None) -> None:
+    def __init__(self, run_dir: Path, policy: CompactionPolicy | None = None,
+                 tables: Sequence[str] = tuple(SCHEMAS)) -> None:
+        unknown = [t for t in tables if t not in READ_SCHEMAS]
+        if unknown:
+            raise KeyError(f"no table named {unknown[0]!r}; expected some of {sorted(READ_SCHEMAS)}")
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.policy = policy or CompactionPolicy()
-        self._parts: dict[str, list[Part]] = {name: open_parts(self._directory(name)) for name in SCHEMAS}
-        self._next_part = {name: self._first_free_part(name) for name in SCHEMAS}
+        self.tables = tuple(tables)
+        # a table another process writes is never listed here: opening it would delete that writer's temporaries
+        self._parts: dict[str, list[Part]] = {name: open_parts(self._directory(name)) for name in self.tables}
+        self._next_part = {name: self._first_free_part(name) for name in self.tables}
         # the tables of the appended parts that the next merge may take, so that it need not read them
         self._loaded: dict[Path, pa.Table] = {}
         self._merge_failed = False
@@ -104,7 +120,13 @@ class TraceWriter:
         return [part.path for part in self._parts[table]]
 
     def append(self, table: str, data: pa.Table | Sequence[Mapping[str, Any]]) -> Path | None:
-        """Writes one part of ``table``; returns its path, or ``None`` when there was nothing to write."""
+        """Writes one part of ``table``; returns its path, or ``None`` when there was nothing to write.
+
+        Raises:
+            KeyError: ``table`` is not one of this writer's :attr:`tables`.
+        """
+        if table not in self._parts:
+            raise KeyError(f"this writer writes {self.tables}, not {table!r}: open one with tables=({table!r},)")
         if not isinstance(data, pa.Table):
             if not data:
                 return None
@@ -141,7 +163,7 @@ class TraceWriter:
             The merged parts written, in order.
         """
         written: list[Path] = []
-        for table in SCHEMAS:
+        for table in self.tables:
             parts = self._parts[table]
             while (inputs := self.policy.plan(parts)) is not None:
                 try:

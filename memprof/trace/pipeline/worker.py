@@ -1,22 +1,25 @@
 """The background worker: turns journal records into Parquet parts beside the training process.
 
 Started by :class:`memprof.capture.sinks.BackgroundSink` as ``python -m memprof.trace.pipeline.worker <run_dir>``. It
-reads one line per new record on stdin (``<iteration>``, or ``end`` when the profiler closes) and
-answers one JSON line per processed iteration on stdout. It does not import torch, runs
+reads a line on stdin when records wait (``<iteration>``: process through it; ``end`` when the profiler closes)
+and answers one JSON line per processed iteration on stdout. It does not import torch, runs
 at a lower priority than training, ignores Ctrl-C (the training process decides when to stop) and,
 should the training process die, finishes every record already journaled before exiting.
 
-Records are processed in gathers: once :data:`GATHER_RECORDS` are waiting, when the training process asks for
-one at once (a report or a failure is due: ``<iteration> now``), or when no record came for :data:`_GATHER_S`.
-Several records in a row run on warm caches and cost less than the same records one wake-up each.
-Processed iterations are written in batches (:data:`FLUSH_ITERATIONS`, or whatever is ready when
-training pauses); until then the journal holds them, and a reader finishes them itself. Before it exits the
+Records are processed in gathers: the training process wakes the worker (a line ``<iteration>``) once
+``sinks.WAKE_RECORDS`` records wait, or at once when a report or a failure is due, and the worker processes the
+journal through that iteration. Several records in a row run on warm caches and cost less than the same records
+one wake-up each. With no wake-up for :data:`_IDLE_S` it processes whatever is journaled (training slowed down),
+and when there was nothing, writes what it has. Processed iterations are written in batches
+(:data:`FLUSH_ITERATIONS`, or whatever is ready when training pauses); until then the journal holds them, and a
+reader finishes them itself. Before it exits the
 worker sends ``{"stats": ...}``: the CPU seconds of its start and of each stage, for the benchmarks.
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import select
@@ -36,10 +39,7 @@ from memprof.trace.pipeline.journal import JOURNAL_DIR, JournalReader, read_spec
 
 #: Iterations written together as one Parquet part per table: parts cost mostly per file, not per row.
 FLUSH_ITERATIONS = 16
-#: Records the worker lets gather before it processes them (below ``sinks.MAX_PENDING``, so training never waits).
-GATHER_RECORDS = 8
-_GATHER_S = 0.2  # records waiting this long without a new one are processed
-_IDLE_S = 0.5  # with no new record for this long, the worker writes what it has and checks its parent
+_IDLE_S = 0.5  # with no wake-up for this long, the worker processes what is journaled, else writes what it has
 _WAKE = "wake-ups (select, pipe)"
 
 
@@ -63,8 +63,14 @@ class Stages:
 
 
 def _send(message: dict[str, Any]) -> None:
+    _send_all([message])
+
+
+def _send_all(messages: list[dict[str, Any]]) -> None:
+    data = "".join(json.dumps(message) + "\n" for message in messages).encode()
     with contextlib.suppress(OSError):  # the training process is gone: the files are what matters now
-        os.write(1, (json.dumps(message) + "\n").encode())
+        while data:
+            data = data[os.write(1, data):]
 
 
 class _Worker:
@@ -76,6 +82,7 @@ class _Worker:
         self.reader = JournalReader(self.journal_dir, state.last_iteration)
         self.writer = TraceWriter(run_dir)
         self.batch: list[ProcessedIteration] = []
+        self.answers: list[dict[str, Any]] = []  # of processed records, not yet sent
         self._time_writes()
         self.stages.lap("start")
 
@@ -100,31 +107,43 @@ class _Worker:
 
         writer.append, writer.compact = timed_append, timed_compact  # type: ignore[method-assign]
 
-    def catch_up(self, through: int | None) -> None:
-        """Processes the journaled records up to ``through`` (all there are: ``None``)."""
+    def catch_up(self, through: int | None) -> int:
+        """Processes the journaled records up to ``through`` (all there are: ``None``); returns how many."""
         stages = self.stages
         stages.lap(_WAKE)
-        stages.counts["gathers"] += 1
+        done = 0
         while through is None or self.reader.expected <= through:
             record = self.reader.next()
             stages.lap("journal read and decode")
             if record is None:
                 break
+            done += 1
             processed = self.processor.process(record)
             stages.lap("analysis")
             self.batch.append(processed)
             stages.counts["records"] += 1
             stages.counts["detailed"] += processed.detail
-            _send({"done": processed.iteration, "report": processed.report, "failure": processed.failure,
-                   "detailed": list(processed.detailed)})
+            self.answers.append({"done": processed.iteration, "report": processed.report,
+                                 "failure": processed.failure, "detailed": list(processed.detailed)})
             stages.lap("answers")
             if len(self.batch) >= FLUSH_ITERATIONS:
                 self.flush()
+        self.answer()
+        stages.counts["gathers"] += done > 0
+        return done
+
+    def answer(self) -> None:
+        """Sends the answers of the records processed so far, in one write (one read for the training process)."""
+        if self.answers:
+            _send_all(self.answers)
+            self.answers = []
+            self.stages.lap("answers")
 
     def flush(self) -> None:
         """Writes the processed iterations as one part per table, then the state that makes them final."""
         if not self.batch:
             return
+        self.answer()  # training need not wait for the parts
         stages = self.stages
         stages.lap(_WAKE)
         stages.counts["flushes"] += 1
@@ -137,22 +156,16 @@ class _Worker:
         self.batch = []
 
 
-def _gathers(parent: int) -> Iterator[int | None]:
-    """The iteration to process through, once records have gathered (module docstring); ``None`` when idle.
+def _wake_ups(parent: int) -> Iterator[int | None]:
+    """The iteration to process through, each time the training process wakes the worker; ``None`` after
+    :data:`_IDLE_S` without a wake-up.
 
-    Reads stdin's lines (``<iteration>``, ``<iteration> now``, ``end``). Ends at EOF, ``end``, or the parent's
-    death; the records still waiting then are the caller's to process.
+    Reads stdin's lines (``<iteration>``, or ``end``). Ends at EOF, ``end``, or the parent's death; the records
+    still waiting then are the caller's to process.
     """
-    waiting: int | None = None
-    count = 0
     buffer = b""
     while True:
-        ready = select.select([0], [], [], _GATHER_S if waiting is not None else _IDLE_S)[0]
-        if not ready:
-            if waiting is not None:
-                yield waiting
-                waiting, count = None, 0
-                continue
+        if not select.select([0], [], [], _IDLE_S)[0]:
             if os.getppid() != parent:  # re-parented: the training process died (a fork may hold our pipe)
                 return
             yield None
@@ -162,18 +175,46 @@ def _gathers(parent: int) -> Iterator[int | None]:
             return
         buffer += chunk
         *complete, buffer = buffer.split(b"\n")
-        now = False
+        through = None
         for line in complete:
             text = line.decode().strip()
             if text == "end":
                 return
             if text:
-                number, _, flag = text.partition(" ")
-                waiting, count = int(number), count + 1
-                now = now or flag == "now"
-        if waiting is not None and (now or count >= GATHER_RECORDS):
-            yield waiting
-            waiting, count = None, 0
+                through = int(text.partition(" ")[0])
+        if through is not None:
+            yield through
+
+
+#: Environment variable naming the worker's scheduling priority: ``idle`` (Linux's SCHED_IDLE) or ``nice:<n>``.
+PRIORITY_ENV = "MEMPROF_WORKER_PRIORITY"
+#: Where torch's threads keep every core busy, the worker at SCHED_IDLE runs in the gaps they leave and preempts
+#: none of them; at ``nice 0-19`` it did, and the steps took longer (docs/benchmarks.md, section 1d).
+DEFAULT_PRIORITY = "idle"
+
+
+def lower_priority(wanted: str | None = None) -> str:
+    """Lowers this process's scheduling priority, as ``wanted`` (default: :data:`PRIORITY_ENV`, else
+    :data:`DEFAULT_PRIORITY`) says; returns what was done, for the worker's account.
+
+    ``idle``: Linux's SCHED_IDLE: the worker runs on a core that nothing else wants, and training never waits for
+    a core because of it (``nice:19`` where there is no SCHED_IDLE or it is refused). ``nice:<n>``: that niceness.
+    An unknown value stands for the default. Either lasts: an unprivileged process cannot raise its priority again.
+    """
+    wanted = wanted or os.environ.get(PRIORITY_ENV) or DEFAULT_PRIORITY
+    if wanted != "idle" and not (wanted.startswith("nice:") and wanted[5:].isdigit()):
+        wanted = DEFAULT_PRIORITY
+    if wanted == "idle":
+        idle = getattr(os, "SCHED_IDLE", None)
+        if idle is not None:
+            with contextlib.suppress(OSError):
+                os.sched_setscheduler(0, idle, os.sched_param(0))
+                return "idle"
+        wanted = "nice:19"
+    with contextlib.suppress(OSError):
+        os.nice(int(wanted[5:]))
+        return wanted
+    return "unchanged"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -181,24 +222,24 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     parent = os.getppid()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    with contextlib.suppress(OSError):
-        os.nice(10)  # training comes first where the cores are busy
+    priority = lower_priority()  # training comes first where the cores are busy
     try:
         pa.set_cpu_count(1)
         pa.set_io_thread_count(1)
         stages = Stages()
         stages.cpu_s["start"] = time.process_time()  # the interpreter and the imports; _Worker adds its set-up
         worker = _Worker(Path(args[0]), stages)
-        for through in _gathers(parent):
+        gc.freeze()  # the modules' objects, imported once: later collections need not walk them
+        for through in _wake_ups(parent):
             if through is not None:
                 worker.catch_up(through)
-            else:
+            elif not worker.catch_up(None):  # records it was not woken for yet are processed first
                 stages.counts["idle wake-ups"] += 1
-                worker.flush()  # training paused or is slow: make what was processed readable as tables
+                worker.flush()  # training paused: make what was processed readable as tables
         worker.catch_up(None)
         worker.flush()
         stages.lap(_WAKE)
-        _send({"stats": stages.to_json()})
+        _send({"stats": {**stages.to_json(), "priority": priority}})
     except Exception as exc:  # noqa: BLE001 - whatever it is, the training process must hear of it
         _send({"error": f"{type(exc).__name__}: {exc}"})
         return 1

@@ -1,8 +1,10 @@
 """The ranks of a distributed run: one streaming scan over every rank's trace and the queries on it.
 
 :mod:`~memprof.trace.ranks.summary` holds the queries (each rank's peaks, the imbalance between
-ranks), :mod:`~memprof.trace.ranks.scan` the single pass over the ranks' ``iterations`` parts, and
-:mod:`~memprof.trace.ranks.aggregate` the per-rank accumulator it feeds.
+ranks), :mod:`~memprof.trace.ranks.plan` what the pass reads of each rank (its parts' footers, its journal),
+:mod:`~memprof.trace.ranks.scan` the single pass over the ranks' ``iterations`` parts,
+:mod:`~memprof.trace.ranks.aggregate` the per-rank accumulator it feeds, and
+:mod:`~memprof.trace.ranks.damaged` the damaged parts it leaves out.
 """
 
 from memprof.trace.ranks.summary import (

@@ -6,7 +6,8 @@ by batch, into a :class:`RankAggregate` per rank; memory holds up to :data:`FOLD
 plus the aggregates. The module and phase at each rank's peak are then read for that one iteration
 only, from the parts whose footers say they may hold it: decoding those strings for every row would
 double the pass. Iterations still in a rank's journal (a killed or running rank) are folded in like
-one more batch.
+one more batch. A damaged part is left out, as the single-run reader leaves it out
+(:mod:`memprof.trace.ranks.damaged`); a strict pass refuses its rank instead.
 """
 
 from __future__ import annotations
@@ -22,18 +23,16 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from memprof.errors import CorruptTraceError, RankTraceError, TraceError
-from memprof.schema import ITERATIONS, ITERATIONS_SCHEMA
-from memprof.trace.pipeline.recovery import recover, recovered_frame
+from memprof.errors import CorruptTraceError, RankTraceError
+from memprof.trace.damage import PartDamage
 from memprof.trace.ranks.aggregate import NUMERIC_COLUMNS, RankAggregate
-from memprof.trace.reader import read_meta, table_parts
+from memprof.trace.ranks.damaged import DAMAGED_PAGE, PartDamaged
+from memprof.trace.ranks.plan import RANK_FIELD, SCAN_COLUMNS, SCAN_SCHEMA, PartsChanged, RankPlan, plan_rank
 
-#: The columns of ``iterations`` a rank's summary needs.
-SCAN_COLUMNS: tuple[str, ...] = (*NUMERIC_COLUMNS, "peak_module", "peak_phase")
+__all__ = ["SCAN_COLUMNS", "PartsChanged", "RankPlan", "RankResult", "aggregate_ranks", "plan_rank", "scan"]
+
 _LABELS = ("peak_module", "peak_phase")
-_RANK = pa.field("rank", pa.int64())
-_SCHEMA = pa.schema([*(ITERATIONS_SCHEMA.field(name) for name in SCAN_COLUMNS), _RANK])
-_PARTITIONING = ds.partitioning(pa.schema([_RANK]), flavor="hive")
+_PARTITIONING = ds.partitioning(pa.schema([RANK_FIELD]), flavor="hive")
 _FORMAT = ds.ParquetFileFormat(default_fragment_scan_options=ds.ParquetFragmentScanOptions(
     page_checksum_verification=True))
 _FILESYSTEM = pafs.LocalFileSystem()
@@ -43,35 +42,6 @@ BATCH_ROWS = 65_536
 FOLD_ROWS = 65_536
 #: Passes tried when the parts change under the pass (merged away by a compaction): list them again.
 ATTEMPTS = 3
-
-Span = tuple[int, int] | None  # (first, last) iteration of a part; None when it is empty
-
-
-class PartsChanged(Exception):
-    """A part vanished or held other iterations than its footer said: the parts changed during the pass."""
-
-
-@dataclass(frozen=True)
-class RankPlan:
-    """What a pass reads of one rank.
-
-    Attributes:
-        rank: the rank.
-        parts: the ``iterations`` parts, in write order, and the span of iterations each holds.
-        recovered: rows of iterations still in the rank's journal (``None`` without any).
-    """
-
-    rank: int
-    parts: tuple[tuple[Path, Span], ...]
-    recovered: pa.RecordBatch | None
-
-    def span(self) -> tuple[int | None, int | None]:
-        """The first and last iteration of the rank (``None, None`` when it has none)."""
-        spans = [span for _, span in self.parts if span is not None]
-        if self.recovered is not None:
-            found = pc.min_max(self.recovered.column("iteration")).as_py()
-            spans.append((found["min"], found["max"]))
-        return min((s[0] for s in spans), default=None), max((s[1] for s in spans), default=None)
 
 
 @dataclass(frozen=True)
@@ -83,75 +53,42 @@ class RankResult:
     peak_phase: str
 
 
-def plan_rank(rank: int, directory: Path) -> RankPlan:
-    """Validates one rank's metadata and ``iterations`` footers; reads its journal's iterations.
+def aggregate_ranks(run_root: Path, found: list[tuple[int, Path]], max_points: int | None,
+                    strict: bool = False) -> tuple[list[RankResult], tuple[PartDamage, ...]]:
+    """Plans and scans every rank; starts again (up to :data:`ATTEMPTS` times) when the parts change under it,
+    and without a part whose pages failed (every time one does: at most once per part).
+
+    Returns:
+        Each rank's result, and the damaged parts left out (empty when ``strict``).
 
     Raises:
-        RankTraceError: the rank's metadata, a part's footer or its journal cannot be read.
-    """
-    try:
-        read_meta(directory)
-        parts = tuple((part, _part_span(part)) for part in table_parts(directory, ITERATIONS))
-        frame = recovered_frame(recover(directory), ITERATIONS)
-    except (TraceError, OSError) as exc:
-        raise RankTraceError(f"rank {rank} of {directory.parent} cannot be read: {exc}; fix or move away "
-                             f"{directory} to compare the other ranks", rank) from exc
-    recovered = None
-    if frame is not None and len(frame):
-        recovered = pa.RecordBatch.from_pandas(frame[list(SCAN_COLUMNS)].assign(rank=rank), schema=_SCHEMA,
-                                               preserve_index=False)
-    return RankPlan(rank, parts, recovered)
-
-
-def _part_span(part: Path) -> Span:
-    """The span of iterations of a part, from its footer; checks the types of the scanned columns."""
-    try:
-        metadata = pq.read_metadata(part)
-        schema = metadata.schema.to_arrow_schema()
-    except (OSError, pa.ArrowException, UnicodeDecodeError) as exc:
-        raise CorruptTraceError(f"{part} is not a readable Parquet file ({exc}); it may be truncated") from None
-    wrong = [f"{field.name} ({field.type})" for field in _SCHEMA if field.name != "rank"
-             and (field.name not in schema.names or not schema.field(field.name).type.equals(field.type))]
-    if wrong:
-        raise CorruptTraceError(f"{part} is not a memprof iterations table: expected columns {', '.join(wrong)}")
-    column = schema.get_field_index("iteration")
-    lows, highs = [], []
-    for index in range(metadata.num_row_groups):
-        group = metadata.row_group(index)
-        stats = group.column(column).statistics
-        if group.num_rows == 0:
-            continue
-        if stats is None or not stats.has_min_max:  # written without statistics (another tool): read the column
-            found = pc.min_max(pq.read_table(part, columns=["iteration"]).column(0)).as_py()
-            return None if found["min"] is None else (found["min"], found["max"])
-        lows.append(int(stats.min))
-        highs.append(int(stats.max))
-    return (min(lows), max(highs)) if lows else None
-
-
-def aggregate_ranks(run_root: Path, found: list[tuple[int, Path]], max_points: int | None) -> list[RankResult]:
-    """Plans and scans every rank; starts again (up to :data:`ATTEMPTS` times) when the parts change under it.
-
-    Raises:
-        RankTraceError: a rank is unreadable (the error names it).
+        RankTraceError: a rank is unreadable, or (``strict``) has a damaged part (the error names it).
         CorruptTraceError: the parts kept changing during every attempt.
     """
-    for _ in range(ATTEMPTS):
-        plans = [plan_rank(rank, directory) for rank, directory in found]
+    skipped: dict[Path, str] = {}  # parts whose pages failed in an earlier pass
+    changes = 0
+    while True:
         try:
+            plans = [plan_rank(rank, directory, strict, skipped) for rank, directory in found]
             aggregates = scan(run_root, plans, max_points)
-            return [RankResult(aggregates[plan.rank], *peak_labels(plan, aggregates[plan.rank])) for plan in plans]
+            results = [RankResult(aggregates[plan.rank], *peak_labels(plan, aggregates[plan.rank])) for plan in plans]
+            return results, tuple(damage for plan in plans for damage in plan.damage)
+        except PartDamaged as exc:
+            if strict or exc.part in skipped:
+                raise _damaged(exc.rank, exc.part, exc.cause) from None
+            skipped[exc.part] = DAMAGED_PAGE  # its rows may be folded in already: the pass starts again
         except PartsChanged as exc:
-            changed = exc
-    raise CorruptTraceError(f"the parts of {run_root} changed during {ATTEMPTS} passes ({changed}); read it again "
-                            "once its compaction has finished")
+            changes += 1
+            if changes >= ATTEMPTS:
+                raise CorruptTraceError(f"the parts of {run_root} changed during {ATTEMPTS} passes ({exc}); read "
+                                        "it again once its compaction has finished") from None
 
 
 def scan(run_root: Path, plans: list[RankPlan], max_points: int | None) -> dict[int, RankAggregate]:
     """One pass over every planned rank's parts and journal rows; the aggregates by rank.
 
     Raises:
-        RankTraceError: a part cannot be decoded (the message names its rank).
+        PartDamaged: a part's pages cannot be decoded.
         PartsChanged: a part vanished, or held iterations outside its footer's span, during the pass.
     """
     aggregates = {plan.rank: RankAggregate.start(plan.rank, *plan.span(), max_points) for plan in plans}
@@ -177,12 +114,13 @@ def _scan_part(run_root: Path, part: Path, rank: int, folder: _Folder) -> None:
     where = _PARTITIONING.parse("/" + part.relative_to(run_root).as_posix())
     fragment = _FORMAT.make_fragment(str(part), _FILESYSTEM, partition_expression=where)
     try:
-        for batch in fragment.to_batches(schema=_SCHEMA, columns=[*NUMERIC_COLUMNS, "rank"], batch_size=BATCH_ROWS):
+        batches = fragment.to_batches(schema=SCAN_SCHEMA, columns=[*NUMERIC_COLUMNS, "rank"], batch_size=BATCH_ROWS)
+        for batch in batches:
             folder.push(batch)
     except (OSError, pa.ArrowException) as exc:
         if not part.exists():
             raise PartsChanged(f"{part} vanished ({exc})") from None
-        raise _damaged(rank, part, exc) from None
+        raise PartDamaged(rank, part, exc) from None
 
 
 class _Folder:
@@ -228,7 +166,7 @@ def peak_labels(plan: RankPlan, aggregate: RankAggregate) -> tuple[str, str]:
     """The ``peak_module`` and ``peak_phase`` at the rank's peak, read for that iteration only.
 
     Raises:
-        RankTraceError: the part that holds the iteration cannot be decoded.
+        PartDamaged: the part that holds the iteration cannot be decoded.
         PartsChanged: no part holds the iteration any more.
     """
     if not aggregate.intervals:
@@ -252,7 +190,7 @@ def _rows_of(plan: RankPlan, iteration: int) -> Iterator[pa.Table | pa.RecordBat
         except (OSError, pa.ArrowException) as exc:
             if not part.exists():
                 raise PartsChanged(f"{part} vanished ({exc})") from None
-            raise _damaged(plan.rank, part, exc) from None
+            raise PartDamaged(plan.rank, part, exc) from None
 
 
 def _row_groups_holding(part: Path, iteration: int) -> Iterator[pa.Table]:

@@ -12,6 +12,7 @@ a summary row and a few thousand plotting points, never the rows themselves.
 from __future__ import annotations
 
 import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from memprof.errors import TraceNotFoundError
+from memprof.trace.damage import PartDamage, damage_message
 from memprof.trace.ranks.scan import RankResult, aggregate_ranks
 
 _RANK_DIR = re.compile(r"^rank=(\d+)$")
@@ -61,12 +63,20 @@ class RankScan:
             it happened and the bucket's highest reserved bytes, so no peak is lost.
         ranks: every rank found, with or without iterations.
         max_points: the limit of points per rank (``None``: every iteration).
+        damage: the damaged ``iterations`` parts left out (their names relative to the run's folder, so
+            ``rank=<r>/...``), with the iterations each cost; empty for a sound run.
     """
 
     summary: pd.DataFrame
     peaks: pd.DataFrame
     ranks: tuple[int, ...]
     max_points: int | None
+    damage: tuple[PartDamage, ...] = ()
+
+    @property
+    def damage_message(self) -> str | None:
+        """:attr:`damage` in one line (the reader's words: :func:`memprof.trace.damage.damage_message`), or ``None``."""
+        return damage_message(self.damage)
 
     @property
     def nbytes(self) -> int:
@@ -74,21 +84,27 @@ class RankScan:
         return int(sum(f.memory_usage(index=True, deep=True).sum() for f in (self.summary, self.peaks)))
 
 
-def scan_ranks(run_root: str | Path, max_points: int | None = DEFAULT_MAX_POINTS) -> RankScan:
+def scan_ranks(run_root: str | Path, max_points: int | None = DEFAULT_MAX_POINTS, *,
+               strict: bool = False) -> RankScan:
     """Reads every rank's ``iterations`` as one dataset, streaming: the summary and the decimated peaks.
 
     Memory is bounded by a block of rows of one rank (:data:`memprof.trace.ranks.scan.FOLD_ROWS`) plus,
     per rank, a summary row and ``max_points`` buckets; the ranks are never loaded whole. Iterations
     still in a rank's journal (a killed or running rank) are included, as :func:`memprof.load_trace` shows them.
+    A damaged part (unreadable footer, pages failing their checksums) is left out, as ``load_trace`` leaves it
+    out: its rank loses the iterations it held, :attr:`RankScan.damage` lists it, and one ``RuntimeWarning``
+    names every such part.
 
     Args:
         run_root: the run's folder holding ``rank=<r>`` folders.
         max_points: most peaks kept per rank (at least 1); ``None`` keeps one per iteration.
+        strict: refuse a rank with a damaged part (``RankTraceError``) instead of leaving the part out.
 
     Raises:
         ValueError: ``max_points`` is below 1.
         TraceNotFoundError: ``run_root`` holds no ``rank=<r>`` folder.
-        RankTraceError: a rank's trace is unreadable (the error's ``rank`` and message name it).
+        RankTraceError: a rank's trace is unreadable, or (``strict``) has a damaged part (the error's ``rank``
+            and message name it).
         CorruptTraceError: parts kept vanishing during every attempt (a compaction rewriting the run).
     """
     if max_points is not None and max_points < 1:
@@ -96,23 +112,32 @@ def scan_ranks(run_root: str | Path, max_points: int | None = DEFAULT_MAX_POINTS
     found = rank_dirs(run_root)
     if not found:
         raise TraceNotFoundError(f"{run_root} holds no rank=<r> folders; expected a run written under torchrun")
-    results = aggregate_ranks(Path(run_root), found, max_points)
-    return RankScan(_summary(results), _peaks(results), tuple(rank for rank, _ in found), max_points)
+    results, damage = aggregate_ranks(Path(run_root), found, max_points, strict)
+    scanned = RankScan(_summary(results), _peaks(results), tuple(rank for rank, _ in found), max_points, damage)
+    if damage:
+        warnings.warn(f"run {Path(run_root).name}: {scanned.damage_message}", RuntimeWarning, stacklevel=2)
+    return scanned
 
 
-def rank_summary(run_root: str | Path) -> pd.DataFrame:
-    """Each rank's highest peak, where it happened and its iteration count (see :attr:`RankScan.summary`)."""
-    return scan_ranks(run_root, max_points=1).summary
+def rank_summary(run_root: str | Path, *, strict: bool = False) -> pd.DataFrame:
+    """Each rank's highest peak, where it happened and its iteration count (see :attr:`RankScan.summary`).
+
+    A damaged part is left out with a warning, or (``strict``) refused, as :func:`scan_ranks` says.
+    """
+    return scan_ranks(run_root, max_points=1, strict=strict).summary
 
 
-def rank_peaks(run_root: str | Path, max_points: int | None = DEFAULT_MAX_POINTS) -> pd.DataFrame:
+def rank_peaks(run_root: str | Path, max_points: int | None = DEFAULT_MAX_POINTS, *,
+               strict: bool = False) -> pd.DataFrame:
     """Each rank's peaks over iterations, at most ``max_points`` per rank (see :attr:`RankScan.peaks`).
+
+    A damaged part is left out with a warning, or (``strict``) refused, as :func:`scan_ranks` says.
 
     Raises:
         TraceNotFoundError: ``run_root`` holds no ``rank=<r>`` folder.
-        RankTraceError: a rank's trace is unreadable (the message names it).
+        RankTraceError: a rank's trace is unreadable, or (``strict``) has a damaged part (the message names it).
     """
-    return scan_ranks(run_root, max_points).peaks
+    return scan_ranks(run_root, max_points, strict=strict).peaks
 
 
 def _summary(results: list[RankResult]) -> pd.DataFrame:

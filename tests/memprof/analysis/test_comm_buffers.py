@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from memprof.analysis.attribution import sweep
 from memprof.analysis.layers import comm_shares
 from memprof.analysis.records import CAT, AllocationEvents, CarriedState, IterationRecord, LiveBlock, Mark
+from memprof.analysis.sweep import sweep
 from memprof.analysis.timeline import event_table, series
 from memprof.categories import CATEGORY_COLUMNS, Category
 from memprof.errors import CorruptTraceError

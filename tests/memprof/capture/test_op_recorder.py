@@ -75,6 +75,33 @@ def test_mlp_addmm_outputs_and_needs_are_what_autograd_saves() -> None:
     assert needed_bytes(records) == (5 * 16 + 5 * 4) * F32
 
 
+def test_reads_name_the_ops_whose_outputs_each_op_takes_by_storage() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4), nn.Tanh())
+    records, _, _ = record(model, torch.randn(5, 8))
+    # t reads a weight, the first addmm the input, a bias and t's view of a weight: all made outside the forward;
+    # the second t is a view of a parameter too, so the second addmm reads relu's output alone
+    assert [r.reads for r in records] == [(), (), (1,), (), (2,), (4,)]
+
+
+def test_reads_follow_views_and_in_place_writes_to_the_op_that_allocated() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Dropout(0.5), _Wrap(lambda h: h.view(2, 2, 4).transpose(1, 2).tanh()))
+    records, _, _ = record(model, torch.randn(2, 4))
+    linear = named(records, "aten.addmm.default")[0]
+    mask = next(r for r in records if r.op.startswith("aten.empty"))
+    fill = next(r for r in records if r.op.startswith("aten.bernoulli_"))
+    scale = next(r for r in records if r.op.startswith("aten.div_"))
+    dropout = named(records, "aten.mul.Tensor")[0]
+    assert mask.reads == (linear.index,)  # empty_like(input) takes the input, for its shape
+    assert fill.reads == fill.writes == (mask.index,) and scale.reads == scale.writes == (mask.index,)
+    assert dropout.reads == (linear.index, mask.index)
+    views = [r for r in records if r.module == "2" and r.op != "aten.tanh.default"]
+    assert views and all(r.reads == (dropout.index,) for r in views)  # a view reads its base's allocator
+    assert named(records, "aten.tanh.default")[0].reads == (dropout.index,)
+    assert all(all(i < r.index for i in r.reads or ()) for r in records)
+
+
 class _Wrap(nn.Module):
     def __init__(self, fn: Callable[..., torch.Tensor]) -> None:
         super().__init__()

@@ -22,8 +22,9 @@ EXAMPLE_RUN = Path(__file__).parents[4] / "traces" / "example"
 RECORDS = [
     OpRecord(index=0, module="0", op="aten.t.default", output_bytes=0),
     OpRecord(index=1, module="0", op="aten.addmm.default", output_bytes=320, forward_ms=0.25, flops=1280),
-    OpRecord(index=2, module="1", op="aten.relu.default", output_bytes=320, needs=(2,), forward_ms=0.5),
-    OpRecord(index=3, module="", op="aten.mm.default", output_bytes=80, needs=(2,), forward_ms=0.125, flops=640),
+    OpRecord(index=2, module="1", op="aten.relu.default", output_bytes=320, needs=(2,), forward_ms=0.5, reads=(1,)),
+    OpRecord(index=3, module="", op="aten.mm.default", output_bytes=80, needs=(2,), forward_ms=0.125, flops=640,
+             reads=(2,), writes=()),
 ]
 
 
@@ -86,3 +87,18 @@ def test_parts_written_before_the_writes_column_read_as_unknown(tmp_path: Path) 
     records = load_trace(run).op_records()
     assert [r.writes for r in records] == [None] * len(RECORDS)
     assert [replace(r, writes=None) for r in RECORDS] == records
+
+
+def test_parts_written_before_the_reads_column_read_as_unknown(tmp_path: Path) -> None:
+    run = _run(tmp_path)
+    (run / "ops.parquet").mkdir()
+    old = ops_table(0, RECORDS).drop_columns(["reads"])
+    pq.write_table(old, run / "ops.parquet" / "part-000001.parquet")
+    records = load_trace(run).op_records()
+    assert [r.reads for r in records] == [None] * len(RECORDS)
+    assert [replace(r, reads=None) for r in RECORDS] == records
+
+
+def test_reads_of_later_ops_are_refused() -> None:
+    with pytest.raises(ValueError, match="reads must name earlier ops"):
+        OpRecord(index=2, module="", op="aten.relu.default", output_bytes=4, reads=(2,))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from types import SimpleNamespace
 
 import numpy as np
@@ -16,6 +17,7 @@ from memprof import CorruptTraceError, RankTraceError, TraceError
 from memprof.schema import ITERATIONS, table_dir_name
 from memprof.trace.format.writer import TraceWriter, write_meta
 from memprof.trace.ranks import peak_imbalance, rank_peaks, rank_summary, scan_ranks
+from memprof.trace.ranks import plan as rank_plan
 from memprof.trace.ranks import scan as rank_scan
 from memprof.trace.ranks.aggregate import RankAggregate, merge_intervals, runs_of
 from tests.dashboard.fixtures import meta
@@ -101,7 +103,7 @@ def test_iterations_in_a_journal_are_counted(tmp_path, monkeypatch):
     def recover(run_dir):
         return items if run_dir.name == "rank=1" else []
 
-    monkeypatch.setattr(rank_scan, "recover", recover)
+    monkeypatch.setattr(rank_plan, "recover", recover)
     monkeypatch.setattr("memprof.trace.reader.recover", recover)
     found = scan_ranks(run, max_points=None)
     pd.testing.assert_frame_equal(found.summary, reference_summary(run))
@@ -118,31 +120,67 @@ def _part(run, rank, number=2):
     return run / f"rank={rank}" / table_dir_name(ITERATIONS) / f"part-{number:06d}.parquet"
 
 
+def _damage(part, how):
+    """Makes ``part`` unreadable: its footer cut off, or its data pages failing their checksums."""
+    if how == "truncated":
+        part.write_bytes(part.read_bytes()[:-100])
+    else:  # the footer reads, the data pages fail their checksums
+        data = bytearray(part.read_bytes())
+        for offset in range(100, 2000, 7):
+            data[offset] ^= 0xFF
+        part.write_bytes(bytes(data))
+
+
 @pytest.mark.parametrize("damage", ["no meta", "truncated", "missing column", "damaged pages", "foreign meta"])
 def test_an_unreadable_rank_is_named(tmp_path, damage):
+    """A rank that is not a memprof trace is refused; so is a damaged part by a strict scan."""
     run = _broken(tmp_path)
     part = _part(run, 1)
     if damage == "no meta":
         (run / "rank=1" / "meta.json").unlink()
     elif damage == "foreign meta":
         (run / "rank=1" / "meta.json").write_text('{"format": "other"}')
-    elif damage == "truncated":
-        part.write_bytes(part.read_bytes()[:-100])
-    elif damage == "missing column":
+    elif damage == "missing column":  # a readable part of another shape: another tool's file, not damage
         pq.write_table(pq.read_table(part).drop_columns(["peak_reserved_bytes"]), part)
-    else:  # the footer reads, the data pages fail their checksums
-        data = bytearray(part.read_bytes())
-        for offset in range(100, 2000, 7):
-            data[offset] ^= 0xFF
-        part.write_bytes(bytes(data))
+    else:
+        _damage(part, damage)
     with pytest.raises(RankTraceError, match=r"rank 1 .*cannot be read") as caught:
-        scan_ranks(run)
+        scan_ranks(run, strict=True)
     assert caught.value.rank == 1 and isinstance(caught.value, TraceError)
     assert "rank=1" in str(caught.value)
+    if damage in ("truncated", "damaged pages"):
+        with pytest.raises(RankTraceError, match="rank 1"):
+            rank_summary(run, strict=True)
+    else:
+        with pytest.raises(RankTraceError, match=r"rank 1 .*cannot be read"):
+            scan_ranks(run)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "damaged pages"])
+def test_a_damaged_part_is_left_out_with_one_warning(tmp_path, damage):
+    """As load_trace does: the rank loses the part's iterations, the other ranks and parts are all there."""
+    run = _broken(tmp_path)
+    _damage(_part(run, 1), damage)
+    with pytest.warns(RuntimeWarning) as caught:
+        found = scan_ranks(run, 10)
+    said = [str(w.message) for w in caught if "damaged part" in str(w.message)]
+    assert said == [f"run run: {found.damage_message}"]  # one warning, naming the part
+    reason = "not a readable Parquet file" if damage == "truncated" else "a damaged page (failed its checksum)"
+    assert found.damage_message.startswith(f"1 damaged part skipped: lost iterations 100-199 entirely "
+                                           f"(rank=1/iterations.parquet/part-000002.parquet: {reason}")
+    assert [(d.table, d.part, d.iterations) for d in found.damage] == [
+        ("iterations", "rank=1/iterations.parquet/part-000002.parquet", tuple(range(100, 200)))]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the reference (load_trace) skips the part too
+        expected_summary, expected_peaks = reference_summary(run), reference_peaks(run, 10)
+    pd.testing.assert_frame_equal(found.summary, expected_summary)
+    pd.testing.assert_frame_equal(found.peaks, expected_peaks)
+    assert found.summary.iterations.tolist() == [300, 200, 300]
 
 
 def test_a_damaged_label_column_is_named(tmp_path):
-    """Only the peak's iteration is decoded for its module: damage there names the rank too."""
+    """Only the peak's iteration is decoded for its module: damage there leaves its part out, or (strict) names
+    the rank."""
     run = _broken(tmp_path)
     peak_iteration = int(rank_summary(run).set_index("rank").loc[0].peak_iteration)
     part = _part(run, 0, peak_iteration // 100 + 1)
@@ -153,8 +191,16 @@ def test_a_damaged_label_column_is_named(tmp_path):
     part.write_bytes(bytes(data))
     assert pq.read_table(part, columns=["iteration"]).equals(table.select(["iteration"]))
     with pytest.raises(RankTraceError, match="rank 0") as caught:
-        rank_summary(run)
+        rank_summary(run, strict=True)
     assert caught.value.rank == 0
+    with pytest.warns(RuntimeWarning, match="damaged part"):
+        found = scan_ranks(run, 10)
+    lost = range(part_first := (peak_iteration // 100) * 100, part_first + 100)
+    assert found.damage[0].iterations == tuple(lost)  # its numbers were read: the whole part is left out
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        pd.testing.assert_frame_equal(found.summary, reference_summary(run))
+    assert found.summary.set_index("rank").loc[0].peak_iteration not in lost
 
 
 def test_a_run_without_ranks_and_a_bad_limit_are_refused(tmp_path):
