@@ -118,7 +118,7 @@ class _SegmentWalker(_Walker):
 
     def mark(self, time_ns: int, kind: int, module: int, payload: Any) -> None:
         role = _MARK_ROLES.get(kind, INPUTS)
-        if role == INPUTS:  # the model's inputs, a bucket rebuild, or a mark without storages: as the reference
+        if role == INPUTS:  # a forward enter (the model's inputs) or a mark whose storages have no role: the reference's
             super().mark(time_ns, kind, module, payload)
             return
         s = self.s
