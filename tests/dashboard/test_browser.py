@@ -144,10 +144,11 @@ def screenshot(chrome: webdriver.Chrome, name: str) -> None:
         chrome.set_window_size(width, height)
 
 
-def wait_for(chrome: webdriver.Chrome, condition: Callable[[], object], what: str) -> object:
-    """Waits until ``condition()`` is truthy; fails naming ``what`` and the console so far."""
+def wait_for(chrome: webdriver.Chrome, condition: Callable[[], object], what: str,
+             timeout_s: float = WAIT_S) -> object:
+    """Waits until ``condition()`` is truthy (at most ``timeout_s``); fails naming ``what`` and the console so far."""
     try:
-        return WebDriverWait(chrome, WAIT_S, poll_frequency=0.1).until(lambda _: condition())
+        return WebDriverWait(chrome, timeout_s, poll_frequency=0.1).until(lambda _: condition())
     except Exception as exc:  # selenium's TimeoutException carries no useful message
         shot = SCREENSHOTS / f"FAILED-{'-'.join(what.split())}.png"
         chrome.save_screenshot(str(shot))

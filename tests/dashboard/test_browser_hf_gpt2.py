@@ -75,7 +75,8 @@ downloads = tb.downloads
 
 
 def _ready(chrome, what: str, condition) -> None:  # noqa: ANN001
-    tb.wait_for(chrome, lambda: condition() and tb.settled(chrome), what)
+    # 90 s: under CI's parallel slow suite the GPT-2 run's callbacks once took over the default 30 s to settle
+    tb.wait_for(chrome, lambda: condition() and tb.settled(chrome), what, timeout_s=3 * tb.WAIT_S)
 
 
 def _no_errors(chrome, tab: str) -> None:  # noqa: ANN001
