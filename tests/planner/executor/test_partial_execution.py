@@ -4,7 +4,6 @@ and a partial option replays fewer FLOPs than the same kept outputs replayed who
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import replace
 from pathlib import Path
 
@@ -23,6 +22,8 @@ from planner.model.schedule import Op, OpKind, Schedule
 from planner.solvers import held
 from tests.planner.executor.test_selective_execution import (
     _forward_held_bytes,
+    _grads,
+    assert_exported_grads_equal,
     assert_step_peak_as_predicted,
     with_prediction,
 )
@@ -74,13 +75,6 @@ def _profiled(build, tmp_path: Path):  # noqa: ANN001, ANN202 -- a RealModel bui
             prof.record_stats()
     # priced without the dispatch overhead and with the loss as written, as test_selective_execution.py does
     return real, optimizer, chain_from_trace(load_trace(prof.run_dir), selective_overhead_us=0.0, loss_chunks=())
-
-
-def _grads(real: RealModel, batch: tuple) -> list[torch.Tensor]:
-    real.model.zero_grad(set_to_none=True)
-    torch.manual_seed(7)
-    real.loss(real.model, batch).backward()
-    return [p.grad.clone() for p in real.model.parameters() if p.grad is not None]
 
 
 def _with_options(base: Schedule, choose) -> Schedule:  # noqa: ANN001 -- stage -> option
@@ -136,17 +130,7 @@ def test_the_exported_file_runs_partial_options(tmp_path: Path) -> None:
     assert "PARTIAL = [[" in text
     path = tmp_path / "schedule.py"
     path.write_text(text)
-    spec = importlib.util.spec_from_file_location("exported_partial", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    batch = real.make_batch(BATCH)
-    plain = _grads(real, batch)
-    module.apply_schedule(real.model)
-    try:
-        assert all(torch.equal(a, b) for a, b in zip(plain, _grads(real, batch), strict=True))
-    finally:
-        real.model.__dict__.pop("_memprof_schedule")[0].remove()
+    assert_exported_grads_equal(real, path)
 
 
 def test_keeping_the_softmax_replays_the_dropout_after_it_not_the_matmul_before_it(tmp_path: Path) -> None:

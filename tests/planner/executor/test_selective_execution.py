@@ -50,6 +50,21 @@ def _grads(real, batch) -> list[torch.Tensor]:  # noqa: ANN001
     return [p.grad.clone() for p in real.model.parameters() if p.grad is not None]
 
 
+def assert_exported_grads_equal(real, path: Path) -> None:  # noqa: ANN001
+    """The schedule file at ``path``, imported and applied, gives ``real``'s gradients bitwise (then removed)."""
+    spec = importlib.util.spec_from_file_location(f"exported_{path.stem}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    batch = real.make_batch(BATCH)
+    plain = _grads(real, batch)
+    module.apply_schedule(real.model)
+    try:
+        assert all(torch.equal(a, b) for a, b in zip(plain, _grads(real, batch), strict=True))
+    finally:
+        real.model.__dict__.pop("_memprof_schedule")[0].remove()
+
+
 def _selective_schedules(chain):  # noqa: ANN001, ANN202
     low, high = min_feasible_budget(chain, "selective"), store_all_budget(chain)
     found = {}
@@ -179,17 +194,7 @@ def test_the_exported_file_carries_the_policies(tmp_path: Path, objective: str) 
     path = tmp_path / "schedule.py"
     path.write_text(export_python(schedule))
     assert "POLICIES = {" in path.read_text() and "F_all[" in path.read_text()
-    spec = importlib.util.spec_from_file_location("exported_selective", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    batch = real.make_batch(BATCH)
-    plain = _grads(real, batch)
-    module.apply_schedule(real.model)
-    try:
-        assert all(torch.equal(a, b) for a, b in zip(plain, _grads(real, batch), strict=True))
-    finally:
-        real.model.__dict__.pop("_memprof_schedule")[0].remove()
+    assert_exported_grads_equal(real, path)
 
 
 def test_a_key_value_cache_passed_to_recomputed_blocks_is_refused_with_the_fix(tmp_path: Path) -> None:
