@@ -19,7 +19,8 @@ from torch import nn
 from memprof.analysis.records import CAT, Drained, FreeRow, Mark, MarkRow, ObservationRow, Storage
 from memprof.capture.tensor_walk import (
     grad_tensors,
-    optimizer_state,
+    optimizer_state_addresses,
+    pointer,
     pointers,
     storages,
     tensors,
@@ -56,6 +57,7 @@ _FWD_ENTER, _FWD_EXIT, _BWD_ENTER, _BWD_EXIT = Mark.FWD_ENTER, Mark.FWD_EXIT, Ma
 _WEIGHT_GRADS = CAT[Category.WEIGHT_GRADS]
 _INPUTS = CAT[Category.INPUTS]
 _WEIGHT_COPIES = CAT[Category.WEIGHT_COPIES]
+_OPTIMIZER_STATE = CAT[Category.OPTIMIZER_STATE]
 
 
 class HookRecorder:
@@ -115,7 +117,10 @@ class HookRecorder:
                 self._handles.append(module.register_forward_hook(partial(self._forward_post, index)))
         for index, param in enumerate(self.params):
             if param.requires_grad:
-                self._handles.append(param.register_post_accumulate_grad_hook(partial(self._grad_ready, index)))
+                hook = partial(self._grad_ready, index)
+                # it only looks: a runtime may add a gradient into .grad itself (planner.executor.grad_into)
+                hook.observes_only = True  # type: ignore[attr-defined]
+                self._handles.append(param.register_post_accumulate_grad_hook(hook))
         if self.optimizer is not None:
             self._handles.append(self.optimizer.register_step_pre_hook(self._optimizer_pre))
             self._handles.append(self.optimizer.register_step_post_hook(self._optimizer_post))
@@ -157,7 +162,13 @@ class HookRecorder:
         """Returns and clears what was recorded since the last drain."""
         frees = list(self._free_sink)
         self._free_sink.clear()  # in place: the finalizers hold this list
-        self._finalizers = {ptr: f for ptr, f in self._finalizers.items() if f.alive}
+        # Only a finalizer that ran is dead (detach() clears them all), and each that ran noted its free: the
+        # others (every parameter's, on CPU) are not asked whether they live, which cost 50 µs a step.
+        finalizers = self._finalizers
+        for _, ptr in frees:
+            watching = finalizers.get(ptr)
+            if watching is not None and not watching.alive:
+                del finalizers[ptr]
         out = Drained(marks=self.marks, observations=self.observations, frees=frees, param_grads=self.param_grads)
         self._backward_active = False  # a backward that raised never ran its end callback
         self._casts.reset()  # nor a forward that raised its post-hook
@@ -276,7 +287,9 @@ class HookRecorder:
             return
         now = time_ns()
         for kind, index, token, output_nr in pending:
-            self._ready(now, kind, index, token, grads[output_nr] if output_nr < len(grads) else None)
+            if not token[0]:  # (:meth:`_ready` in line: one call less per mark on the backward's hot path)
+                token[0] = True
+                self._backward_mark(now, kind, index, grads[output_nr] if output_nr < len(grads) else None)
 
     def _leaf_ready(self, kind: Mark, index: int, token: list[bool], fired: list[bool],
                     grad: torch.Tensor | None) -> None:
@@ -291,8 +304,8 @@ class HookRecorder:
             self._backward_mark(now, kind, index, grad)
 
     def _backward_mark(self, now: int, kind: Mark, index: int, grad: torch.Tensor | None) -> None:
-        found = pointers(grad) if grad is not None else []
-        self.marks.append((now, kind, index, found))
+        found = pointer(grad) if grad is not None else None
+        self.marks.append((now, kind, index, [found] if found is not None else []))
         if not self._backward_active:
             self._backward_active = True
             torch.autograd.Variable._execution_engine.queue_callback(self._backward_done)
@@ -307,12 +320,15 @@ class HookRecorder:
                 self.guard(-1, Mark.BWD_END)
 
     def _grad_ready(self, index: int, param: torch.Tensor) -> None:
-        if not self.enabled or param.grad is None:
+        if not self.enabled:
             return
-        found = pointers(param.grad)
-        if found:
-            self.param_grads[index] = found[0]
-            self.observations.append((time_ns(), found[0][0], _WEIGHT_GRADS, 0))
+        grad = param.grad
+        if grad is None:
+            return
+        found = pointer(grad)
+        if found is not None:
+            self.param_grads[index] = found
+            self.observations.append((time_ns(), found[0], _WEIGHT_GRADS, 0))
         if self.guard is not None:
             self.guard(self._owner.get(index, -1), _BWD_EXIT)
 
@@ -344,9 +360,8 @@ class HookRecorder:
         if not self.enabled:
             return
         now = time_ns()
-        code = CAT[Category.OPTIMIZER_STATE]
         # every step: the cheap addresses, sizes are not needed
-        self.observations.extend((now, ptr, code, 0) for ptr, _ in optimizer_state(optimizer, exact=False))
+        self.observations.extend([(now, ptr, _OPTIMIZER_STATE, 0) for ptr in optimizer_state_addresses(optimizer)])
         self.marks.append((time_ns(), Mark.OPT_EXIT, -1, ()))
 
 

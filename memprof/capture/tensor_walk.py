@@ -15,8 +15,8 @@ from torch import nn
 
 from memprof.analysis.records import ModuleInfo, Storage
 
-__all__ = ["fake_addresses", "grad_tensors", "module_tree", "optimizer_state", "pointers", "storage_address", "storages",
-           "tensors"]
+__all__ = ["fake_addresses", "grad_tensors", "module_tree", "optimizer_state", "optimizer_state_addresses", "pointer",
+           "pointers", "storage_address", "storages", "tensors"]
 
 # Fake tensors (memprof.estimation) have storages on the meta device, whose data pointer is 0 for all of them.
 # While fake addresses are on, such a storage is named by the address of its StorageImpl instead, which is
@@ -92,6 +92,22 @@ def pointers(obj: Any, out: list[Storage] | None = None) -> list[Storage]:
     return storages(obj, out, 0, False)
 
 
+def pointer(tensor: torch.Tensor) -> Storage | None:
+    """:func:`pointers` of one tensor: its one entry, or ``None`` where it has no single storage.
+
+    A plain tensor's address is computed here, without the generic walk (gradients, one per call of the
+    hooks that see them, are the hot path's commonest case).
+    """
+    if type(tensor) is torch.Tensor:
+        try:
+            # (an int for eager tensors; SymInt only when traced)
+            return tensor.data_ptr() - tensor.storage_offset() * tensor.element_size(), tensor.nbytes  # type: ignore[return-value]
+        except (RuntimeError, NotImplementedError):  # sparse or nested tensors have no single storage
+            return None
+    found = storages(tensor, None, 0, False)
+    return found[0] if found else None
+
+
 def tensors(obj: Any, depth: int = 0) -> Iterable[torch.Tensor]:
     """Every tensor in a nested structure of tuples, lists and dicts (four levels deep at most)."""
     if isinstance(obj, torch.Tensor):
@@ -123,6 +139,27 @@ def optimizer_state(optimizer: torch.optim.Optimizer | None, exact: bool = True)
         storages(list(state.values()), found, 0, exact)
     return found
 
+
+def optimizer_state_addresses(optimizer: torch.optim.Optimizer) -> list[int]:
+    """The addresses of :func:`optimizer_state` with ``exact=False``, in its order: for the optimizer's step hook.
+
+    Every step reads every state tensor (three per parameter for Adam); a plain tensor's address is computed
+    in line rather than by the generic walk, which cost the training thread 0.3 ms a step on a model of 52
+    parameters. Anything else takes the walk, so the result is :func:`optimizer_state`'s.
+    """
+    found: list[int] = []
+    append = found.append
+    for state in optimizer.state.values():
+        for value in state.values():
+            if type(value) is torch.Tensor:
+                try:
+                    ptr = value.data_ptr() - value.storage_offset() * value.element_size()
+                except (RuntimeError, NotImplementedError):  # sparse or nested tensors have no single storage
+                    continue
+                append(ptr)  # type: ignore[arg-type]  # (an int for eager tensors; SymInt only when traced)
+            elif isinstance(value, (torch.Tensor, tuple, list, dict)):  # depth 1: as the walk of the state's values
+                found.extend(ptr for ptr, _ in storages(value, None, 1, False))
+    return found
 
 
 def module_tree(model: nn.Module) -> tuple[list[str], list[nn.Module]]:

@@ -11,7 +11,7 @@ micro-batch on when it accumulated gradients: :mod:`planner.discovery.accumulati
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 import pandas as pd
@@ -27,6 +27,12 @@ from planner.discovery.chain_finder import (
     why_no_chain,
 )
 from planner.discovery.costed import median_iterations, usable_iterations
+from planner.discovery.existing_grads import (
+    embedding_weights,
+    largest_after,
+    module_weights,
+    with_existing_grads,
+)
 from planner.discovery.graph_finder import (
     articulation_points,
     carried_edges,
@@ -122,7 +128,7 @@ def _stages(candidate: Candidate, costs: pd.DataFrame, fresh_grads: bool, freed:
 
 
 def _build(trace: Trace, tree: ModuleTree, candidate: Candidate, costs: pd.DataFrame, timeline: step_costs.Timeline,
-           auto: bool, fuse: bool = True) -> Chain:
+           auto: bool, fuse: bool = True, weights: Mapping[str, int] | None = None) -> Chain:
     input_bytes = int(costs.loc[candidate.groups[0][0]].input_bytes)
     outputs = {m: int(costs.loc[m].output_bytes) for m in candidate.modules}
     readers = frozenset(candidate.groups[c - 1][0] for e in carried_edges(tree, candidate.groups) for c in e.consumers)
@@ -143,6 +149,9 @@ def _build(trace: Trace, tree: ModuleTree, candidate: Candidate, costs: pd.DataF
                                        input_bytes)
         step, loss = step_costs.measure(timeline, bounds, input_bytes, stages[-1].grad_bytes,
                                         sum(stage.saved_bytes for stage in stages))
+        weights = weights or {}
+        stages, loss = with_existing_grads(stages, loss, timeline, candidate.groups, input_bytes,
+                                           embedding_weights(tree, weights), largest_after(tree, weights, candidate.groups))
     return Chain(
         name=candidate.parent or trace.meta.get("model", "model"),
         input_bytes=input_bytes,
@@ -219,8 +228,9 @@ def chain_from_trace(trace: Trace, container: str | None = None, checkpoints: Se
         raise NotAChainError("give either a container or the checkpoints, not both")
     found = [named_candidate(tree, list(checkpoints))] if checkpoints is not None else _candidates(trace, tree, container)
     costs, timeline = _medians(trace), _timeline(trace)
+    weights = module_weights(trace, usable_iterations(trace)[-1:])
     chains = [_build(trace, tree, candidate, costs, timeline, container is None and checkpoints is None,
-                     fuse=checkpoints is None) for candidate in found]
+                     fuse=checkpoints is None, weights=weights) for candidate in found]
     loss_options = _loss_options(trace, tree, costs, loss_chunks)
     if len(chains) == 1:
         return loss_options(_with_op_options(trace, chains[0], recompute_cost, selective_overhead_us))

@@ -18,7 +18,9 @@ of the tokens at a time and keep neither; the backward recomputes each chunk's l
 Each chunk count also comes ``eager`` (the gradients computed in the loss's forward, as Liger Kernel's fused
 linear cross-entropy does): no logits recomputed, only the per-chunk cost, but a-bar_k then holds the
 gradients of the hidden states and of the head's parameters from the loss's forward to its backward, where
-they would be allocated anyway (the memory rule hands them over).
+they would be allocated anyway (the memory rule hands them over); where the parameters' gradients already
+exist, the runtime adds the head's into them and holds only the hidden states and their gradient
+(``param_grad_bytes``, :func:`without_weight_grads`).
 """
 
 from __future__ import annotations
@@ -88,7 +90,8 @@ def logits_factor(stage: Stage, logits_bytes: int) -> int:
 
 
 def chunk_options(stage: Stage, head: LossHead, chunks: Sequence[int] = DEFAULT_CHUNKS,
-                  chunk_overhead_ms: float = CHUNK_OVERHEAD_MS, results_bytes: int = 0) -> tuple[StageOption, ...]:
+                  chunk_overhead_ms: float = CHUNK_OVERHEAD_MS, results_bytes: int = 0,
+                  param_grad_bytes: int = 0) -> tuple[StageOption, ...]:
     """The loss stage's options: per chunk count, recomputing, then eager where it keeps less than the stage.
 
     Args:
@@ -97,6 +100,8 @@ def chunk_options(stage: Stage, head: LossHead, chunks: Sequence[int] = DEFAULT_
         chunks: the chunk counts.
         chunk_overhead_ms: what each chunk adds.
         results_bytes: what an eager option keeps besides: delta^L and the head's parameter gradients.
+        param_grad_bytes: of ``results_bytes``, the parameter gradients the runtime adds into existing ``.grad``
+            (float32 logits only: under autocast it holds them; :mod:`planner.executor.grad_into`).
 
     Raises:
         ChainError: a chunk count is not a whole number >= 2.
@@ -115,10 +120,10 @@ def chunk_options(stage: Stage, head: LossHead, chunks: Sequence[int] = DEFAULT_
             recompute_ms=head.forward_ms + k * chunk_overhead_ms, recompute_flops=head.flops, chunks=k,
             forward_overhead_bytes=stage.forward_overhead_bytes + chunk_bytes,
             backward_overhead_bytes=stage.forward_overhead_bytes + chunk_bytes))
-        if results_bytes < removed:
+        if results_bytes - param_grad_bytes < removed:
             out.append(StageOption(
                 name=f"chunks={k} eager", saved_bytes=stage.saved_bytes - removed + results_bytes,
-                recompute_ms=k * chunk_overhead_ms, chunks=k, eager=True,
+                recompute_ms=k * chunk_overhead_ms, chunks=k, eager=True, param_grad_bytes=param_grad_bytes,
                 forward_overhead_bytes=stage.forward_overhead_bytes + chunk_bytes, backward_overhead_bytes=0))
     return tuple(out)
 
@@ -128,8 +133,11 @@ def with_loss_options(chain: Chain, head: LossHead, chunks: Sequence[int] = DEFA
     """``chain`` whose loss stage offers :func:`chunk_options` (its other options replaced)."""
     loss = chain.stages[-1]
     # an eager option allocates the head's parameter gradients itself; B hands over those the step counts
-    results = chain.delta(chain.length) + max(loss.weight_grad_bytes, head.weight_bytes)
-    options = chunk_options(loss, head, chunks, chunk_overhead_ms, results)
+    grads = max(loss.weight_grad_bytes, head.weight_bytes)
+    # float32 logits (no autocast): the runtime adds into existing .grad, keeping the head's input (delta^L's size)
+    # to correct them where the backward asks for it (a scaled loss, autograd.grad)
+    direct = max(grads - chain.delta(chain.length), 0) if logits_factor(loss, head.logits_bytes) == 2 else 0
+    options = chunk_options(loss, head, chunks, chunk_overhead_ms, chain.delta(chain.length) + grads, direct)
     return replace(chain, stages=(*chain.stages[:-1], replace(loss, options=options)))
 
 
@@ -143,9 +151,28 @@ def without_loss_options(chain: Chain) -> Chain:
 
 def without_weight_grads(chain: Chain) -> Chain:
     """``chain`` with no stage allocating parameter gradients: budgets on the activations alone, as when the
-    gradients already exist. An eager loss option still allocates its own (it adds them to the existing ones
-    in ``B``, which then frees them: the rule hands over only what the stage counts)."""
-    return replace(chain, stages=tuple(replace(stage, weight_grad_bytes=0) for stage in chain.stages))
+    gradients already exist. An eager loss option then adds its head's gradients into them as it computes
+    them and holds only delta^L and the head's input (its ``param_grad_bytes`` go); where it cannot (autocast), it holds its own
+    and adds them in ``B``, which then frees them: the rule hands over only what the stage counts. Each stage's
+    o_b is its ``existing_grads_overhead_bytes`` where the trace measured it (no gradient stays allocated,
+    ``AccumulateGrad`` adds each into ``.grad`` and frees it, no embedding makes a whole-weight gradient)."""
+    stages = tuple(replace(stage, weight_grad_bytes=0, options=tuple(_into_grads(o) for o in stage.options),
+                           backward_overhead_bytes=_with_grads(stage), existing_grads_overhead_bytes=None)
+                   for stage in chain.stages)
+    return replace(chain, stages=stages)
+
+
+def _with_grads(stage: Stage) -> int:
+    """o_b where the parameters' ``.grad`` exist (see :func:`without_weight_grads`)."""
+    existing = stage.existing_grads_overhead_bytes
+    return stage.backward_overhead_bytes if existing is None else existing
+
+
+def _into_grads(option: StageOption) -> StageOption:
+    """``option`` as it runs where the parameters' gradients exist (an eager option adds into them)."""
+    if not option.param_grad_bytes:
+        return option
+    return replace(option, saved_bytes=option.saved_bytes - option.param_grad_bytes, param_grad_bytes=0)
 
 
 def head_from_costs(structure: Iterable[tuple[str, int, str]], chain: Chain, output_bytes: Mapping[str, int],

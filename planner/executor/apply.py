@@ -26,6 +26,7 @@ from torch import nn
 
 from planner.errors import InvalidScheduleError, ScheduleMismatchError
 from planner.executor.chunked_head import install_chunked_head, remove_chunked_head
+from planner.executor.embedding_grad import install_embedding_grads, remove_embedding_grads
 from planner.executor.install import ScheduleExecutor
 from planner.executor.offload import MIN_OFFLOAD_BYTES
 from planner.executor.program import Program
@@ -70,6 +71,7 @@ def apply_schedule(model: nn.Module, schedule: Schedule, container: str | None =
     except ValueError as exc:
         executor.remove()
         raise ScheduleMismatchError(str(exc)) from None
+    install_embedding_grads(model)  # no dense embedding gradient beside an existing .grad (embedding_grad.py)
     object.__setattr__(model, _ATTRIBUTE, (executor, schedule))
     return model
 
@@ -132,6 +134,7 @@ def remove_schedule(model: nn.Module) -> nn.Module:
     if installed is not None:
         installed[0].remove()
     remove_chunked_head(model)
+    remove_embedding_grads(model)
     return model
 
 

@@ -29,6 +29,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from planner.executor.grad_into import Contribution, Settlement, direct_target, note_added, noted
+
 IGNORE_INDEX = -100
 """The label Hugging Face (and ``nn.CrossEntropyLoss``'s default) ignores."""
 
@@ -62,14 +64,18 @@ class _Gradients:
     """
 
     def __init__(self, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                 needs: tuple[bool, ...]) -> None:
+                 needs: tuple[bool, ...], into: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)) -> None:
         self.weight, self.bias = weight, bias
         self.dtype = weight.dtype  # the head's: the chunks' logits dtype once one is added
         self.cast: torch.Tensor | None = None
         self.hidden = torch.empty_like(hidden) if needs[0] else None
-        self.weight_grad = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if needs[1] else None
-        self.bias_grad = (torch.zeros(bias.shape, dtype=torch.float32, device=bias.device)
-                          if needs[2] and bias is not None else None)
+        # float32 sums (float64 for a float64 head), or straight into the existing .grad (planner.executor.grad_into)
+        total = torch.promote_types(weight.dtype, torch.float32)
+        self.into = into
+        self.weight_grad = into[0] if into[0] is not None else (
+            torch.zeros(weight.shape, dtype=total, device=weight.device) if needs[1] else None)
+        self.bias_grad = into[1] if into[1] is not None else (
+            torch.zeros(bias.shape, dtype=total, device=bias.device) if needs[2] and bias is not None else None)
 
     def weight_in(self, dtype: torch.dtype) -> torch.Tensor:
         """The weight in ``dtype``, cast once and kept (a cast per chunk would copy it chunks times)."""
@@ -83,16 +89,19 @@ class _Gradients:
         if self.hidden is not None:
             self.hidden[start:start + rows.shape[0]] = grad_logits @ self.weight_in(grad_logits.dtype)
         if self.weight_grad is not None:  # out= rather than addmm_: FLOP counters see aten.addmm, not addmm_
-            torch.addmm(self.weight_grad, grad_logits.t().to(torch.float32),
-                        rows.to(grad_logits.dtype).to(torch.float32), out=self.weight_grad)
+            total = self.weight_grad.dtype
+            torch.addmm(self.weight_grad, grad_logits.t().to(total), rows.to(grad_logits.dtype).to(total),
+                        out=self.weight_grad)
         if self.bias_grad is not None:
-            self.bias_grad += grad_logits.sum(dim=0, dtype=torch.float32)
+            self.bias_grad += grad_logits.sum(dim=0, dtype=self.bias_grad.dtype)
 
     def results(self) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
-        """``(grad hidden, grad weight, grad bias)`` in the inputs' dtypes (``None`` where not needed)."""
-        weight = self.weight_grad.to(self.dtype).to(self.weight.dtype) if self.weight_grad is not None else None
+        """``(grad hidden, grad weight, grad bias)`` in the inputs' dtypes (``None`` where not needed, or where
+        the gradient went straight into ``.grad``)."""
+        weight = (self.weight_grad.to(self.dtype).to(self.weight.dtype)
+                  if self.weight_grad is not None and self.into[0] is None else None)
         bias = (self.bias_grad.to(self.dtype).to(self.bias.dtype)
-                if self.bias_grad is not None and self.bias is not None else None)
+                if self.bias_grad is not None and self.bias is not None and self.into[1] is None else None)
         return self.hidden, weight, bias
 
 
@@ -142,29 +151,58 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad_loss: torch.Tensor) -> Any:
         hidden, weight, bias, targets, divisor = ctx.saved_tensors
-        scale = grad_loss.to(torch.float32) / divisor
-        grads = _Gradients(hidden, weight, bias, ctx.needs_input_grad[:3])
-        step = ctx.chunk_tokens
-        for start in range(0, hidden.shape[0], step):
-            rows = hidden[start:start + step]
-            # a half-precision chunk's logits are freed once their float32 copy exists; exp of
-            # the log-softmax, as cross-entropy's backward computes it (softmax rounds a few values otherwise)
-            logits = _logits(rows, grads.weight_in(ctx.dtype), bias, ctx.dtype).float()
-            probabilities = torch.log_softmax(logits, dim=-1).exp_()
-            del logits
-            grads.add(start, rows, _grad_logits(probabilities, targets[start:start + step], ctx.ignore_index, scale,
-                                                ctx.dtype))
-            del probabilities
+        needs = ctx.needs_input_grad[:3]
+        # the head's gradients go straight into an existing .grad (no forward side effect: nothing to settle)
+        into = (_backward_target(weight, ctx.dtype) if needs[1] else None,
+                _backward_target(bias, ctx.dtype) if needs[2] else None)
+        noted_before = [grad is not None and noted(grad) for grad in into]
+        grads = _Gradients(hidden, weight, bias, needs, into)
+        _replay(grads, hidden, targets, ctx.chunk_tokens, ctx.ignore_index, grad_loss.to(torch.float32) / divisor,
+                ctx.dtype)
+        for grad, ours in zip(into, noted_before, strict=True):
+            if grad is not None and ours:  # a pending eager loss's contribution stays valid
+                note_added(grad)
         return (*grads.results(), None, None, None, None)
+
+
+def _backward_target(param: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """``param``'s existing ``.grad`` to add into from a backward, where the head ran in its dtype and the backward
+    accumulates into it (``loss.backward()``, not ``torch.autograd.grad``)."""
+    target = direct_target(param, dtype) if param is not None else None
+    return target if target is not None and param is not None and Contribution(param, target).reaches_grad() else None
+
+
+def _replay(grads: _Gradients, hidden: torch.Tensor, targets: torch.Tensor, step: int, ignore_index: int,
+            scale: torch.Tensor, dtype: torch.dtype) -> None:
+    """Adds every chunk's gradients to ``grads``, each chunk's logits computed again."""
+    for start in range(0, hidden.shape[0], step):
+        rows = hidden[start:start + step]
+        # a half-precision chunk's logits are freed once their float32 copy exists; exp of
+        # the log-softmax, as cross-entropy's backward computes it (softmax rounds a few values otherwise)
+        logits = _logits(rows, grads.weight_in(dtype), grads.bias, dtype).float()
+        probabilities = torch.log_softmax(logits, dim=-1).exp_()
+        del logits
+        grads.add(start, rows, _grad_logits(probabilities, targets[start:start + step], ignore_index, scale, dtype))
+        del probabilities
+
+
+def _head_dtype(hidden: torch.Tensor, weight: torch.Tensor) -> torch.dtype | None:
+    """The dtype the head computes in, or ``None`` when autocast decides it (then no gradient goes into .grad)."""
+    if torch.is_autocast_enabled(hidden.device.type) or hidden.dtype != weight.dtype:
+        return None
+    return weight.dtype
 
 
 class EagerChunkedLinearCrossEntropy(torch.autograd.Function):
     """:class:`ChunkedLinearCrossEntropy` that computes the gradients in its forward, chunk by chunk.
 
-    No logits are recomputed (the head's FLOPs are plain autograd's); instead the gradients of the hidden
-    states and the weight are allocated in the forward and kept until the backward, which scales them by the
-    loss's incoming gradient (1 for ``loss.backward()``) and hands them over. In a training step the loss's
-    backward follows its forward at once, and those gradients would be allocated then anyway.
+    No logits are recomputed (the head's FLOPs are plain autograd's); instead the gradient of the hidden
+    states is allocated in the forward and kept until the backward, which scales it by the loss's incoming
+    gradient (1 for ``loss.backward()``) and hands it over. The head's weight (and bias) gradient goes straight
+    into the parameter's existing ``.grad`` where :mod:`planner.executor.grad_into` allows it, so it is never
+    held; otherwise (no ``.grad`` yet, autocast, DDP) it is held like the hidden states' and handed over, which
+    in a training step, where the loss's backward follows its forward at once, allocates it no earlier than
+    autograd's own head backward would.
     """
 
     @staticmethod
@@ -173,7 +211,11 @@ class EagerChunkedLinearCrossEntropy(torch.autograd.Function):
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
         divisor = _divisor(targets, ignore_index, divisor, hidden.device)
         scale = 1.0 / divisor
-        grads = _Gradients(hidden, weight, bias, ctx.needs_input_grad[:3])
+        needs = ctx.needs_input_grad[:3]
+        head = _head_dtype(hidden, weight)
+        into = (direct_target(weight, head) if needs[1] and head else None,
+                direct_target(bias, head) if needs[2] and head else None)
+        grads = _Gradients(hidden, weight, bias, needs, into)
         for start in range(0, hidden.shape[0], chunk_tokens):
             rows, chunk_targets = hidden[start:start + chunk_tokens], targets[start:start + chunk_tokens]
             logits = _logits(rows, weight, bias, None)
@@ -184,6 +226,7 @@ class EagerChunkedLinearCrossEntropy(torch.autograd.Function):
             grads.add(start, rows, _grad_logits(log_probabilities.exp_(), chunk_targets, ignore_index, scale, dtype))
             del log_probabilities
         ctx.grads = grads.results()  # not saved tensors: the backward scales them in place
+        ctx.settlement = _settlement(into, hidden, weight, bias, targets, chunk_tokens, ignore_index, scale, dtype)
         return total / divisor
 
     @staticmethod
@@ -195,7 +238,32 @@ class EagerChunkedLinearCrossEntropy(torch.autograd.Function):
         for grad in grads:
             if grad is not None:
                 grad.mul_(grad_loss.to(grad.dtype))
-        return (*grads, None, None, None, None)
+        settlement, ctx.settlement = ctx.settlement, None
+        hidden, weight, bias = grads
+        if settlement is not None:
+            direct = settlement.settle(grad_loss)
+            weight, bias = (direct[0] if direct[0] is not None else weight), (direct[1] if direct[1] is not None else bias)
+        return (hidden, weight, bias, None, None, None, None)
+
+
+def _settlement(into: tuple[torch.Tensor | None, torch.Tensor | None], hidden: torch.Tensor, weight: torch.Tensor,
+                bias: torch.Tensor | None, targets: torch.Tensor, step: int, ignore_index: int, scale: torch.Tensor,
+                dtype: torch.dtype) -> Settlement | None:
+    """What the backward (or a dropped graph) settles for the gradients added into ``.grad``, or ``None``."""
+    if into == (None, None):
+        return None
+    for grad in into:
+        if grad is not None:
+            note_added(grad)
+
+    def replay() -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        grads = _Gradients(hidden, weight, bias, (False, into[0] is not None, into[1] is not None))
+        _replay(grads, hidden, targets, step, ignore_index, scale, dtype)
+        return grads.weight_grad, grads.bias_grad
+
+    params = (weight, bias)
+    return Settlement(tuple(Contribution(p, g) if g is not None and p is not None else None
+                            for p, g in zip(params, into, strict=True)), replay)
 
 
 def chunked_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -225,7 +293,8 @@ def chunked_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, bia
     if flat_targets.shape[0] != flat.shape[0]:
         raise ValueError(f"targets give {flat_targets.shape[0]} classes for {flat.shape[0]} tokens of hidden "
                          f"states; expected one per token (shift a causal LM's labels with shifted_targets)")
-    function = EagerChunkedLinearCrossEntropy if eager else ChunkedLinearCrossEntropy
+    # without gradients (an evaluation with labels) an eager loss would compute them for nothing
+    function = EagerChunkedLinearCrossEntropy if eager and torch.is_grad_enabled() else ChunkedLinearCrossEntropy
     loss: torch.Tensor = function.apply(flat, weight, bias, flat_targets, chunk_tokens, ignore_index,
                                         num_items_in_batch)
     return loss

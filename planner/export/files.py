@@ -6,7 +6,8 @@ The Python file embeds the pure-torch runtime (:mod:`planner.executor.block_io`,
 :mod:`planner.executor.partial_tape`, :mod:`planner.executor.partial`,
 :mod:`planner.executor.program`, :mod:`planner.executor.grads`, :mod:`planner.executor.carried_grads`,
 :mod:`planner.executor.runtime`, :mod:`planner.executor.weights`, :mod:`planner.executor.install`,
-:mod:`planner.executor.chunked_loss`, :mod:`planner.executor.chunked_head`, which import
+:mod:`planner.executor.grad_into`, :mod:`planner.executor.embedding_grad`, :mod:`planner.executor.chunked_loss`,
+:mod:`planner.executor.chunked_head`, which import
 nothing but ``torch`` and the standard library) verbatim, and the schedule's data: the modules of each stage
 (qualified names in the model) and the operations, ``OFFLOAD`` and ``PREFETCH`` included, the stages whose
 weights are streamed, and the chunks the loss option computes the language-model head and its loss in
@@ -33,6 +34,8 @@ from planner.executor import block_io as executor_block_io
 from planner.executor import carried_grads as executor_carried_grads
 from planner.executor import chunked_head as executor_chunked_head
 from planner.executor import chunked_loss as executor_chunked_loss
+from planner.executor import embedding_grad as executor_embedding_grad
+from planner.executor import grad_into as executor_grad_into
 from planner.executor import grads as executor_grads
 from planner.executor import install as executor_install
 from planner.executor import offload as executor_offload
@@ -110,7 +113,8 @@ def _runtime_body() -> str:
     parts = ["from __future__ import annotations"]
     for module in (executor_block_io, executor_sharded, executor_stage, executor_offload, executor_transfers, executor_selective,
                    executor_partial_tape, executor_partial, executor_program, executor_grads, executor_carried_grads, executor_runtime, executor_weights,
-                   executor_install, executor_chunked_loss, executor_chunked_head):
+                   executor_install, executor_grad_into, executor_embedding_grad, executor_chunked_loss,
+                   executor_chunked_head):
         source = inspect.getsource(module)
         lines = source.splitlines()
         drop: set[int] = set()
@@ -173,6 +177,7 @@ def apply_schedule(model, container="", min_offload_bytes=MIN_OFFLOAD_BYTES):
     if previous is not None:
         previous[0].remove()
     remove_chunked_head(model)
+    remove_embedding_grads(model)
     if STAGES is None:
         target = model.get_submodule(container) if container else model
         groups = [[child] for child in target.children()]
@@ -189,6 +194,7 @@ def apply_schedule(model, container="", min_offload_bytes=MIN_OFFLOAD_BYTES):
     executor.install()
     if LOSS_CHUNKS[0]:
         install_chunked_head(model, chunks=LOSS_CHUNKS[0], eager=LOSS_CHUNKS[1])
+    install_embedding_grads(model)
     object.__setattr__(model, "_memprof_schedule", (executor, SCHEDULE))
     return model
 '''

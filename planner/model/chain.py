@@ -52,6 +52,11 @@ class Stage:
         modules: qualified names of the modules the stage runs (empty for a hand-written chain).
         weight_grad_bytes: parameter gradients that ``B(l)`` allocates and that stay allocated until the
             optimizer step (0 when the gradients already exist, e.g. ``zero_grad(set_to_none=False)``).
+        existing_grads_overhead_bytes: o_b where every parameter's ``.grad`` already exists (``None``: o_b):
+            no parameter gradient stays allocated, ``AccumulateGrad`` adds each into ``.grad`` and frees it, and
+            the executor's embeddings add their rows into ``.grad`` instead of a whole-weight gradient
+            (:mod:`planner.discovery.existing_grads`); :func:`planner.discovery.loss_options.without_weight_grads`
+            uses it.
         options: the stage's recomputation options besides keeping everything (option 0); ``F_all`` with
             option ``k`` keeps ``options[k-1].saved_bytes`` (:mod:`planner.model.stage_option`).
     """
@@ -67,6 +72,7 @@ class Stage:
     modules: tuple[str, ...] = ()
     weight_grad_bytes: int = 0
     options: tuple[StageOption, ...] = ()
+    existing_grads_overhead_bytes: int | None = None
 
     def __post_init__(self) -> None:
         for key in _STAGE_FLOAT_FIELDS:
@@ -82,6 +88,10 @@ class Stage:
                 f"stage {self.name or '?'}: saved_bytes (a-bar, {self.saved_bytes}) must include output_bytes "
                 f"(a, {self.output_bytes}); expected saved_bytes >= output_bytes"
             )
+        value = self.existing_grads_overhead_bytes
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise ChainError(f"stage {self.name or '?'}: existing_grads_overhead_bytes must be None or a whole number "
+                             f"of bytes >= 0, found {value!r}")
         object.__setattr__(self, "modules", tuple(self.modules))
         object.__setattr__(self, "options", tuple(self.options))
         for option in self.options:
@@ -243,6 +253,8 @@ class Chain:
             entry["options"] = [option.to_dict() for option in stage.options]
             if not entry["options"]:
                 del entry["options"]
+            if entry["existing_grads_overhead_bytes"] is None:
+                del entry["existing_grads_overhead_bytes"]
             stages.append(entry)
         out: dict[str, Any] = {"name": self.name, "input_bytes": self.input_bytes, "stages": stages}
         if self.source:
@@ -269,6 +281,7 @@ class Chain:
         body = json.dumps({"input_bytes": self.input_bytes, "stages": [
             [s.output_bytes, s.saved_bytes, s.grad_bytes, s.forward_overhead_bytes, s.backward_overhead_bytes]
             + ([s.weight_grad_bytes] if s.weight_grad_bytes else [])
+            + ([{"existing": s.existing_grads_overhead_bytes}] if s.existing_grads_overhead_bytes is not None else [])
             + ([[o.saved_bytes, o.recompute_ms] for o in s.options] if s.options else [])
             for s in self.stages
         ], **({"carried": [c.to_dict() for c in self.carried]} if self.carried else {})}, sort_keys=True)
@@ -368,6 +381,8 @@ def _stage_from_dict(index: int, raw: Any) -> Stage:
         modules=tuple(str(m) for m in raw.get("modules", ())),
         weight_grad_bytes=_as_int("weight_grad_bytes", raw.get("weight_grad_bytes", 0), where),
         options=_options(raw.get("options", ()), where),
+        existing_grads_overhead_bytes=(None if raw.get("existing_grads_overhead_bytes") is None else _as_int(
+            "existing_grads_overhead_bytes", raw["existing_grads_overhead_bytes"], where)),
     )
 
 

@@ -36,6 +36,11 @@ class StageOption:
         eager: a chunked loss that computes its gradients in the forward (no logits recomputed): a-bar_k
             holds the input gradient and the parameter gradients, which ``B`` hands over instead of
             allocating them.
+        param_grad_bytes: what of an eager option's ``saved_bytes`` goes where the parameters already have
+            their ``.grad`` (budgets on the activations alone,
+            :func:`planner.discovery.loss_options.without_weight_grads`): the runtime adds the head's parameter
+            gradients into it as it computes them (:mod:`planner.executor.grad_into`) instead of holding them,
+            and keeps the head's input instead, to correct them if the backward asks. 0 for other options.
         partial: a selective option whose ``B(l)`` replays only the ops its dropped saved tensors depend on
             (the cone, :mod:`planner.discovery.cone`; :mod:`planner.executor.partial` runs it), not every op
             it does not keep; ``recompute_ms`` and ``recompute_flops`` are the cone's. Not for a chunked loss.
@@ -52,19 +57,23 @@ class StageOption:
     save_occurrences: tuple[int, ...] = ()
     chunks: int = 0
     eager: bool = False
+    param_grad_bytes: int = 0
     partial: bool = False
     forward_overhead_bytes: int | None = None
     backward_overhead_bytes: int | None = None
 
     def __post_init__(self) -> None:
         where = f"option {self.name or '?'}"
-        for key in ("chunks", "forward_overhead_bytes", "backward_overhead_bytes"):
+        for key in ("chunks", "param_grad_bytes", "forward_overhead_bytes", "backward_overhead_bytes"):
             value = getattr(self, key)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
                 raise ChainError(f"{where}: {key} must be a whole number >= 0, found {value!r}")
         if not isinstance(self.eager, bool) or (self.eager and not self.chunks):
             raise ChainError(f"{where}: eager must be true or false, and true only for a chunked loss (chunks > 0); "
                              f"found eager={self.eager!r}, chunks={self.chunks}")
+        if self.param_grad_bytes and (not self.eager or self.param_grad_bytes > self.saved_bytes):
+            raise ChainError(f"{where}: param_grad_bytes ({self.param_grad_bytes}) is for an eager loss option and "
+                             f"part of its saved_bytes ({self.saved_bytes}); found eager={self.eager}")
         if not isinstance(self.partial, bool) or (self.partial and self.chunks):
             raise ChainError(f"{where}: partial must be true or false, and true only for a selective option (chunks=0); "
                              f"found partial={self.partial!r}, chunks={self.chunks}")
@@ -97,6 +106,7 @@ class StageOption:
                 "recompute_flops": self.recompute_flops, "saves": list(self.saves), "save_ops": list(self.save_ops),
                 "save_occurrences": list(self.save_occurrences),
                 **({"chunks": self.chunks} if self.chunks else {}), **({"eager": True} if self.eager else {}),
+                **({"param_grad_bytes": self.param_grad_bytes} if self.param_grad_bytes else {}),
                 **({"partial": True} if self.partial else {}),
                 **{key: getattr(self, key) for key in ("forward_overhead_bytes", "backward_overhead_bytes")
                    if getattr(self, key) is not None}}
@@ -114,7 +124,8 @@ def option_from_dict(raw: Any, where: str) -> StageOption:
                            recompute_flops=raw.get("recompute_flops", 0), saves=tuple(raw.get("saves", ())),
                            save_ops=tuple(raw.get("save_ops", ())),
                            save_occurrences=tuple(raw.get("save_occurrences", ())), chunks=raw.get("chunks", 0),
-                           eager=raw.get("eager", False), partial=raw.get("partial", False),
+                           eager=raw.get("eager", False),
+                           param_grad_bytes=raw.get("param_grad_bytes", 0), partial=raw.get("partial", False),
                            forward_overhead_bytes=raw.get("forward_overhead_bytes"),
                            backward_overhead_bytes=raw.get("backward_overhead_bytes"))
     except (TypeError, ValueError) as exc:

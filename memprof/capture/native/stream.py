@@ -94,12 +94,14 @@ class NativeAllocationStream:
     def _select(self, rows: np.ndarray) -> AllocationEvents:
         # Runs in record_stats() on the training thread: the common cases (CPU events only, already in
         # time order) skip the masking and the sort, and the columns stay views of ``rows``.
-        is_cuda = rows[:, 5] == _CUDA_TYPE
         if self._cuda:
+            is_cuda = rows[:, 5] == _CUDA_TYPE
             own_index = np.maximum(rows[:, 6], 0) == (self.device.index or 0)  # -1 is "the current device"
             rows = rows[is_cuda & own_index]
-        elif is_cuda.any():
-            rows = rows[~is_cuda]
+        elif rows[:, 5].any():  # an event of another device than the CPU (type 0)? one reduction, no mask
+            is_cuda = rows[:, 5] == _CUDA_TYPE
+            if is_cuda.any():
+                rows = rows[~is_cuda]
         times = rows[:, 0]
         if len(rows) > 1 and not (times[1:] >= times[:-1]).all():
             rows = rows[np.argsort(times, kind="stable")]  # threads may append a little out of order

@@ -44,6 +44,7 @@ _SEGMENT_SUFFIX = ".log"
 SEGMENT_RECORDS = 64
 _FRAME = struct.Struct("<4sIQ")  # magic, Adler-32 of the payload, payload length
 _FRAME_MAGIC = b"MPRF"
+_INT64 = np.dtype("<i8")
 
 
 def segment_path(journal_dir: Path, iteration: int) -> Path:
@@ -70,9 +71,10 @@ def pack_parts(header: dict[str, Any], arrays: dict[str, np.ndarray]) -> list[by
     text += b" " * (-len(text) % 8)  # keeps the arrays 8-byte aligned
     parts: list[bytes | memoryview] = [_HEAD.pack(_MAGIC, len(text)) + text]
     for array in arrays.values():
-        flat = np.ascontiguousarray(array, dtype="<i8").reshape(-1)
-        if flat.size:  # (a memoryview of an empty array cannot be cast to bytes)
-            parts.append(flat.data.cast("B"))
+        if not (type(array) is np.ndarray and array.ndim and array.dtype == _INT64 and array.flags.c_contiguous):
+            array = np.ascontiguousarray(array, dtype="<i8").reshape(-1)  # (most are already: no copy, no call)
+        if array.size:  # (a memoryview of an empty array cannot be cast to bytes)
+            parts.append(array.data.cast("B"))
     return parts
 
 
@@ -121,8 +123,14 @@ def _with_storages(rows: list, width: int) -> tuple[np.ndarray, np.ndarray]:
     """Rows whose last item is a list of storages: ``width`` columns plus its length, and the storages."""
     if not rows:
         return np.zeros((0, width + 1), dtype=np.int64), np.zeros((0, 2), dtype=np.int64)
+    count = len(rows)
     *columns, payloads = zip(*rows)
-    head = np.array([*columns, [len(p) for p in payloads]], dtype=np.int64).T
+    # Row-major as written, one column at a time: np.array of the columns, transposed, cost a copy when packed,
+    # and converting the marks' kinds (IntEnum members) in one 2-D np.array took numpy's slow path.
+    head = np.empty((count, width + 1), dtype=np.int64)
+    for at, column in enumerate(columns):
+        head[:, at] = np.fromiter(column, dtype=np.int64, count=count)
+    head[:, width] = np.fromiter(map(len, payloads), dtype=np.int64, count=count)
     return head, _flat(list(chain.from_iterable(payloads)), 2)
 
 
@@ -212,6 +220,7 @@ class JournalWriter:
         self.journal_dir = journal_dir
         self._fd: int | None = None
         self._path: Path | None = None
+        self._first = -1  # the first iteration of the open segment (comparing Paths every record cost 50 µs)
 
     def append(self, record: IterationRecord) -> None:
         """Writes ``record`` at the end of its segment.
@@ -219,19 +228,22 @@ class JournalWriter:
         Raises:
             OSError: it could not be written (a partial frame is ignored by every reader).
         """
-        path = segment_path(self.journal_dir, record.iteration)
         fd = self._fd
-        if path != self._path or fd is None:
+        first = record.iteration - record.iteration % SEGMENT_RECORDS
+        if first != self._first or fd is None:
             self.close()
+            path = segment_path(self.journal_dir, record.iteration)
             fd = self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-            self._path = path
+            self._path, self._first = path, first
         parts = encode_record_parts(record)
         checksum = 1  # Adler-32's start value
+        length = 0
         for part in parts:
             checksum = zlib.adler32(part, checksum)
-        parts.insert(0, _FRAME.pack(_FRAME_MAGIC, checksum, sum(len(p) for p in parts)))
+            length += len(part)  # (a cast memoryview's len is its bytes)
+        parts.insert(0, _FRAME.pack(_FRAME_MAGIC, checksum, length))
         written = os.writev(fd, parts)
-        total = sum(len(p) for p in parts)
+        total = length + _FRAME.size
         if written < total:  # a short write (rare on regular files): write the rest in one piece
             rest = memoryview(b"".join(parts))[written:]
             while rest:
@@ -241,7 +253,7 @@ class JournalWriter:
         """Closes the open segment."""
         if self._fd is not None:
             os.close(self._fd)
-        self._fd, self._path = None, None
+        self._fd, self._path, self._first = None, None, -1
 
 
 class JournalReader:

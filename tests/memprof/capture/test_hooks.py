@@ -7,7 +7,14 @@ from torch import nn
 
 from memprof.analysis.records import Mark
 from memprof.capture.hooks import HookRecorder
-from memprof.capture.tensor_walk import module_tree, pointers, storages
+from memprof.capture.tensor_walk import (
+    module_tree,
+    optimizer_state,
+    optimizer_state_addresses,
+    pointer,
+    pointers,
+    storages,
+)
 
 
 def test_pointers_give_the_storage_address_of_tensors_and_views() -> None:
@@ -52,3 +59,59 @@ def test_a_chain_shares_one_node_hook_per_activation_and_marks_each_module_once(
         expected = [0, 1, 2, 3] if kind == Mark.BWD_ENTER else [2, 3]
         assert indices == expected, (kind, indices)
     assert out.shape == (3, 2)
+
+
+def test_pointer_is_the_one_entry_of_pointers() -> None:
+    base = torch.arange(64, dtype=torch.float32).reshape(8, 8)
+    cases = [base, base[2:], base[:, 3], base.t(), nn.Parameter(torch.ones(3)), torch.empty(0),
+             torch.zeros(5, dtype=torch.bfloat16)[1:], torch.eye(3).to_sparse()]
+    for tensor in cases:
+        found = pointers(tensor)
+        assert pointer(tensor) == (found[0] if found else None)
+
+
+def _adam_after_steps(steps: int) -> tuple[nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    for _ in range(steps):
+        model(torch.randn(3, 4)).sum().backward()
+        optimizer.step()
+    return model, optimizer
+
+
+def _generic_addresses(optimizer: torch.optim.Optimizer) -> list[int]:
+    return [ptr for ptr, _ in optimizer_state(optimizer, exact=False)]
+
+
+def test_optimizer_state_addresses_are_the_generic_walks() -> None:
+    model, optimizer = _adam_after_steps(0)
+    assert optimizer_state_addresses(optimizer) == _generic_addresses(optimizer) == []  # no state before a step
+    model, optimizer = _adam_after_steps(2)
+    assert len(optimizer_state_addresses(optimizer)) == 3 * len(list(model.parameters()))  # step, two moments
+    assert optimizer_state_addresses(optimizer) == _generic_addresses(optimizer)
+    # state replaced (as load_state_dict does), a view with an offset, nested and odd values, a storage swapped
+    optimizer.load_state_dict(optimizer.state_dict())
+    assert optimizer_state_addresses(optimizer) == _generic_addresses(optimizer)
+    first, second, *_ = optimizer.state.values()
+    first["exp_avg"] = torch.zeros(40)[8:]
+    first["extra"] = [torch.ones(2), (torch.ones(3), {"deep": torch.ones(1)}), 3.0]
+    first["parameter"] = nn.Parameter(torch.ones(2))
+    first["sparse"] = torch.eye(2).to_sparse()
+    first["none"] = None
+    second["exp_avg_sq"].set_(torch.zeros(second["exp_avg_sq"].shape))
+    assert optimizer_state_addresses(optimizer) == _generic_addresses(optimizer)
+
+
+def test_drain_drops_the_finalizers_of_freed_inputs_only() -> None:
+    recorder = HookRecorder([nn.Identity()], [], None)
+    kept, freed = torch.ones(4), torch.ones(8)
+    recorder.watch_free(kept)
+    recorder.watch_free(freed)
+    freed_ptr, kept_ptr = freed.data_ptr(), kept.data_ptr()
+    del freed
+    frees = recorder.drain().frees
+    assert [ptr for _, ptr in frees] == [freed_ptr]
+    assert list(recorder._finalizers) == [kept_ptr] and recorder._finalizers[kept_ptr].alive
+    assert recorder.drain().frees == []
+    recorder.detach()

@@ -61,6 +61,22 @@ def test_a_chain_gets_them_on_its_loss_and_keeps_them_without_weight_grads() -> 
     chunked = with_loss_options(chain, head, (8,))
     eager = chunked.stages[-1].options[1]
     assert eager.saved_bytes == MIB + 2 * MIB  # delta^L and the head's gradient, nothing of the logits
+    # float32 logits (16 MiB a-bar = 2 x 8): the runtime adds into .grad, keeping the head's input (delta^L's size)
+    assert eager.param_grad_bytes == 2 * MIB - MIB
     bare = without_weight_grads(chunked)
     assert [s.weight_grad_bytes for s in bare.stages] == [0, 0]
-    assert bare.stages[-1].options == chunked.stages[-1].options
+    # where the gradients exist the eager option holds delta^L alone; the recomputing one is unchanged
+    assert bare.stages[-1].options[0] == chunked.stages[-1].options[0]
+    assert (bare.stages[-1].options[1].saved_bytes, bare.stages[-1].options[1].param_grad_bytes) == (2 * MIB, 0)
+    bare.stages[-1].options[1].to_dict()  # still a valid option of a valid chain
+    assert Chain.from_json(chunked.to_json()).stages[-1].options[1].param_grad_bytes == MIB
+
+
+def test_half_precision_logits_keep_their_eager_gradients_held() -> None:
+    """Under autocast the runtime cannot add into .grad (autograd rounds the product to the head's dtype
+    first): an eager option of a loss with half-precision logits holds its gradients even without_weight_grads."""
+    chain = Chain("c", MIB, (Stage(forward_ms=1.0, backward_ms=2.0, output_bytes=MIB, saved_bytes=3 * MIB,
+                                   grad_bytes=MIB, name="b", modules=("h.0",)), _loss(24 * MIB)))
+    head = LossHead("lm_head", logits_bytes=8 * MIB, forward_ms=3.0, weight_bytes=2 * MIB)
+    eager = without_weight_grads(with_loss_options(chain, head, (8,))).stages[-1].options[1]
+    assert eager.eager and (eager.saved_bytes, eager.param_grad_bytes) == (3 * MIB, 0)

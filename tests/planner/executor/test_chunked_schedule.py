@@ -18,6 +18,7 @@ from planner.executor import apply_schedule, remove_schedule
 from planner.executor.apply import loss_chunks
 from planner.export.files import export_python
 from planner.measure.runs import measure_schedule
+from tests.allocator_truth import allocator_rise_bytes
 from tests.planner.prediction_band import ABOVE_WITH_OPTIONS, assert_near_prediction
 from tests.planner.real_models import RealModel
 
@@ -154,3 +155,31 @@ def test_every_loss_option_applied_and_exported_gives_plain_gradients(profiled, 
         real.model.__dict__.pop("_memprof_schedule")[0].remove()
         module.remove_chunked_head(real.model)
     assert "forward" not in real.model.lm_head.__dict__
+
+
+def test_where_the_gradients_exist_the_lowest_schedule_holds_what_it_predicts(profiled) -> None:  # noqa: ANN001
+    """Budgets on the activations alone (benchmark 10's), as when every parameter's ``.grad`` exists: the eager loss
+    adds its head's gradient into ``.grad`` and the embeddings their rows (planner.executor.grad_into,
+    embedding_grad), and ``AccumulateGrad`` adds the others and frees them; the chain counts that
+    (``param_grad_bytes``, ``existing_grads_overhead_bytes``), and the lowest schedule's forward and backward,
+    measured with the allocator on a step whose gradients exist, peak as the simulator predicts."""
+    real, _, run_dir = profiled
+    full = chain_from_trace(load_trace(run_dir))
+    wte, first = real.model.transformer.wte.weight, full.stages[0]
+    assert first.existing_grads_overhead_bytes is not None
+    assert first.backward_overhead_bytes - first.existing_grads_overhead_bytes >= wte.nbytes  # no dense gradient
+    chain = without_weight_grads(full.activations_only())
+    assert [s.backward_overhead_bytes for s in chain.stages] == [s.existing_grads_overhead_bytes for s in full.stages]
+    schedule = solve(chain, min_feasible_budget(chain, "selective"), "selective")
+    assert loss_chunks(schedule)[0] > 0, schedule.ops
+    batch = real.make_batch(BATCH)
+    apply_schedule(real.model, schedule)
+    try:
+        real.loss(real.model, batch).backward()  # every .grad exists from here on
+        measured = allocator_rise_bytes(lambda: real.loss(real.model, batch).backward())
+    finally:
+        remove_schedule(real.model)
+        real.model.zero_grad(set_to_none=True)
+    predicted = schedule.predicted_peak_bytes
+    assert predicted is not None
+    assert_near_prediction(measured, predicted, real.name, schedule.algorithm, above=ABOVE_WITH_OPTIONS)

@@ -139,3 +139,31 @@ def test_state_round_trip_and_drops_finished_segments(tmp_path):
     write_state(tmp_path, state)
     assert read_state(tmp_path) == state
     assert segment_starts(tmp_path) == [SEGMENT_RECORDS]  # every iteration of the first is final
+
+
+def _reference_parts(record: IterationRecord) -> bytes:
+    """The record's bytes by the plain, slower numpy calls the encoder once made (the format's definition)."""
+    marks = record.marks
+    head = np.array([[t, int(k), m, len(p)] for t, k, m, p in marks], dtype=np.int64).reshape(-1, 4)
+    storages = np.array([s for *_, p in marks for s in p], dtype=np.int64).reshape(-1, 2)
+    ev = record.events
+    arrays = {
+        "events": np.stack([ev.time_ns, ev.ptr, ev.size_bytes, ev.total_allocated_bytes, ev.total_reserved_bytes]),
+        "marks": head, "mark_storages": storages,
+        "observations": np.array(record.observations, dtype=np.int64).reshape(-1, 4),
+        "frees": np.array(record.frees, dtype=np.int64).reshape(-1, 2),
+        "param_grads": np.array([(i, *s) for i, s in record.param_grads.items()], dtype=np.int64).reshape(-1, 3),
+        "grads": np.array([(i, *s) for i, s in record.grads.items()], dtype=np.int64).reshape(-1, 3),
+    }
+    header = {"kind": "record", "iteration": record.iteration, "epoch": record.epoch, "start_ns": record.start_ns,
+              "end_ns": record.end_ns, "reserved_bytes": record.reserved_bytes,
+              "peak_reserved_bytes": record.peak_reserved_bytes, "failed": record.failed, "detail": record.detail}
+    return pack(header, {name: np.asfortranarray(a) for name, a in arrays.items()})  # (any layout packs alike)
+
+
+@pytest.mark.parametrize("iteration,n_events", [(0, 0), (3, 5), (7, 1000)])
+def test_record_bytes_are_the_plain_encodings(iteration, n_events):
+    record = _record(iteration, n_events)
+    assert encode_record(record) == _reference_parts(record)
+    empty = IterationRecord(iteration=0, epoch=0, start_ns=1, end_ns=2, events=AllocationEvents.empty())
+    assert encode_record(empty) == _reference_parts(empty)
