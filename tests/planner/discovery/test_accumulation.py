@@ -105,7 +105,12 @@ def test_a_schedule_trains_the_micro_batches_with_plain_gradients_and_the_predic
     finally:
         remove_schedule(model)
     assert scheduled.keys() == reference.keys()
-    assert all(torch.equal(scheduled[name], reference[name]) for name in reference)
+    # bitwise, but the tied embedding's: from the second micro-batch on its .grad exists and the executor adds the
+    # embedding's rows into it before the head's gradient, where autograd adds their sum (docs/planner.md,
+    # "Gradients added into .grad")
+    tied = "transformer.wte.weight"
+    assert all(torch.equal(scheduled[name], reference[name]) for name in reference if name != tied)
+    torch.testing.assert_close(scheduled[tied], reference[tied], rtol=1e-5, atol=1e-7)
     # the step is ~2.7 MB, so the real-model tests' + 1 MiB would be most of it: 5% alone
     assert abs(measured - predicted) <= 0.05 * predicted, (measured, predicted)
     store_all = solve(chain, store_all_budget(chain), "store_all").predicted_step_peak_bytes
