@@ -120,7 +120,7 @@ def chunk_options(stage: Stage, head: LossHead, chunks: Sequence[int] = DEFAULT_
             recompute_ms=head.forward_ms + k * chunk_overhead_ms, recompute_flops=head.flops, chunks=k,
             forward_overhead_bytes=stage.forward_overhead_bytes + chunk_bytes,
             backward_overhead_bytes=stage.forward_overhead_bytes + chunk_bytes))
-        if results_bytes - param_grad_bytes < removed:
+        if results_bytes < removed:  # an option keeps at most what the stage keeps (a Stage's rule)
             out.append(StageOption(
                 name=f"chunks={k} eager", saved_bytes=stage.saved_bytes - removed + results_bytes,
                 recompute_ms=k * chunk_overhead_ms, chunks=k, eager=True, param_grad_bytes=param_grad_bytes,
@@ -152,8 +152,9 @@ def without_loss_options(chain: Chain) -> Chain:
 def without_weight_grads(chain: Chain) -> Chain:
     """``chain`` with no stage allocating parameter gradients: budgets on the activations alone, as when the
     gradients already exist. An eager loss option then adds its head's gradients into them as it computes
-    them and holds only delta^L and the head's input (its ``param_grad_bytes`` go); where it cannot (autocast), it holds its own
-    and adds them in ``B``, which then frees them: the rule hands over only what the stage counts. Each stage's
+    them and holds only delta^L and the head's input (its ``param_grad_bytes`` go); where it cannot
+    (autocast), it holds its own and adds them in ``B``, which then frees them: the rule hands over only what
+    the stage counts. Each stage's
     o_b is its ``existing_grads_overhead_bytes`` where the trace measured it (no gradient stays allocated,
     ``AccumulateGrad`` adds each into ``.grad`` and frees it, no embedding makes a whole-weight gradient)."""
     stages = tuple(replace(stage, weight_grad_bytes=0, options=tuple(_into_grads(o) for o in stage.options),
