@@ -29,7 +29,14 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from planner.executor.grad_into import Contribution, Settlement, direct_target, note_added, noted
+from planner.executor.grad_into import (
+    Contribution,
+    Settlement,
+    backward_target,
+    direct_target,
+    note_added,
+    noted,
+)
 
 IGNORE_INDEX = -100
 """The label Hugging Face (and ``nn.CrossEntropyLoss``'s default) ignores."""
@@ -153,8 +160,8 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
         hidden, weight, bias, targets, divisor = ctx.saved_tensors
         needs = ctx.needs_input_grad[:3]
         # the head's gradients go straight into an existing .grad (no forward side effect: nothing to settle)
-        into = (_backward_target(weight, ctx.dtype) if needs[1] else None,
-                _backward_target(bias, ctx.dtype) if needs[2] else None)
+        into = (backward_target(weight, ctx.dtype) if needs[1] else None,
+                backward_target(bias, ctx.dtype) if needs[2] else None)
         noted_before = [grad is not None and noted(grad) for grad in into]
         grads = _Gradients(hidden, weight, bias, needs, into)
         _replay(grads, hidden, targets, ctx.chunk_tokens, ctx.ignore_index, grad_loss.to(torch.float32) / divisor,
@@ -163,13 +170,6 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
             if grad is not None and ours:  # a pending eager loss's contribution stays valid
                 note_added(grad)
         return (*grads.results(), None, None, None, None)
-
-
-def _backward_target(param: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
-    """``param``'s existing ``.grad`` to add into from a backward, where the head ran in its dtype and the backward
-    accumulates into it (``loss.backward()``, not ``torch.autograd.grad``)."""
-    target = direct_target(param, dtype) if param is not None else None
-    return target if target is not None and param is not None and Contribution(param, target).reaches_grad() else None
 
 
 def _replay(grads: _Gradients, hidden: torch.Tensor, targets: torch.Tensor, step: int, ignore_index: int,

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from planner.executor.grad_into import Contribution, direct_target, note_added, noted
+from planner.executor.grad_into import backward_target, note_added, noted
 
 _EMBEDDING_ATTRIBUTE = "_memprof_embedding_grads"
 
@@ -43,8 +43,8 @@ class _Embedding(torch.autograd.Function):
         weight, padding = ctx.weight, ctx.padding_idx
         if not ctx.needs_input_grad[1]:
             return None, None, None
-        target = direct_target(weight, grad_out.dtype)
-        if target is None or not Contribution(weight, target).reaches_grad():
+        target = backward_target(weight, grad_out.dtype)
+        if target is None:
             dense = torch.ops.aten.embedding_dense_backward(grad_out, ids, weight.shape[0],
                                                             -1 if padding is None else padding, False)
             return None, dense, None

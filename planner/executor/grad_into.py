@@ -110,6 +110,14 @@ class Contribution:
             return False
 
 
+def backward_target(param: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """``param``'s existing ``.grad`` to add into from a backward (no forward side effect, nothing to settle):
+    :func:`direct_target`'s, where the running backward accumulates into it (``loss.backward()``, not
+    ``torch.autograd.grad``); else ``None``."""
+    target = direct_target(param, dtype)
+    return target if target is not None and param is not None and Contribution(param, target).reaches_grad() else None
+
+
 class OverwrittenGradError(RuntimeError):
     """A ``.grad`` that a forward added into was written in place before that forward's backward."""
 

@@ -12,8 +12,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from memprof import MemoryProfiler, load_trace
-from planner import chain_from_trace, solve, solve_held, store_all_budget
+from memprof import load_trace
+from planner import solve, solve_held, store_all_budget
 from planner.discovery.cone import cone, stage_graph
 from planner.discovery.option_builder import ops_of_stage, stage_options
 from planner.executor import apply_schedule, remove_schedule
@@ -23,6 +23,7 @@ from planner.solvers import held
 from tests.planner.executor.test_selective_execution import (
     _forward_held_bytes,
     _grads,
+    _profiled,
     assert_exported_grads_equal,
     assert_step_peak_as_predicted,
     with_prediction,
@@ -61,20 +62,6 @@ def gpt2() -> RealModel:
     model.loss_type = "ForCausalLM"
     model.train()
     return RealModel("gpt2", model, _lm_batch(128, 32), _lm_loss, ("transformer.h.0", "transformer.h.1"))
-
-
-def _profiled(build, tmp_path: Path):  # noqa: ANN001, ANN202 -- a RealModel builder
-    real = build()
-    optimizer = torch.optim.SGD(real.model.parameters(), lr=1e-3)
-    with MemoryProfiler(real.model, optimizer, out_dir=tmp_path / "profile", print_period=0, background=False,
-                        ops=True) as prof:
-        for _ in range(3):
-            optimizer.zero_grad(set_to_none=True)
-            real.loss(real.model, real.make_batch(BATCH)).backward()
-            optimizer.step()
-            prof.record_stats()
-    # priced without the dispatch overhead and with the loss as written, as test_selective_execution.py does
-    return real, optimizer, chain_from_trace(load_trace(prof.run_dir), selective_overhead_us=0.0, loss_chunks=())
 
 
 def _with_options(base: Schedule, choose) -> Schedule:  # noqa: ANN001 -- stage -> option
