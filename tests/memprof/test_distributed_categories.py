@@ -24,10 +24,12 @@ BATCH = (16, 64)  # per rank
 F32 = 4
 FIRST, LAST = (8 * 32 + 32) * F32, (32 * 4 + 4) * F32  # the two Linears' parameters: 1,152 and 528 B
 PARAMS = FIRST + LAST  # 1,680 B; DDP's one bucket holds every gradient, as many bytes
-# DDP's rebuild agrees on the buckets' order with the other rank through a few 4-byte tensors; gloo's thread at
-# times holds the last reference to one, and a free on another thread reaches neither memprof's stream nor
-# torch.profiler's (both are the allocating thread's). From the rebuild on, a run can hold that many bytes more.
-LOST = 8
+# DDP's rebuild agrees on the buckets' order with the other rank by broadcasting two int32 tensors
+# (Reducer::sync_bucket_indices): every parameter's index plus the bucket count (4 + 1 ints, 20 B) and the bucket
+# sizes (one int, 4 B). gloo's thread at times holds the last reference to either, and a free on another thread
+# reaches neither memprof's stream nor torch.profiler's (both are the allocating thread's): from the rebuild on,
+# either side can hold up to that many bytes more (a run has shown the twin 20 B higher).
+LOST = (4 + 1) * 4 + 1 * 4
 
 SCRIPT = textwrap.dedent(
     """
