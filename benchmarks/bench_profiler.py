@@ -121,6 +121,7 @@ class Memprof(Tool):
 
     name = "memprof"
     background = True
+    steady = True  # the submodules' hooks off in repeated iterations (memprof.capture.steady)
     priority: str | None = None  # the worker's scheduling priority (memprof.trace.pipeline.worker.lower_priority)
 
     def __init__(self) -> None:
@@ -139,7 +140,7 @@ class Memprof(Tool):
         else:
             os.environ[PRIORITY_ENV] = self.priority
         self._profiler = MemoryProfiler(model, optimizer, out_dir=workdir, run_id=run_id, print_period=0,
-                                        background=self.background)
+                                        background=self.background, steady=self.steady)
         self._sink, self._warm_cpu_s = self._profiler._sink, None
 
     def after_step(self) -> None:
@@ -201,6 +202,13 @@ class MemprofInline(Memprof):
 
     name = "memprof (inline)"
     background = False
+
+
+class MemprofEveryHook(Memprof):
+    """memprof with ``steady=False``: every hook in every iteration, as before steady iterations."""
+
+    name = "memprof (every hook)"
+    steady = False
 
 
 class MemprofNice10(Memprof):
@@ -277,7 +285,7 @@ class TorchProfiler(Tool):
             profiler.key_averages()  # events are parsed lazily: count that processing here
 
 
-TOOLS: tuple[type[Tool], ...] = (Tool, Memprof, MemprofInline, MemTrackerTool, TorchProfiler)
+TOOLS: tuple[type[Tool], ...] = (Tool, Memprof, MemprofEveryHook, MemprofInline, MemTrackerTool, TorchProfiler)
 #: Variants measured on request (``--tools``): the worker's scheduling priority, against the default's (SCHED_IDLE).
 EXTRA_TOOLS: tuple[type[Tool], ...] = (MemprofNice0, MemprofNice10, MemprofNice19)
 

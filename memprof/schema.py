@@ -74,6 +74,9 @@ ITERATIONS_SCHEMA = pa.schema(
         pa.field("num_allocations", pa.int64()),
         pa.field("detail", pa.bool_()),
         pa.field("micro_batches", pa.int64()),  # parts written before it existed read as 1 (LATER_COLUMNS)
+        # -1: its own hooks attributed it; n >= 0: a steady iteration, attributed by iteration n's marks (which it
+        # repeats); -2: a steady iteration that did not repeat them (memprof.analysis.template)
+        pa.field("template_iteration", pa.int64()),
         *_category_fields(),
     ]
 )
@@ -87,7 +90,7 @@ LATER_CATEGORIES: dict[str, object] = {"weight_copies": 0, "comm_buffers": 0}
 #: though its categories then sum to less than the total where a run had weight copies or comm buffers).
 LATER_COLUMNS: dict[str, dict[str, object]] = {
     "ops": {"writes": None, "reads": None},
-    "iterations": {"micro_batches": 1, **LATER_CATEGORIES},
+    "iterations": {"micro_batches": 1, "template_iteration": -1, **LATER_CATEGORIES},
     "events": dict(LATER_CATEGORIES),
     "layers": {"weight_copy_bytes": 0, "comm_buffer_bytes": 0},
 }

@@ -20,10 +20,17 @@ from memprof.analysis.console import format_report
 from memprof.analysis.failure import failure_details
 from memprof.analysis.layers import layer_rows, subtree_bytes
 from memprof.analysis.micro_batches import micro_batches
-from memprof.analysis.records import CarriedState, IterationRecord, LiveBlock, Mark, RunSpec
+from memprof.analysis.records import CarriedState, IterationRecord, LiveBlock, Mark, MarkRow, RunSpec
 from memprof.analysis.sweep import sweep
+from memprof.analysis.template import apply_template
 from memprof.analysis.timeline import Series, event_table, peak_figures, peak_row, series
 from memprof.schema import EVENTS_SCHEMA
+
+#: ``template_iteration`` of an iteration its own hooks attributed.
+OWN_HOOKS = -1
+#: ``template_iteration`` of a steady iteration that did not repeat its template: attributed by the hooks that
+#: stay on alone (the model's, the optimizer's, the gradients'), so submodules' outputs read as ``other``.
+NOT_REPEATED = -2
 
 
 @dataclass(frozen=True)
@@ -51,6 +58,11 @@ class ProcessedIteration:
     before: ProcessedIteration | None = None
     #: its rows of the allocations table (memprof.analysis.allocations), when it keeps its detail
     allocations: pa.Table | None = None
+
+    @property
+    def not_repeated(self) -> bool:
+        """It ran without the submodules' hooks and did not repeat its template (``template_iteration`` -2)."""
+        return self.row.get("template_iteration") == NOT_REPEATED
 
     @property
     def detailed(self) -> tuple[int, ...]:
@@ -122,7 +134,8 @@ class IterationProcessor:
                  report: bool = True) -> tuple[ProcessedIteration, CarriedState]:
         """One iteration's rows from the state before it (a pure function of both), and the state after it."""
         spec = self.spec
-        sw = sweep(record.events, record.marks, record.observations,
+        marks, source = _marks(record)
+        sw = sweep(record.events, marks, record.observations,
                    [] if spec.use_truth else record.frees, state.blocks, self._parents, state.next_block_id,
                    use_truth=spec.use_truth)
         order = dict(state.order)
@@ -142,6 +155,7 @@ class IterationProcessor:
             "num_allocations": len(sw.alloc_change) - sw.alloc_change.count(-1),  # (ids >= 0; -1: alive before)
             "detail": detail,
             "micro_batches": split.count,
+            "template_iteration": source,
             **summary,
         }
         layers: list[dict[str, Any]] = []
@@ -164,6 +178,14 @@ class IterationProcessor:
         failure = failure_details(table, layers, record.iteration) if record.failed else None
         return ProcessedIteration(record.iteration, row, layers if detail else [], table, text, failure,
                                   detail, allocations=allocations), after
+
+
+def _marks(record: IterationRecord) -> tuple[list[MarkRow], int]:
+    """The marks to analyse a record with, and whose they are (the ``template_iteration`` column)."""
+    if record.template is None:
+        return record.marks, OWN_HOOKS
+    placed = apply_template(record.template, record)
+    return (record.marks, NOT_REPEATED) if placed is None else (placed, record.template.iteration)
 
 
 def root_forward_ran(record: IterationRecord) -> bool:

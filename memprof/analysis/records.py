@@ -94,6 +94,34 @@ class Drained(NamedTuple):
     param_grads: dict[int, Storage]
 
 
+@dataclass(frozen=True, kw_only=True, eq=False)
+class MarkTemplate:
+    """A hooked iteration's marks, told by position among its allocator events, for iterations that repeat it.
+
+    While training repeats itself (the same allocations, in the same order, of the same sizes), the profiler turns
+    the submodules' hooks off (:mod:`memprof.capture.steady`) and hands each such iteration the template of the
+    last hooked one; the analysis (:func:`memprof.analysis.template.apply_template`) places the template's marks
+    among the iteration's own events, so it is analysed as if its hooks had run. Built by
+    :func:`memprof.analysis.template.take_template`; int64 arrays throughout (what the journal writes as they are).
+
+    Attributes:
+        iteration: the hooked iteration it was taken from.
+        sizes: its allocator events' sizes in time order (> 0 allocated, < 0 freed).
+        pairing: per event, the block it made or freed as the block's position among the iteration's
+            allocations (-1: a block from before the iteration, or an address not alive).
+        marks: one row per mark, in call order: kind, module, bound (the events before it), storages.
+        storages: the marks' storages, in order: how the storage is found (>= 0: the block at that position;
+            -1: the address itself, a storage older than the iteration; ``-2 - k``: the k-th storage of the
+            model's latest forward-enter mark, its inputs), the address, the bytes.
+    """
+
+    iteration: int
+    sizes: np.ndarray
+    pairing: np.ndarray
+    marks: np.ndarray
+    storages: np.ndarray
+
+
 @dataclass(frozen=True, kw_only=True)
 class IterationRecord:
     """Everything the training process saw in one iteration: the input of the analysis. Built by keyword.
@@ -115,6 +143,8 @@ class IterationRecord:
         peak_reserved_bytes: the highest reserved bytes seen during it.
         failed: the iteration was cut short by an out-of-memory error or the budget guard.
         detail: the user asked to keep its detail (``record_stats(detail=True)``).
+        template: the marks of the hooked iteration it repeats, when the submodules' hooks were off (its own
+            ``marks`` are then the model's and the optimizer's alone).
     """
 
     iteration: int
@@ -131,6 +161,7 @@ class IterationRecord:
     peak_reserved_bytes: int = 0
     failed: bool = False
     detail: bool = False
+    template: MarkTemplate | None = None
 
 
 # ------------------------------------------------------ what the run carries from one iteration to the next

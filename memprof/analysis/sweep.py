@@ -205,7 +205,7 @@ def _hook_items(baseline_frees: list, observations: list, marks: list) -> list[t
     return items
 
 
-def _in_time_order(events: AllocationEvents) -> AllocationEvents:
+def in_time_order(events: AllocationEvents) -> AllocationEvents:
     """The events sorted by time, ties in their given order (as the reference's merge orders them)."""
     times = events.time_ns
     if len(times) < 2 or bool((times[1:] >= times[:-1]).all()):
@@ -230,7 +230,7 @@ def _bounds(times: np.ndarray, items: list[tuple]) -> list[int]:
 def sweep(events: AllocationEvents, marks: list, observations: list, baseline_frees: list,
           carried: list[LiveBlock], parents: list[int], next_block_id: int, use_truth: bool) -> Sweep:
     """:func:`memprof.analysis.attribution.sweep_reference`, faster (module docstring); same arguments, same result."""
-    events = _in_time_order(events)
+    events = in_time_order(events)
     ptrs, sizes_in = events.ptr.tolist(), events.size_bytes.tolist()
     items = _hook_items(baseline_frees, observations, marks)
     bounds = _bounds(events.time_ns, items)

@@ -121,6 +121,11 @@ class DistributedWatch:
         self._rebuild_handles: dict[int, Any] = {}
         self._wrapped: list[tuple[Any, Callable[..., Any]]] = []
 
+    @property
+    def present(self) -> bool:
+        """Whether the model is wrapped in DDP or sharded with FSDP2."""
+        return bool(self._ddp or self._fsdp)
+
     def baseline(self) -> list[tuple[int, int, int]]:
         """``(address, bytes, category code)`` of the DDP buckets alive now, at stand-in addresses."""
         found: list[tuple[int, int, int]] = []

@@ -84,6 +84,7 @@ class HookRecorder:
         self.param_grads: dict[int, Storage] = {}
         self._free_sink: list[FreeRow] = []
         self._handles: list[Any] = []
+        self._submodule_handles: list[Any] = []
         # data_ptr -> the finalizer watching that storage; one per storage, however often it is seen
         self._finalizers: dict[int, weakref.finalize] = {}
         self._backward_active = False
@@ -106,15 +107,12 @@ class HookRecorder:
     # ----------------------------------------------------------------- attach / detach
     def attach(self) -> None:
         """Registers every hook."""
-        for index, module in enumerate(self.modules):
-            first = index in self.first_pre_hooks
-            if index == 0:  # the root also sees keyword arguments: model(input_ids=..., labels=...) is a batch too
-                self._handles.append(module.register_forward_pre_hook(self._root_forward_pre, with_kwargs=True,
-                                                                      prepend=first))
-                self._handles.append(module.register_forward_hook(self._root_forward_post))
-            else:
-                self._handles.append(module.register_forward_pre_hook(partial(self._forward_pre, index), prepend=first))
-                self._handles.append(module.register_forward_hook(partial(self._forward_post, index)))
+        root = self.modules[0]
+        first = 0 in self.first_pre_hooks
+        # the root also sees keyword arguments: model(input_ids=..., labels=...) is a batch too
+        self._handles.append(root.register_forward_pre_hook(self._root_forward_pre, with_kwargs=True, prepend=first))
+        self._handles.append(root.register_forward_hook(self._root_forward_post))
+        self.set_submodule_hooks(True)
         for index, param in enumerate(self.params):
             if param.requires_grad:
                 hook = partial(self._grad_ready, index)
@@ -125,8 +123,27 @@ class HookRecorder:
             self._handles.append(self.optimizer.register_step_pre_hook(self._optimizer_pre))
             self._handles.append(self.optimizer.register_step_post_hook(self._optimizer_post))
 
+    def set_submodule_hooks(self, on: bool) -> None:
+        """Registers (``on``) or removes the submodules' forward hooks; the model's own and the others stay.
+
+        Off while training repeats itself (:mod:`memprof.capture.steady`): they are most of what the hooks cost
+        the training thread, and a steady iteration's marks come from the template of one that had them.
+        """
+        if on == bool(self._submodule_handles):
+            return
+        if not on:
+            for handle in self._submodule_handles:
+                handle.remove()
+            self._submodule_handles.clear()
+            return
+        for index, module in enumerate(self.modules[1:], start=1):
+            self._submodule_handles.append(module.register_forward_pre_hook(
+                partial(self._forward_pre, index), prepend=index in self.first_pre_hooks))
+            self._submodule_handles.append(module.register_forward_hook(partial(self._forward_post, index)))
+
     def detach(self) -> None:
         """Removes every hook and finalizer; the model is as it was before :meth:`attach`."""
+        self.set_submodule_hooks(False)
         for handle in self._handles:
             handle.remove()
         self._handles.clear()

@@ -53,6 +53,8 @@ class Outcome:
         failure: post-mortem details, when it failed.
         write_error: why its parts could not be written, if they could not.
         detailed: the iterations whose detail was kept with it (itself, and the one before a failure).
+        not_repeated: it ran without the submodules' hooks and did not repeat its template
+            (:mod:`memprof.capture.steady` puts the hooks back).
     """
 
     iteration: int
@@ -60,6 +62,7 @@ class Outcome:
     failure: dict[str, Any] | None = None
     write_error: str | None = None
     detailed: tuple[int, ...] = ()
+    not_repeated: bool = False
 
 
 class InlineSink:
@@ -83,7 +86,8 @@ class InlineSink:
             write_iterations(self.writer, [processed])
         except OSError as exc:
             error = str(exc)
-        return [Outcome(record.iteration, processed.report, processed.failure, error, processed.detailed)]
+        return [Outcome(record.iteration, processed.report, processed.failure, error, processed.detailed,
+                        processed.not_repeated)]
 
     def allocated_bytes(self) -> int:
         """Bytes alive at the end of the last processed iteration."""
@@ -264,7 +268,8 @@ class BackgroundSink:
                     self._answered += 1
                     self._reported = int(message["done"])
                     outcomes.append(Outcome(self._reported, message.get("report"), message.get("failure"),
-                                            detailed=tuple(message.get("detailed", ()))))
+                                            detailed=tuple(message.get("detailed", ())),
+                                            not_repeated=bool(message.get("not_repeated", False))))
         if self._eof and self._answered < self._submitted:
             return outcomes + self._take_over(self._why_stopped())
         return outcomes

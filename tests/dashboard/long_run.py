@@ -89,7 +89,7 @@ def _iterations_table(first: int, activations: np.ndarray, detail: np.ndarray) -
             "allocated_bytes": np.full(n, 3 * WEIGHTS_BYTES), "reserved_bytes": reserved,
             "peak_phase": np.full(n, "forward"), "peak_module": np.full(n, "blocks.23.mlp"),
             "num_events": np.where(detail, len(_event_template()[3]), 0), "num_allocations": np.full(n, 1000), "detail": detail,
-            "micro_batches": np.ones(n, dtype=np.int64), **cats}
+            "micro_batches": np.ones(n, dtype=np.int64), "template_iteration": np.full(n, -1), **cats}
     return pa.Table.from_pydict({f.name: data[f.name] for f in ITERATIONS_SCHEMA}, schema=ITERATIONS_SCHEMA)
 
 

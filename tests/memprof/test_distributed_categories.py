@@ -125,8 +125,9 @@ def test_ddp_buckets_are_comm_buffers_from_the_first_iteration(tmp_path):
         held = [PARAMS + PARAMS + (i + 1) * (batch * 8 * F32 + batch * 8) + (PARAMS if i else 0) for i in range(STEPS)]
         assert start.tolist()[0] == held[0] and all(0 <= a - b <= LOST for a, b in zip(start.tolist()[1:], held[1:]))
         truth = [h + r - (PARAMS if i == 1 else 0) for i, (h, r) in enumerate(zip(held, result["rises"]))]
+        # (the start and the rise above it may each hold the rebuild's tensors that gloo's thread freed)
         for peak, expected in zip(trace.iterations.peak_allocated_bytes, truth):
-            assert abs(int(peak) - expected) <= 0.001 * expected, (rank, int(peak), expected)
+            assert abs(int(peak) - expected) <= 2 * LOST, (rank, int(peak), expected)
 
 
 @pytest.mark.slow

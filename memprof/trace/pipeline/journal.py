@@ -27,7 +27,14 @@ from typing import Any
 
 import numpy as np
 
-from memprof.analysis.records import AllocationEvents, CarriedState, IterationRecord, LiveBlock, RunSpec
+from memprof.analysis.records import (
+    AllocationEvents,
+    CarriedState,
+    IterationRecord,
+    LiveBlock,
+    MarkTemplate,
+    RunSpec,
+)
 from memprof.atomic import write_atomically
 from memprof.errors import CorruptTraceError
 
@@ -162,6 +169,11 @@ def encode_record_parts(record: IterationRecord) -> list[bytes | memoryview]:
         "observations": _flat(record.observations, 4), "frees": _flat(record.frees, 2),
         "param_grads": _storage_rows(record.param_grads), "grads": _storage_rows(record.grads),
     }
+    template = record.template
+    if template is not None:  # arrays already: written as they are, however many records share them
+        header["template"] = template.iteration
+        arrays.update(template_sizes=template.sizes, template_pairing=template.pairing,
+                      template_marks=template.marks, template_storages=template.storages)
     return pack_parts(header, arrays)
 
 
@@ -186,9 +198,20 @@ def decode_record(data: bytes | memoryview, what: str = "a journal record") -> I
             param_grads={i: (p, n) for i, p, n in a["param_grads"].tolist()},
             grads={i: (p, n) for i, p, n in a["grads"].tolist()},
             reserved_bytes=int(header["reserved_bytes"]), peak_reserved_bytes=int(header["peak_reserved_bytes"]),
-            failed=bool(header["failed"]), detail=bool(header.get("detail", False)))
+            failed=bool(header["failed"]), detail=bool(header.get("detail", False)),
+            template=_template(header, a))
     except (KeyError, ValueError, TypeError, IndexError) as exc:
         raise CorruptTraceError(f"{what} is damaged ({exc!r}); it cannot be read") from None
+
+
+def _template(header: dict[str, Any], arrays: dict[str, np.ndarray]) -> MarkTemplate | None:
+    if "template" not in header:
+        return None
+    marks, storages = arrays["template_marks"].reshape(-1, 4), arrays["template_storages"].reshape(-1, 3)
+    if int(marks[:, 3].sum()) != len(storages):
+        raise ValueError(f"the template's marks name {int(marks[:, 3].sum())} storages, {len(storages)} follow")
+    return MarkTemplate(iteration=int(header["template"]), sizes=arrays["template_sizes"],
+                        pairing=arrays["template_pairing"], marks=marks, storages=storages)
 
 
 def frames(data: bytes, offset: int = 0) -> Iterator[tuple[int, memoryview]]:

@@ -124,7 +124,8 @@ class _Worker:
             stages.counts["records"] += 1
             stages.counts["detailed"] += processed.detail
             self.answers.append({"done": processed.iteration, "report": processed.report,
-                                 "failure": processed.failure, "detailed": list(processed.detailed)})
+                                 "failure": processed.failure, "detailed": list(processed.detailed),
+                                 **({"not_repeated": True} if processed.not_repeated else {})})
             stages.lap("answers")
             if len(self.batch) >= FLUSH_ITERATIONS:
                 self.flush()

@@ -54,6 +54,28 @@ def test_record_round_trip(iteration, n_events):
     _same(decode_record(encode_record(record)), record)
 
 
+def test_a_steady_records_template_round_trips_and_a_damaged_one_is_refused():
+    from dataclasses import replace
+
+    from memprof.analysis.template import take_template
+
+    hooked = _record(3, 6)
+    template = take_template(replace(hooked, events=AllocationEvents(*(np.sort(c) for c in (
+        hooked.events.time_ns, hooked.events.ptr, hooked.events.size_bytes, hooked.events.total_allocated_bytes,
+        hooked.events.total_reserved_bytes)))))
+    assert template is not None and len(template.storages) == 2
+    steady = replace(_record(4, 6), template=template)
+    back = decode_record(encode_record(steady))
+    _same(back, steady)
+    assert back.template is not None and back.template.iteration == 3
+    for name in ("sizes", "pairing", "marks", "storages"):
+        np.testing.assert_array_equal(getattr(back.template, name), getattr(template, name))
+    assert decode_record(encode_record(hooked)).template is None
+    torn = replace(steady, template=replace(template, storages=template.storages[:1]))
+    with pytest.raises(CorruptTraceError, match="damaged"):
+        decode_record(encode_record(torn))
+
+
 def test_empty_record_round_trip():
     record = IterationRecord(iteration=0, epoch=0, start_ns=1, end_ns=2, events=AllocationEvents.empty())
     _same(decode_record(encode_record(record)), record)

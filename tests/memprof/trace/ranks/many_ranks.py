@@ -50,7 +50,8 @@ def iteration_table(rank: int, first: int, count: int, ranks: int = 1) -> pa.Tab
         "reserved_bytes": reserved, "peak_phase": np.array(PHASES, dtype=object)[iteration % len(PHASES)],
         "peak_module": np.array(MODULES, dtype=object)[(iteration + rank) % len(MODULES)],
         "num_events": np.full(count, 50, np.int64), "num_allocations": np.full(count, 40, np.int64),
-        "detail": iteration % 997 == 0, "micro_batches": np.ones(count, np.int64)}
+        "detail": iteration % 997 == 0, "micro_batches": np.ones(count, np.int64),
+        "template_iteration": np.full(count, -1, np.int64)}
     share = peak // len(CATEGORY_COLUMNS)
     for index, name in enumerate(CATEGORY_COLUMNS):
         columns[name] = share if index else peak - share * (len(CATEGORY_COLUMNS) - 1)

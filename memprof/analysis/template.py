@@ -1,0 +1,169 @@
+"""Marks for iterations that ran without the submodules' hooks: the last hooked iteration's, placed among their
+own allocator events.
+
+A training loop repeats itself: once the allocator's events of two hooked iterations agree (the same sizes in
+the same order), :mod:`memprof.capture.steady` turns the submodules' hooks off, which are most of what the
+profiler costs the training thread. Such a *steady* iteration still records its allocator events and the
+model's, the optimizer's and the gradients' own hooks; its record carries a :class:`MarkTemplate` taken from
+the hooked iteration it repeats. :func:`apply_template` checks that it does repeat it (the same sizes, and each
+free frees the block made at the same position) and gives each of the template's marks the place it had among
+the events, its storages the addresses the iteration's own blocks have there. The analysis then runs on those
+marks as on hooked ones: the same categories, layers and peaks, byte for byte; only the moments of the
+submodules' marks are the events' around them rather than the hooks' own clock.
+
+Torch-free: the background worker and the reader's recovery apply templates.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from memprof.analysis.records import AllocationEvents, IterationRecord, Mark, MarkRow, MarkTemplate
+from memprof.analysis.sweep import in_time_order
+
+#: A storage found as an address older than the iteration (a parameter, a cached tensor).
+OLDER = -1
+#: ``ROOT_INPUT - k``: the k-th storage of the model's latest forward-enter mark.
+ROOT_INPUT = -2
+_FORWARD_ENTER = int(Mark.FWD_ENTER)
+
+
+def pairing(ptrs: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """Per event (in time order), the position among the allocations of the block it makes or frees.
+
+    A free's block is the latest allocation at its address, when nothing freed it since; otherwise (a block
+    from before the iteration, an address not alive) -1. Vectorised; :func:`pairing_reference` is the walk.
+    """
+    ptrs, count = np.asarray(ptrs, dtype=np.int64), len(sizes)
+    made = np.asarray(sizes) > 0
+    position = np.cumsum(made) - 1
+    out = np.where(made, position, -1)
+    order = np.lexsort((np.arange(count), ptrs))  # by address, then time
+    by_address, made_sorted = ptrs[order], made[order]
+    after_same = np.zeros(count, dtype=bool)
+    after_same[1:] = by_address[1:] == by_address[:-1]
+    after_made = np.zeros(count, dtype=bool)
+    after_made[1:] = made_sorted[:-1]
+    frees = np.nonzero(~made_sorted & after_same & after_made)[0]
+    out[order[frees]] = position[order[frees - 1]]
+    return out
+
+
+def pairing_reference(ptrs: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """:func:`pairing` by walking the events with a dictionary of live addresses."""
+    alive: dict[int, int] = {}
+    out, made = [], 0
+    for ptr, size in zip(np.asarray(ptrs).tolist(), np.asarray(sizes).tolist()):
+        if size > 0:
+            alive[ptr] = made
+            out.append(made)
+            made += 1
+        else:
+            out.append(alive.pop(ptr, -1))
+    return np.asarray(out, dtype=np.int64)
+
+
+def synthesized(module: int) -> bool:
+    """Whether a mark of ``module`` comes from the template in a steady iteration (a submodule's), rather than
+    from the hooks that stay on (the model's own, index 0; the optimizer's and backward's end, -1)."""
+    return module > 0
+
+
+def take_template(record: IterationRecord) -> MarkTemplate | None:
+    """The template of a hooked iteration's record; ``None`` where its marks are not in time order."""
+    events = in_time_order(record.events)
+    ptrs, sizes = events.ptr.tolist(), events.size_bytes.tolist()
+    times = np.asarray([m[0] for m in record.marks], dtype=np.int64)
+    if len(times) > 1 and bool((times[1:] < times[:-1]).any()):
+        return None  # a clock that went back: the marks' places among the events are not known
+    bounds = np.searchsorted(events.time_ns, times, side="right").tolist()
+    alive: dict[int, int] = {}
+    made = position = 0
+    inputs: dict[int, int] = {}
+    rows: list[tuple[int, int, int, int]] = []
+    storages: list[tuple[int, int, int]] = []
+    for (_, kind, module, payload), bound in zip(record.marks, bounds):
+        for ptr, size in zip(ptrs[position:bound], sizes[position:bound]):
+            if size > 0:
+                alive[ptr] = made
+                made += 1
+            else:
+                alive.pop(ptr, None)
+        position = bound
+        if module == 0 and kind == _FORWARD_ENTER:
+            inputs = {ptr: k for k, (ptr, _) in enumerate(payload)}
+        for ptr, nbytes in payload:
+            found = alive.get(ptr)
+            code = found if found is not None else (ROOT_INPUT - inputs[ptr] if ptr in inputs else OLDER)
+            storages.append((code, ptr, nbytes))
+        rows.append((int(kind), module, bound, len(payload)))
+    return MarkTemplate(iteration=record.iteration, sizes=np.ascontiguousarray(events.size_bytes, dtype=np.int64),
+                        pairing=pairing(events.ptr, events.size_bytes),
+                        marks=np.asarray(rows, dtype=np.int64).reshape(-1, 4),
+                        storages=np.asarray(storages, dtype=np.int64).reshape(-1, 3))
+
+
+def same_allocations(template: MarkTemplate, events: AllocationEvents) -> bool:
+    """Whether ``events`` have the template's sizes in the same order (the training process's cheap check)."""
+    return bool(np.array_equal(in_time_order(events).size_bytes, template.sizes))
+
+
+def apply_template(template: MarkTemplate, record: IterationRecord) -> list[MarkRow] | None:
+    """The marks a steady iteration's hooks would have made: the template's, placed among its events.
+
+    The record's own marks (the model's, the optimizer's, backward's end) keep their moments; each submodule
+    mark gets the moment of the event before its place (or of the own mark before it, when later), so that it
+    falls between the same events. A failed iteration may be a prefix of the template.
+
+    Returns:
+        The marks in call order, or ``None`` where the iteration does not repeat the template: other sizes,
+        another pairing of frees with allocations, other own marks, or own marks elsewhere among the events.
+    """
+    events = in_time_order(record.events)
+    count = len(events)
+    if count != len(template.sizes) and not (record.failed and count < len(template.sizes)):
+        return None
+    if not (np.array_equal(events.size_bytes, template.sizes[:count])
+            and np.array_equal(pairing(events.ptr, events.size_bytes), template.pairing[:count])):
+        return None
+    times = events.time_ns.tolist()
+    made_ptrs = events.ptr[events.size_bytes > 0].tolist()
+    own = record.marks
+    out: list[MarkRow] = []
+    at = last_ns = 0
+    start = 0
+    inputs: list[int] = []
+    for kind, module, bound, width in template.marks.tolist():
+        storages = template.storages[start:start + width].tolist()
+        start += width
+        if bound > count:  # a failed iteration ended before this mark's place
+            break
+        if not synthesized(module):
+            if at == len(own) or own[at][1] != kind or own[at][2] != module:
+                return None
+            mark = own[at]
+            at += 1
+            if mark[0] < last_ns or int(np.searchsorted(events.time_ns, mark[0], side="right")) != bound:
+                return None
+            if module == 0 and kind == _FORWARD_ENTER:
+                inputs = [ptr for ptr, _ in mark[3]]
+            out.append(mark)
+            last_ns = mark[0]
+            continue
+        moment = max(last_ns, times[bound - 1] if bound else record.start_ns)
+        if bound < count and moment >= times[bound]:
+            return None  # no moment left between the events around it
+        found = []
+        for code, ptr, nbytes in storages:
+            if code >= 0:
+                ptr = made_ptrs[code]
+            elif code <= ROOT_INPUT:
+                if ROOT_INPUT - code >= len(inputs):
+                    return None
+                ptr = inputs[ROOT_INPUT - code]
+            found.append((ptr, nbytes))
+        out.append((moment, kind, module, found))
+        last_ns = moment
+    if at != len(own):
+        return None
+    return out
