@@ -502,14 +502,17 @@ def merged_stats(stats: Sequence[dict]) -> tuple[dict[str, float], dict[str, int
 
 def worker_table(lanes: Lanes) -> list[str]:
     """Where memprof's worker spent its CPU, per stage: ms per record over every block's records."""
-    found = [(key, lane) for key, row in sorted(lanes.items(), key=lambda kv: (_model_rank(kv[0][0]), kv[0][1]))
+    # one column per lane with a worker: (model, threads, tool), the tool named when several lanes ran one
+    found = [((name, threads, lane.tool.name), lane)
+             for (name, threads), row in sorted(lanes.items(), key=lambda kv: (_model_rank(kv[0][0]), kv[0][1]))
              for lane in row if lane.stats]
     if not found:
         return ["(no worker ran)"]
     merged = {key: merged_stats(lane.stats) for key, lane in found}
     stages = sorted({stage for cpu, _ in merged.values() for stage in cpu if stage != "start"},
                     key=lambda st: -sum(cpu.get(st, 0.0) for cpu, _ in merged.values()))
-    header = [f"{name}, {threads} thr." for (name, threads), _ in found]
+    several = len({tool for (_, _, tool), _ in found}) > 1
+    header = [f"{name}, {threads} thr." + (f", {tool}" if several else "") for (name, threads, tool), _ in found]
     lines = ["| Stage (CPU ms per record) | " + " | ".join(header) + " |", "|---|" + "---:|" * len(found)]
     for stage in stages:
         cells = []

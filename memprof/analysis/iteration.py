@@ -20,9 +20,9 @@ from memprof.analysis.console import format_report
 from memprof.analysis.failure import failure_details
 from memprof.analysis.layers import layer_rows, subtree_bytes
 from memprof.analysis.micro_batches import micro_batches
-from memprof.analysis.records import CarriedState, IterationRecord, LiveBlock, Mark, MarkRow, RunSpec
+from memprof.analysis.records import CarriedState, IterationRecord, LiveBlock, Mark, RunSpec
 from memprof.analysis.sweep import sweep
-from memprof.analysis.template import apply_template
+from memprof.analysis.template import Placed, apply_template
 from memprof.analysis.timeline import Series, event_table, peak_figures, peak_row, series
 from memprof.schema import EVENTS_SCHEMA
 
@@ -134,8 +134,8 @@ class IterationProcessor:
                  report: bool = True) -> tuple[ProcessedIteration, CarriedState]:
         """One iteration's rows from the state before it (a pure function of both), and the state after it."""
         spec = self.spec
-        marks, source = _marks(record)
-        sw = sweep(record.events, marks, record.observations,
+        hooks, source = _hooks(record)
+        sw = sweep(record.events, hooks.marks, hooks.observations,
                    [] if spec.use_truth else record.frees, state.blocks, self._parents, state.next_block_id,
                    use_truth=spec.use_truth)
         order = dict(state.order)
@@ -160,7 +160,7 @@ class IterationProcessor:
         }
         layers: list[dict[str, Any]] = []
         if s is not None and (detail or report_due):  # the console report shows the layers
-            grads = {**record.grads, **record.param_grads}
+            grads = {**record.grads, **hooks.param_grads}
             layers = layer_rows(sw, s, list(spec.infos), record.iteration, order, list(spec.weight_bytes),
                                 subtree_bytes(list(spec.infos), grads), split,
                                 comm_bytes=cast(int, summary["comm_buffers"]))
@@ -180,12 +180,13 @@ class IterationProcessor:
                                   detail, allocations=allocations), after
 
 
-def _marks(record: IterationRecord) -> tuple[list[MarkRow], int]:
-    """The marks to analyse a record with, and whose they are (the ``template_iteration`` column)."""
+def _hooks(record: IterationRecord) -> tuple[Placed, int]:
+    """The hooks' records to analyse a record with, and whose they are (the ``template_iteration`` column)."""
+    own = Placed(record.marks, record.observations, record.param_grads)
     if record.template is None:
-        return record.marks, OWN_HOOKS
+        return own, OWN_HOOKS
     placed = apply_template(record.template, record)
-    return (record.marks, NOT_REPEATED) if placed is None else (placed, record.template.iteration)
+    return (own, NOT_REPEATED) if placed is None else (placed, record.template.iteration)
 
 
 def root_forward_ran(record: IterationRecord) -> bool:

@@ -113,6 +113,9 @@ class MarkTemplate:
         storages: the marks' storages, in order: how the storage is found (>= 0: the block at that position;
             -1: the address itself, a storage older than the iteration; ``-2 - k``: the k-th storage of the
             model's latest forward-enter mark, its inputs), the address, the bytes.
+        observations: the observations of the hooks a steady iteration goes without (the gradients', the
+            optimizer's state): bound, category code, how the storage is found (as in ``storages``), address.
+        param_grads: parameter index, how its gradient's storage is found, address, bytes.
     """
 
     iteration: int
@@ -120,6 +123,8 @@ class MarkTemplate:
     pairing: np.ndarray
     marks: np.ndarray
     storages: np.ndarray
+    observations: np.ndarray
+    param_grads: np.ndarray
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -16,16 +16,31 @@ Torch-free: the background worker and the reader's recovery apply templates.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
-from memprof.analysis.records import AllocationEvents, IterationRecord, Mark, MarkRow, MarkTemplate
+from memprof.analysis.records import (
+    CAT,
+    AllocationEvents,
+    IterationRecord,
+    Mark,
+    MarkRow,
+    MarkTemplate,
+    ObservationRow,
+    Storage,
+)
 from memprof.analysis.sweep import in_time_order
+from memprof.categories import Category
 
 #: A storage found as an address older than the iteration (a parameter, a cached tensor).
 OLDER = -1
 #: ``ROOT_INPUT - k``: the k-th storage of the model's latest forward-enter mark.
 ROOT_INPUT = -2
 _FORWARD_ENTER = int(Mark.FWD_ENTER)
+#: The observations of the hooks a steady iteration goes without (the gradients', the optimizer's state): the
+#: template carries them (the others, the model's inputs and autocast's weight copies, it makes itself).
+TEMPLATED = frozenset({CAT[Category.WEIGHT_GRADS], CAT[Category.OPTIMIZER_STATE]})
 
 
 def pairing(ptrs: np.ndarray, sizes: np.ndarray) -> np.ndarray:
@@ -69,38 +84,74 @@ def synthesized(module: int) -> bool:
     return module > 0
 
 
+class Placed(NamedTuple):
+    """A steady iteration's hooks' records, as its hooks would have made them (:func:`apply_template`)."""
+
+    marks: list[MarkRow]
+    observations: list[ObservationRow]
+    param_grads: dict[int, Storage]
+
+
 def take_template(record: IterationRecord) -> MarkTemplate | None:
     """The template of a hooked iteration's record; ``None`` where its marks are not in time order."""
     events = in_time_order(record.events)
-    ptrs, sizes = events.ptr.tolist(), events.size_bytes.tolist()
     times = np.asarray([m[0] for m in record.marks], dtype=np.int64)
     if len(times) > 1 and bool((times[1:] < times[:-1]).any()):
         return None  # a clock that went back: the marks' places among the events are not known
+    walk = _Walk(events)
     bounds = np.searchsorted(events.time_ns, times, side="right").tolist()
-    alive: dict[int, int] = {}
-    made = position = 0
     inputs: dict[int, int] = {}
     rows: list[tuple[int, int, int, int]] = []
     storages: list[tuple[int, int, int]] = []
     for (_, kind, module, payload), bound in zip(record.marks, bounds):
-        for ptr, size in zip(ptrs[position:bound], sizes[position:bound]):
-            if size > 0:
-                alive[ptr] = made
-                made += 1
-            else:
-                alive.pop(ptr, None)
-        position = bound
+        walk.to(bound)
         if module == 0 and kind == _FORWARD_ENTER:
             inputs = {ptr: k for k, (ptr, _) in enumerate(payload)}
         for ptr, nbytes in payload:
-            found = alive.get(ptr)
+            found = walk.alive.get(ptr)
             code = found if found is not None else (ROOT_INPUT - inputs[ptr] if ptr in inputs else OLDER)
             storages.append((code, ptr, nbytes))
         rows.append((int(kind), module, bound, len(payload)))
+    observed = sorted((bound, index) for index, bound in enumerate(np.searchsorted(
+        events.time_ns, [o[0] for o in record.observations], side="right").tolist())
+        if record.observations[index][2] in TEMPLATED)
+    walk = _Walk(events)
+    observations: list[tuple[int, int, int, int]] = []
+    codes: dict[int, int] = {}  # address -> how it was found, for the parameters' gradients
+    for bound, index in observed:
+        walk.to(bound)
+        _, ptr, category, _ = record.observations[index]
+        codes[ptr] = walk.alive.get(ptr, OLDER)
+        observations.append((bound, category, codes[ptr], ptr))
+    grads = [(index, codes.get(ptr, OLDER), ptr, nbytes) for index, (ptr, nbytes) in record.param_grads.items()]
     return MarkTemplate(iteration=record.iteration, sizes=np.ascontiguousarray(events.size_bytes, dtype=np.int64),
-                        pairing=pairing(events.ptr, events.size_bytes),
-                        marks=np.asarray(rows, dtype=np.int64).reshape(-1, 4),
-                        storages=np.asarray(storages, dtype=np.int64).reshape(-1, 3))
+                        pairing=pairing(events.ptr, events.size_bytes), marks=_rows(rows, 4),
+                        storages=_rows(storages, 3), observations=_rows(observations, 4),
+                        param_grads=_rows(grads, 4))
+
+
+def _rows(rows: list[tuple[int, ...]], width: int) -> np.ndarray:
+    return np.asarray(rows, dtype=np.int64).reshape(-1, width)
+
+
+class _Walk:
+    """The blocks the iteration's own allocations made that are alive after a given number of its events."""
+
+    def __init__(self, events: AllocationEvents) -> None:
+        self.ptrs, self.sizes = events.ptr.tolist(), events.size_bytes.tolist()
+        self.alive: dict[int, int] = {}  # address -> position among the allocations
+        self.made = self.position = 0
+
+    def to(self, bound: int) -> None:
+        """Walks on through event ``bound - 1``."""
+        alive = self.alive
+        for ptr, size in zip(self.ptrs[self.position:bound], self.sizes[self.position:bound]):
+            if size > 0:
+                alive[ptr] = self.made
+                self.made += 1
+            else:
+                alive.pop(ptr, None)
+        self.position = max(self.position, bound)
 
 
 def same_allocations(template: MarkTemplate, events: AllocationEvents) -> bool:
@@ -108,16 +159,18 @@ def same_allocations(template: MarkTemplate, events: AllocationEvents) -> bool:
     return bool(np.array_equal(in_time_order(events).size_bytes, template.sizes))
 
 
-def apply_template(template: MarkTemplate, record: IterationRecord) -> list[MarkRow] | None:
-    """The marks a steady iteration's hooks would have made: the template's, placed among its events.
+def apply_template(template: MarkTemplate, record: IterationRecord) -> Placed | None:
+    """The marks, observations and parameters' gradients a steady iteration's hooks would have made: the
+    template's, placed among its events, with the record's own.
 
     The record's own marks (the model's, the optimizer's, backward's end) keep their moments; each submodule
     mark gets the moment of the event before its place (or of the own mark before it, when later), so that it
-    falls between the same events. A failed iteration may be a prefix of the template.
+    falls between the same events, and each templated observation the moment of the event before its place. A
+    failed iteration may be a prefix of the template.
 
     Returns:
-        The marks in call order, or ``None`` where the iteration does not repeat the template: other sizes,
-        another pairing of frees with allocations, other own marks, or own marks elsewhere among the events.
+        ``None`` where the iteration does not repeat the template: other sizes, another pairing of frees with
+        allocations, other own marks, or own marks elsewhere among the events.
     """
     events = in_time_order(record.events)
     count = len(events)
@@ -166,4 +219,20 @@ def apply_template(template: MarkTemplate, record: IterationRecord) -> list[Mark
         last_ns = moment
     if at != len(own):
         return None
-    return out
+    return Placed(out, [*record.observations, *_observations(template, times, made_ptrs, count, record.start_ns)],
+                  {**record.param_grads, **_param_grads(template, made_ptrs)})
+
+
+def _found(code: int, ptr: int, made_ptrs: list[int]) -> int:
+    """The address of a templated storage found as ``code`` (a block's position, or the address itself)."""
+    return made_ptrs[code] if 0 <= code < len(made_ptrs) else ptr
+
+
+def _observations(template: MarkTemplate, times: list[int], made_ptrs: list[int], count: int,
+                  start_ns: int) -> list[ObservationRow]:
+    return [(times[bound - 1] if bound else start_ns, _found(code, ptr, made_ptrs), category, 0)
+            for bound, category, code, ptr in template.observations.tolist() if bound <= count]
+
+
+def _param_grads(template: MarkTemplate, made_ptrs: list[int]) -> dict[int, Storage]:
+    return {index: (_found(code, ptr, made_ptrs), nbytes) for index, code, ptr, nbytes in template.param_grads.tolist()}

@@ -84,7 +84,8 @@ class HookRecorder:
         self.param_grads: dict[int, Storage] = {}
         self._free_sink: list[FreeRow] = []
         self._handles: list[Any] = []
-        self._submodule_handles: list[Any] = []
+        self._full_handles: list[Any] = []  # what set_full_hooks() registers and removes
+        self._full = False
         # data_ptr -> the finalizer watching that storage; one per storage, however often it is seen
         self._finalizers: dict[int, weakref.finalize] = {}
         self._backward_active = False
@@ -112,38 +113,42 @@ class HookRecorder:
         # the root also sees keyword arguments: model(input_ids=..., labels=...) is a batch too
         self._handles.append(root.register_forward_pre_hook(self._root_forward_pre, with_kwargs=True, prepend=first))
         self._handles.append(root.register_forward_hook(self._root_forward_post))
-        self.set_submodule_hooks(True)
+        self.set_full_hooks(True)
+        if self.optimizer is not None:
+            self._handles.append(self.optimizer.register_step_pre_hook(self._optimizer_pre))
+            self._handles.append(self.optimizer.register_step_post_hook(self._optimizer_post))
+
+    def set_full_hooks(self, on: bool) -> None:
+        """Registers (``on``) or removes the hooks a steady iteration goes without: the submodules' forward hooks,
+        the gradients' hooks and the optimizer's look at its state. The model's own hooks and the optimizer's
+        marks stay.
+
+        Off while training repeats itself (:mod:`memprof.capture.steady`): they are most of what the hooks cost
+        the training thread, and a steady iteration's marks and observations come from the template of one that
+        had them.
+        """
+        if on == self._full:
+            return
+        self._full = on
+        if not on:
+            for handle in self._full_handles:
+                handle.remove()
+            self._full_handles.clear()
+            return
+        for index, module in enumerate(self.modules[1:], start=1):
+            self._full_handles.append(module.register_forward_pre_hook(
+                partial(self._forward_pre, index), prepend=index in self.first_pre_hooks))
+            self._full_handles.append(module.register_forward_hook(partial(self._forward_post, index)))
         for index, param in enumerate(self.params):
             if param.requires_grad:
                 hook = partial(self._grad_ready, index)
                 # it only looks: a runtime may add a gradient into .grad itself (planner.executor.grad_into)
                 hook.observes_only = True  # type: ignore[attr-defined]
-                self._handles.append(param.register_post_accumulate_grad_hook(hook))
-        if self.optimizer is not None:
-            self._handles.append(self.optimizer.register_step_pre_hook(self._optimizer_pre))
-            self._handles.append(self.optimizer.register_step_post_hook(self._optimizer_post))
-
-    def set_submodule_hooks(self, on: bool) -> None:
-        """Registers (``on``) or removes the submodules' forward hooks; the model's own and the others stay.
-
-        Off while training repeats itself (:mod:`memprof.capture.steady`): they are most of what the hooks cost
-        the training thread, and a steady iteration's marks come from the template of one that had them.
-        """
-        if on == bool(self._submodule_handles):
-            return
-        if not on:
-            for handle in self._submodule_handles:
-                handle.remove()
-            self._submodule_handles.clear()
-            return
-        for index, module in enumerate(self.modules[1:], start=1):
-            self._submodule_handles.append(module.register_forward_pre_hook(
-                partial(self._forward_pre, index), prepend=index in self.first_pre_hooks))
-            self._submodule_handles.append(module.register_forward_hook(partial(self._forward_post, index)))
+                self._full_handles.append(param.register_post_accumulate_grad_hook(hook))
 
     def detach(self) -> None:
         """Removes every hook and finalizer; the model is as it was before :meth:`attach`."""
-        self.set_submodule_hooks(False)
+        self.set_full_hooks(False)
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
@@ -377,8 +382,9 @@ class HookRecorder:
         if not self.enabled:
             return
         now = time_ns()
-        # every step: the cheap addresses, sizes are not needed
-        self.observations.extend([(now, ptr, _OPTIMIZER_STATE, 0) for ptr in optimizer_state_addresses(optimizer)])
+        if self._full:  # every hooked step: the cheap addresses, sizes are not needed
+            self.observations.extend([(now, ptr, _OPTIMIZER_STATE, 0)
+                                      for ptr in optimizer_state_addresses(optimizer)])
         self.marks.append((time_ns(), Mark.OPT_EXIT, -1, ()))
 
 

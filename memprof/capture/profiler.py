@@ -261,7 +261,9 @@ class MemoryProfiler:
         self._sink = self._open_sink(spec, CarriedState(-1, self._baseline(), 1), background and budget_bytes is None)
         self._stream.start()
         self._recorder.attach()
-        self._steady = SteadyHooks(self._recorder, self.detail, steady, self._steady_allowed)
+        # (an estimate's few iterations on fake tensors cost nothing to hook)
+        self._steady = SteadyHooks(self._recorder, self.detail, steady and allocation_stream is None,
+                                   self._steady_allowed)
         self._distributed.attach()
         self._cache_watcher = CacheWatcher(self._hooked[0])
         self._op_pass = OpPass(model, ops_iteration, lambda: self.iteration) if ops else None

@@ -76,7 +76,7 @@ class SteadyHooks:
         template = take_template(record)
         if template is not None:
             self.template = template
-            self.recorder.set_submodule_hooks(False)
+            self.recorder.set_full_hooks(False)
 
     def not_repeated(self, iteration: int) -> None:
         """The analysis found that ``iteration`` ran without hooks and did not repeat its template: hooks on,
@@ -89,13 +89,7 @@ class SteadyHooks:
         """Puts the submodules' hooks back for the next iteration (and keeps them until two iterations agree)."""
         if self.template is not None:
             self.template = None
-            self.recorder.set_submodule_hooks(True)
-
-    def stop(self) -> None:
-        """Hooks on for good (the guard, a failure: every module call must be seen from now on)."""
-        self.enabled = False
-        self._last = None
-        self.hooks_on()
+            self.recorder.set_full_hooks(True)
 
 
 def _shape(template: MarkTemplate) -> list[tuple[int, int]]:

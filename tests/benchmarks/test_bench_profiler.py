@@ -40,6 +40,12 @@ def test_the_stage_table_is_per_record_and_the_start_per_run() -> None:
     assert "| **all but the start** | **4.00** |" in table
     assert "| start, once per run (CPU ms) | 400 |" in table
     assert "| records (detailed) / gathers / flushes | 40 (20) / 6 / 4 |" in table
+    # two memprof lanes of one model: a column each, named by the tool
+    other = [{"cpu_s": {"analysis": 0.12, "start": 0.4}, "counts": {"records": 20}}]
+    lanes["cnn", 1].append(_lane(bp.MemprofEveryHook(), [12.0], [13.0], 1, other))
+    table = "\n".join(bp.worker_table(lanes))
+    assert "| cnn, 1 thr., memprof | cnn, 1 thr., memprof (every hook) |" in table
+    assert "| analysis | 3.00 | 6.00 |" in table
 
 
 def test_the_targets_are_judged_at_torchs_default_threads_against_torch_profiler() -> None:

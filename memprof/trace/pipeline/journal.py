@@ -173,7 +173,8 @@ def encode_record_parts(record: IterationRecord) -> list[bytes | memoryview]:
     if template is not None:  # arrays already: written as they are, however many records share them
         header["template"] = template.iteration
         arrays.update(template_sizes=template.sizes, template_pairing=template.pairing,
-                      template_marks=template.marks, template_storages=template.storages)
+                      template_marks=template.marks, template_storages=template.storages,
+                      template_observations=template.observations, template_param_grads=template.param_grads)
     return pack_parts(header, arrays)
 
 
@@ -211,7 +212,9 @@ def _template(header: dict[str, Any], arrays: dict[str, np.ndarray]) -> MarkTemp
     if int(marks[:, 3].sum()) != len(storages):
         raise ValueError(f"the template's marks name {int(marks[:, 3].sum())} storages, {len(storages)} follow")
     return MarkTemplate(iteration=int(header["template"]), sizes=arrays["template_sizes"],
-                        pairing=arrays["template_pairing"], marks=marks, storages=storages)
+                        pairing=arrays["template_pairing"], marks=marks, storages=storages,
+                        observations=arrays["template_observations"].reshape(-1, 4),
+                        param_grads=arrays["template_param_grads"].reshape(-1, 4))
 
 
 def frames(data: bytes, offset: int = 0) -> Iterator[tuple[int, memoryview]]:

@@ -14,7 +14,14 @@ from hypothesis import strategies as st
 from examples import zoo
 from memprof import MemoryProfiler
 from memprof.analysis.records import AllocationEvents, IterationRecord, Mark
-from memprof.analysis.template import apply_template, pairing, pairing_reference, synthesized, take_template
+from memprof.analysis.template import (
+    TEMPLATED,
+    apply_template,
+    pairing,
+    pairing_reference,
+    synthesized,
+    take_template,
+)
 from memprof.capture.sinks import InlineSink
 
 
@@ -57,7 +64,9 @@ def records() -> list[IterationRecord]:
 
 def _steady(record: IterationRecord, template) -> IterationRecord:  # noqa: ANN001
     """The record as a steady iteration makes it: the hooks that stay on only, and the template."""
-    return replace(record, marks=[m for m in record.marks if not synthesized(m[2])], template=template)
+    return replace(record, marks=[m for m in record.marks if not synthesized(m[2])],
+                   observations=[o for o in record.observations if o[2] not in TEMPLATED], param_grads={},
+                   template=template)
 
 
 def _bounds(record: IterationRecord, marks: list) -> list[int]:
@@ -67,15 +76,24 @@ def _bounds(record: IterationRecord, marks: list) -> list[int]:
 def test_the_placed_marks_are_the_hooks_own(records):
     template = take_template(records[2])
     assert template is not None and np.array_equal(template.sizes, records[3].events.size_bytes)
-    placed = apply_template(template, _steady(records[3], template))
-    truth = records[3].marks
-    assert placed is not None and len(placed) == len(truth) > 50
+    found = apply_template(template, _steady(records[3], template))
+    assert found is not None
+    placed, truth = found.marks, records[3].marks
+    assert len(placed) == len(truth) > 50
     assert [(int(k), m, [tuple(s) for s in p]) for _, k, m, p in placed] == \
         [(int(k), m, [tuple(s) for s in p]) for _, k, m, p in truth]
     assert _bounds(records[3], placed) == _bounds(records[3], truth)  # among the same events
     assert [t for t, *_ in placed] == sorted(t for t, *_ in placed)
     # the model's own marks keep their moments
     assert [m[0] for m in placed if not synthesized(m[2])] == [m[0] for m in truth if not synthesized(m[2])]
+    # the gradients' and the optimizer's observations, each among the same events, and the parameters' gradients
+    observed = records[3].observations
+    assert sum(o[2] in TEMPLATED for o in observed) > 50
+    assert sorted((o[1], o[2]) for o in found.observations) == sorted((o[1], o[2]) for o in observed)
+    key = sorted(range(len(observed)), key=lambda i: (observed[i][1], observed[i][2]))
+    again = sorted(range(len(found.observations)), key=lambda i: found.observations[i][1:3])
+    assert _bounds(records[3], [found.observations[i] for i in again]) == _bounds(records[3], [observed[i] for i in key])
+    assert found.param_grads == records[3].param_grads and len(found.param_grads) > 10
 
 
 def test_an_iteration_that_does_not_repeat_the_template_is_told_apart(records):
@@ -124,5 +142,6 @@ def test_a_failed_iteration_is_placed_as_far_as_it_ran(records):
     failed = replace(_steady(replace(full, marks=ran, events=events), template), failed=True)
     placed = apply_template(template, failed)
     assert placed is not None
-    assert [(int(k), m) for _, k, m, _ in placed] == [(int(k), m) for _, k, m, _ in ran]
+    assert [(int(k), m) for _, k, m, _ in placed.marks] == [(int(k), m) for _, k, m, _ in ran]
+    assert all(o[0] <= cut_ns for o in placed.observations)
     assert apply_template(template, replace(failed, failed=False)) is None  # only a failed one may stop short

@@ -71,8 +71,9 @@ def _train(make: Maker, out_dir: Path, steady: bool, hooks_seen: list[int] | Non
                     optimizer.zero_grad(set_to_none=True)
                 else:
                     zoo.train_step(model, optimizer, data)
-                if hooks_seen is not None:
-                    hooks_seen.append(len(submodule._forward_hooks))
+                if hooks_seen is not None:  # the submodule's forward hooks and its parameters' gradient hooks
+                    param = next(submodule.parameters())
+                    hooks_seen.append(len(submodule._forward_hooks) + len(param._post_accumulate_grad_hooks or {}))
                 profiler.record_stats(detail=i % 2 == 1)  # detail asked for after the fact, hooked or not
     return profiler.run_dir
 
@@ -100,7 +101,7 @@ def test_steady_iterations_give_the_rows_every_hook_gives(name, tmp_path):
     # iterations 0-1 are scheduled for detail (hooked), 2 repeats 1: its marks are the template from then on
     assert hooked.iterations.template_iteration.tolist() == [-1] * STEPS
     assert steady.iterations.template_iteration.tolist() == [-1, -1, -1] + [2] * (STEPS - 3)
-    assert seen[3:] == [0] * (STEPS - 3) and min(seen[:3]) >= 1  # the submodules' hooks were off
+    assert seen[3:] == [0] * (STEPS - 3) and min(seen[:3]) >= 2  # the submodules' and gradients' hooks were off
     pd.testing.assert_frame_equal(_comparable(hooked.iterations), _comparable(steady.iterations))
     # the detail asked for after a steady iteration: its layers and events, as hooks give them
     assert set(steady.layers.iteration) == {0, 1, 3, 5, 7}

@@ -68,7 +68,7 @@ def test_a_steady_records_template_round_trips_and_a_damaged_one_is_refused():
     back = decode_record(encode_record(steady))
     _same(back, steady)
     assert back.template is not None and back.template.iteration == 3
-    for name in ("sizes", "pairing", "marks", "storages"):
+    for name in ("sizes", "pairing", "marks", "storages", "observations", "param_grads"):
         np.testing.assert_array_equal(getattr(back.template, name), getattr(template, name))
     assert decode_record(encode_record(hooked)).template is None
     torn = replace(steady, template=replace(template, storages=template.storages[:1]))
