@@ -29,7 +29,7 @@ from memprof.schema import EVENTS_SCHEMA
 #: ``template_iteration`` of an iteration its own hooks attributed.
 OWN_HOOKS = -1
 #: ``template_iteration`` of a steady iteration that did not repeat its template: attributed by the hooks that
-#: stay on alone (the model's, the optimizer's, the gradients'), so submodules' outputs read as ``other``.
+#: stay on alone (the model's, the optimizer's marks), so submodules' outputs and weight gradients read as ``other``.
 NOT_REPEATED = -2
 
 

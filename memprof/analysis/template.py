@@ -16,6 +16,7 @@ Torch-free: the background worker and the reader's recovery apply templates.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -124,13 +125,16 @@ def take_template(record: IterationRecord) -> MarkTemplate | None:
         codes[ptr] = walk.alive.get(ptr, OLDER)
         observations.append((bound, category, codes[ptr], ptr))
     grads = [(index, codes.get(ptr, OLDER), ptr, nbytes) for index, (ptr, nbytes) in record.param_grads.items()]
+    walk.to(len(events))  # the gradients no hook saw accumulated, looked up at the iteration's end
+    grads += [(index, walk.alive.get(ptr, OLDER), ptr, nbytes) for index, (ptr, nbytes) in record.grads.items()
+              if index not in record.param_grads]
     return MarkTemplate(iteration=record.iteration, sizes=np.ascontiguousarray(events.size_bytes, dtype=np.int64),
                         pairing=pairing(events.ptr, events.size_bytes), marks=_rows(rows, 4),
                         storages=_rows(storages, 3), observations=_rows(observations, 4),
                         param_grads=_rows(grads, 4))
 
 
-def _rows(rows: list[tuple[int, ...]], width: int) -> np.ndarray:
+def _rows(rows: Sequence[tuple[int, ...]], width: int) -> np.ndarray:
     return np.asarray(rows, dtype=np.int64).reshape(-1, width)
 
 

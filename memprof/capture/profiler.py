@@ -172,9 +172,9 @@ class MemoryProfiler:
         stack_min_bytes: in iterations scheduled for detail, record the op that made each allocation, and the
             Python stack of those of at least this many bytes (the dashboard's drill-down; ``None``: record
             neither). A torch function mode runs during those iterations only.
-        steady: once two iterations in a row made the same allocations, take the submodules' hooks off while
-            the next ones repeat them, and attribute those from the last hooked iteration's marks: the same
-            categories and layers, about two thirds less of the profiler's cost on the training thread
+        steady: once iterations in a row made the same allocations, take the submodules' and the gradients'
+            hooks off while the next ones repeat them, and attribute those from the last hooked iteration's
+            records: the same categories, layers and events, for most of the hooks' cost on the training thread
             (:mod:`memprof.capture.steady`; the ``template_iteration`` column says which iterations ran so).
             ``False``: every iteration runs every hook.
 
@@ -405,15 +405,17 @@ class MemoryProfiler:
         events = self._stream.collect(restart=restart)
         drained = self._recorder.drain()
         reserved, peak_reserved = self._reserved(events)
-        # Gradients seen as they were accumulated take precedence in the analysis; only the others are looked up.
-        seen = drained.param_grads
-        grads = {i: found[0] for i, p in enumerate(self._params)
-                 if i not in seen and p.grad is not None and (found := pointers(p.grad))}
+        # Gradients seen as they were accumulated take precedence in the analysis; only the others are looked up
+        # (a steady iteration's come with its template, whose iteration saw them accumulated).
+        seen, template = drained.param_grads, self._steady.current()
+        grads = {} if template is not None else {
+            i: found[0] for i, p in enumerate(self._params)
+            if i not in seen and p.grad is not None and (found := pointers(p.grad))}
         detail = detail or self._eager.active  # a compiled model's per-layer costs come from these
         record = IterationRecord(iteration=self.iteration, epoch=self.epoch, start_ns=self._iteration_start_ns,
                                  end_ns=end_ns, events=events, **drained._asdict(), grads=grads,
                                  reserved_bytes=reserved, peak_reserved_bytes=peak_reserved, failed=failed,
-                                 detail=detail, template=self._steady.current())
+                                 detail=detail, template=template)
         self._handle(self._sink.submit(record))
         self._steady.after(record)
         if self.iteration == 0 and not root_forward_ran(record) and len(events) and self._failure is None:

@@ -1,18 +1,20 @@
-"""Steady iterations: the submodules' hooks off while training repeats itself.
+"""Steady iterations: the hooks that cost the training thread most, off while training repeats itself.
 
-The submodules' forward hooks, and the autograd-node hooks they place for the backward marks, are most of what
-the profiler costs the training thread: Python run at every module call. A training loop repeats itself, and
-once two hooked iterations in a row made the same allocations (sizes, in order) and the same marks, the hooks
-of the second are a template for the next ones (:func:`memprof.analysis.template.take_template`): the
-submodules' hooks come off, and each following iteration's record carries the template, which the analysis
-places among its own events (:func:`memprof.analysis.template.apply_template`), with the same result as
-hooks would give. The model's own hooks, the gradients' and the optimizer's stay on.
+The submodules' forward hooks (and the autograd-node hooks they place for the backward marks), the gradients'
+hooks and the optimizer's look at its state are most of what the profiler costs the training thread: Python run
+at every module call and every parameter. A training loop repeats itself, and once hooked iterations in a row
+(:data:`FIRST_AGREEING` at first) made the same allocations (sizes, in order) and the same marks, the last is a
+template for the next ones (:func:`memprof.analysis.template.take_template`): those hooks come off, and each
+following iteration's record carries the template, which the analysis places among its own events
+(:func:`memprof.analysis.template.apply_template`), with the result hooks would give. The model's own hooks and the
+optimizer's marks stay on.
 
 The hooks come back for the next iteration when an iteration's sizes differ from the template's (a new batch
-shape, an evaluation step, the last short batch of an epoch), when the analysis finds that one did not repeat
-it after all, when the detail policy schedules the next iteration (a detailed iteration every so often is
-attributed by its own hooks, which also renews the template), and for good when anything needs every module
-call seen: the memory budget guard, DDP and FSDP2, a compiled model's eager iterations, the planning pass.
+shape, an evaluation step, the last short batch of an epoch) or the analysis finds that one did not repeat it
+after all (each such miss doubles the iterations that must agree next time), when the detail policy schedules the
+next iteration (a detailed iteration every so often is attributed by its own hooks, which also renews the
+template), and for good where every module call must be seen: the memory budget guard, DDP and FSDP2, a compiled
+model's eager iterations, the planning pass.
 """
 
 from __future__ import annotations
@@ -30,8 +32,15 @@ from memprof.capture.hooks import HookRecorder
 DEFAULT_STEADY = True
 
 
+#: Hooked iterations in a row that must agree before the hooks come off, at first; doubled after each
+#: iteration that changed while they were off, up to :data:`MOST_AGREEING`. A loop whose shapes repeat only
+#: for a few steps at a time (batches bucketed by length) so loses its hooks less and less often.
+FIRST_AGREEING = 2
+MOST_AGREEING = 256
+
+
 class SteadyHooks:
-    """Decides, iteration by iteration, whether the submodules' hooks are on.
+    """Decides, iteration by iteration, whether the hooks a steady iteration goes without are on.
 
     Args:
         recorder: the profiler's hooks.
@@ -45,8 +54,10 @@ class SteadyHooks:
         self.recorder, self.detail, self.enabled, self.allowed = recorder, detail, enabled, allowed
         #: while the hooks are off: the template the running iteration repeats
         self.template: MarkTemplate | None = None
-        # the last hooked iteration's allocation sizes and marks' kinds and modules
+        self.needed = FIRST_AGREEING  # hooked iterations in a row that must agree
+        # the last hooked iteration's allocation sizes and marks' kinds and modules, and how many in a row agreed
         self._last: tuple[np.ndarray, list[tuple[int, int]]] | None = None
+        self._agreeing = 0
 
     def current(self) -> MarkTemplate | None:
         """The template of the iteration now running (``None`` while its hooks are on)."""
@@ -59,19 +70,19 @@ class SteadyHooks:
         following = record.iteration + 1
         if self.template is not None:
             if record.failed or not same_allocations(self.template, record.events):
-                self._last = None
-                self.hooks_on()
-            elif self.detail.scheduled(following):
-                self._last = (self.template.sizes, _shape(self.template))
+                self._missed()
+            elif self.detail.scheduled(following):  # hooked, and the template again if it agrees
+                self._last, self._agreeing = (self.template.sizes, _shape(self.template)), self.needed
                 self.hooks_on()
             return
         if record.failed or record.template is not None:
-            self._last = None
+            self._last, self._agreeing = None, 0
             return
         shape = [(int(m[1]), m[2]) for m in record.marks]
         last, self._last = self._last, (np.asarray(record.events.size_bytes), shape)
-        if (last is None or not self.allowed() or self.detail.scheduled(following) or shape != last[1]
-                or not np.array_equal(last[0], record.events.size_bytes)):
+        agrees = last is not None and shape == last[1] and np.array_equal(last[0], record.events.size_bytes)
+        self._agreeing = self._agreeing + 1 if agrees else 1
+        if self._agreeing < self.needed or not self.allowed() or self.detail.scheduled(following):
             return
         template = take_template(record)
         if template is not None:
@@ -82,11 +93,15 @@ class SteadyHooks:
         """The analysis found that ``iteration`` ran without hooks and did not repeat its template: hooks on,
         when the template it had is still the one in use (the answer may come after a newer one was taken)."""
         if self.template is not None and iteration > self.template.iteration:
-            self._last = None
-            self.hooks_on()
+            self._missed()
+
+    def _missed(self) -> None:
+        self._last, self._agreeing = None, 0
+        self.needed = min(2 * self.needed, MOST_AGREEING)
+        self.hooks_on()
 
     def hooks_on(self) -> None:
-        """Puts the submodules' hooks back for the next iteration (and keeps them until two iterations agree)."""
+        """Puts the hooks back for the next iteration (until enough iterations in a row agree again)."""
         if self.template is not None:
             self.template = None
             self.recorder.set_full_hooks(True)

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -113,10 +114,10 @@ def test_an_iteration_that_changes_shape_is_said_and_the_hooks_return(tmp_path):
     """A longer batch in iteration 5: it ran without the submodules' hooks, so only the model's own marks
     attribute it (and say so); the hooks come back until two iterations agree again."""
     make = _hf("gpt2", seq=lambda i: 24 if i == 5 else 16)
-    steady = load_trace(_train(make, tmp_path / "steady", steady=True, steps=11))
-    hooked = load_trace(_train(make, tmp_path / "hooked", steady=False, steps=11))
-    # 6 frees 5's longer batch (it differs from 7), 7 and 8 agree: 8 is the new template
-    assert steady.iterations.template_iteration.tolist() == [-1, -1, -1, 2, 2, -2, -1, -1, -1, 8, 8]
+    steady = load_trace(_train(make, tmp_path / "steady", steady=True, steps=13))
+    hooked = load_trace(_train(make, tmp_path / "hooked", steady=False, steps=13))
+    # 6 frees 5's longer batch (it differs from 7); after a miss four hooked iterations must agree (7-10)
+    assert steady.iterations.template_iteration.tolist() == [-1, -1, -1, 2, 2, -2, -1, -1, -1, -1, -1, 10, 10]
     same = steady.iterations.iteration != 5
     pd.testing.assert_frame_equal(_comparable(hooked.iterations[same]), _comparable(steady.iterations[same]))
     # the changed one keeps its exact totals; its layers are the model's alone
@@ -132,3 +133,36 @@ def test_steady_off_where_every_module_call_must_be_seen(tmp_path):
     assert guarded.iterations.template_iteration.tolist() == [-1] * STEPS
     with pytest.raises(ProfilerError, match="steady must be True or False"):
         MemoryProfiler(nn.Linear(2, 2), out_dir=tmp_path, steady="yes")  # type: ignore[arg-type]
+
+
+def test_each_miss_doubles_the_iterations_that_must_agree():
+    """Shapes that repeat for a few steps at a time lose their hooks less and less often."""
+    from memprof.analysis.detail import DetailPolicy
+    from memprof.analysis.records import AllocationEvents, IterationRecord, Mark
+    from memprof.capture.steady import FIRST_AGREEING, MOST_AGREEING, SteadyHooks
+
+    class Hooks:
+        full = True
+
+        def set_full_hooks(self, on: bool) -> None:
+            self.full = on
+
+    def record(iteration: int, size: int, template=None) -> IterationRecord:  # noqa: ANN001
+        events = AllocationEvents(*(np.asarray(c, dtype=np.int64) for c in (
+            [10, 20], [0x100, 0x100], [size, -size], [size, 0], [0, 0])))
+        marks = [(5, Mark.FWD_ENTER, 0, []), (15, Mark.FWD_EXIT, 0, [(0x100, size)]), (25, Mark.BWD_END, -1, [])]
+        return IterationRecord(iteration=iteration, epoch=0, start_ns=0, end_ns=30, events=events, marks=marks,
+                               template=template)
+
+    hooks = Hooks()
+    steady = SteadyHooks(hooks, DetailPolicy(first=0, every=0), enabled=True)  # type: ignore[arg-type]
+    runs, iteration = [], 0
+    for size in [8] * 3 + [16] * 6 + [24] * 10 + [32] * 20:  # a new shape now and then
+        steady.after(record(iteration, size, steady.current()))
+        runs.append(hooks.full)
+        iteration += 1
+    steady_after = [i for i, full in enumerate(runs) if not full]  # iterations after which the next ran steady
+    # 0-1 agree: 2-3 steady, 3 changed (a miss); 4-7 agree: 8-9 steady, 9 changed; 10-17 agree: 18-19 steady,
+    # 19 changed; 20-35 agree: 36-38 steady
+    assert steady_after == [1, 2, 7, 8, 17, 18, 35, 36, 37, 38]
+    assert steady.needed == 16 == FIRST_AGREEING * 8 and MOST_AGREEING >= 16
