@@ -156,11 +156,10 @@ def test_each_miss_doubles_the_iterations_that_must_agree():
 
     hooks = Hooks()
     steady = SteadyHooks(hooks, DetailPolicy(first=0, every=0), enabled=True)  # type: ignore[arg-type]
-    runs, iteration = [], 0
-    for size in [8] * 3 + [16] * 6 + [24] * 10 + [32] * 20:  # a new shape now and then
+    runs = []
+    for iteration, size in enumerate([8] * 3 + [16] * 6 + [24] * 10 + [32] * 20):  # a new shape now and then
         steady.after(record(iteration, size, steady.current()))
         runs.append(hooks.full)
-        iteration += 1
     steady_after = [i for i, full in enumerate(runs) if not full]  # iterations after which the next ran steady
     # 0-1 agree: 2-3 steady, 3 changed (a miss); 4-7 agree: 8-9 steady, 9 changed; 10-17 agree: 18-19 steady,
     # 19 changed; 20-35 agree: 36-38 steady
