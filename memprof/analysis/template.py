@@ -67,16 +67,8 @@ def pairing(ptrs: np.ndarray, sizes: np.ndarray) -> np.ndarray:
 
 def pairing_reference(ptrs: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     """:func:`pairing` by walking the events with a dictionary of live addresses."""
-    alive: dict[int, int] = {}
-    out, made = [], 0
-    for ptr, size in zip(np.asarray(ptrs).tolist(), np.asarray(sizes).tolist()):
-        if size > 0:
-            alive[ptr] = made
-            out.append(made)
-            made += 1
-        else:
-            out.append(alive.pop(ptr, -1))
-    return np.asarray(out, dtype=np.int64)
+    walk = _Walk(np.asarray(ptrs).tolist(), np.asarray(sizes).tolist())
+    return np.asarray([walk.step(ptr, size) for ptr, size in zip(walk.ptrs, walk.sizes)], dtype=np.int64)
 
 
 def synthesized(module: int) -> bool:
@@ -99,12 +91,28 @@ def take_template(record: IterationRecord) -> MarkTemplate | None:
     times = np.asarray([m[0] for m in record.marks], dtype=np.int64)
     if len(times) > 1 and bool((times[1:] < times[:-1]).any()):
         return None  # a clock that went back: the marks' places among the events are not known
-    walk = _Walk(events)
+    walk = _Walk(events.ptr.tolist(), events.size_bytes.tolist())
     bounds = np.searchsorted(events.time_ns, times, side="right").tolist()
+    # the templated observations by their places (the walk only goes forward: they are looked up between marks)
+    observed = sorted((bound, index) for index, bound in enumerate(np.searchsorted(
+        events.time_ns, [o[0] for o in record.observations], side="right").tolist())
+        if record.observations[index][2] in TEMPLATED)
+    observations: list[tuple[int, int, int, int]] = []
+    codes: dict[int, int] = {}  # address -> how it was found, for the parameters' gradients
+
+    def observe_through(bound: int) -> None:
+        while len(observations) < len(observed) and observed[len(observations)][0] <= bound:
+            at, index = observed[len(observations)]
+            walk.to(at)
+            _, ptr, category, _ = record.observations[index]
+            codes[ptr] = walk.alive.get(ptr, OLDER)
+            observations.append((at, category, codes[ptr], ptr))
+
     inputs: dict[int, int] = {}
     rows: list[tuple[int, int, int, int]] = []
     storages: list[tuple[int, int, int]] = []
     for (_, kind, module, payload), bound in zip(record.marks, bounds):
+        observe_through(bound)
         walk.to(bound)
         if module == 0 and kind == _FORWARD_ENTER:
             inputs = {ptr: k for k, (ptr, _) in enumerate(payload)}
@@ -113,17 +121,7 @@ def take_template(record: IterationRecord) -> MarkTemplate | None:
             code = found if found is not None else (ROOT_INPUT - inputs[ptr] if ptr in inputs else OLDER)
             storages.append((code, ptr, nbytes))
         rows.append((int(kind), module, bound, len(payload)))
-    observed = sorted((bound, index) for index, bound in enumerate(np.searchsorted(
-        events.time_ns, [o[0] for o in record.observations], side="right").tolist())
-        if record.observations[index][2] in TEMPLATED)
-    walk = _Walk(events)
-    observations: list[tuple[int, int, int, int]] = []
-    codes: dict[int, int] = {}  # address -> how it was found, for the parameters' gradients
-    for bound, index in observed:
-        walk.to(bound)
-        _, ptr, category, _ = record.observations[index]
-        codes[ptr] = walk.alive.get(ptr, OLDER)
-        observations.append((bound, category, codes[ptr], ptr))
+    observe_through(len(events))
     grads = [(index, codes.get(ptr, OLDER), ptr, nbytes) for index, (ptr, nbytes) in record.param_grads.items()]
     walk.to(len(events))  # the gradients no hook saw accumulated, looked up at the iteration's end
     grads += [(index, walk.alive.get(ptr, OLDER), ptr, nbytes) for index, (ptr, nbytes) in record.grads.items()
@@ -139,22 +137,27 @@ def _rows(rows: Sequence[tuple[int, ...]], width: int) -> np.ndarray:
 
 
 class _Walk:
-    """The blocks the iteration's own allocations made that are alive after a given number of its events."""
+    """The blocks the iteration's own allocations made that are alive after a given number of its events: a
+    free's block is the latest allocation at its address, when nothing freed it since (the rule
+    :func:`pairing` vectorises)."""
 
-    def __init__(self, events: AllocationEvents) -> None:
-        self.ptrs, self.sizes = events.ptr.tolist(), events.size_bytes.tolist()
+    def __init__(self, ptrs: list[int], sizes: list[int]) -> None:
+        self.ptrs, self.sizes = ptrs, sizes
         self.alive: dict[int, int] = {}  # address -> position among the allocations
         self.made = self.position = 0
 
+    def step(self, ptr: int, size: int) -> int:
+        """One event; the position of the block it makes or frees (-1: none of the iteration's)."""
+        if size > 0:
+            self.alive[ptr] = self.made
+            self.made += 1
+            return self.made - 1
+        return self.alive.pop(ptr, -1)
+
     def to(self, bound: int) -> None:
         """Walks on through event ``bound - 1``."""
-        alive = self.alive
         for ptr, size in zip(self.ptrs[self.position:bound], self.sizes[self.position:bound]):
-            if size > 0:
-                alive[ptr] = self.made
-                self.made += 1
-            else:
-                alive.pop(ptr, None)
+            self.step(ptr, size)
         self.position = max(self.position, bound)
 
 

@@ -432,8 +432,8 @@ class MemoryProfiler:
 
     def _steady_allowed(self) -> bool:
         """Whether the submodules' hooks may come off now: not where every module call must be seen."""
-        return (self._recorder.guard is None and not self._distributed.present and not self._eager.active
-                and not self._eager.compiled and self._failure is None
+        return (self._recorder.guard is None and not self._distributed.present and not self._eager.compiled
+                and self._failure is None
                 and (self._op_pass is None or self._op_pass.iteration <= self.iteration))
 
     def _warn_root_silent(self, record: IterationRecord) -> None:

@@ -33,7 +33,8 @@ def _zoo(build: Callable[[], zoo.ModelAndData], batch: int) -> Maker:
     return make
 
 
-def _hf(kind: str, seq: Callable[[int], int] = lambda i: 16) -> Maker:
+def _hf(kind: str, seq: Callable[[int], int] = lambda i: 16, micro_batches: int = 1, autocast: bool = False) -> Maker:
+    """Hugging Face's model; its step accumulates over ``micro_batches`` forwards, under bfloat16 autocast if asked."""
     def make() -> tuple[nn.Module, Callable[[int], object]]:
         transformers = pytest.importorskip("transformers")
         if kind == "gpt2":
@@ -46,10 +47,11 @@ def _hf(kind: str, seq: Callable[[int], int] = lambda i: 16) -> Maker:
         model.config.use_cache = False
         generator = torch.Generator().manual_seed(1)
 
-        def batch(i: int) -> dict[str, torch.Tensor]:
-            ids = torch.randint(0, 500, (2, seq(i)), generator=generator)
-            return {"input_ids": ids, "labels": ids}
+        def batch(i: int) -> list[dict[str, torch.Tensor]]:
+            return [{"input_ids": ids, "labels": ids}
+                    for ids in (torch.randint(0, 500, (2, seq(i)), generator=generator) for _ in range(micro_batches))]
         return model, batch
+    make.autocast = autocast  # type: ignore[attr-defined]
     return make
 
 
@@ -66,8 +68,11 @@ def _train(make: Maker, out_dir: Path, steady: bool, hooks_seen: list[int] | Non
             for i in range(steps):
                 data = batch(i)
                 profiler.mark_inputs(data)
-                if isinstance(data, dict):
-                    model(**data).loss.backward()
+                if isinstance(data, list):  # Hugging Face's micro-batches
+                    for micro in data:
+                        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=getattr(make, "autocast", False)):
+                            loss = model(**micro).loss / len(data)
+                        loss.backward()
                     optimizer.step()
                     optimizer.zero_grad(set_to_none=True)
                 else:
@@ -91,6 +96,7 @@ MODELS = {
     "llama": _zoo(zoo.llama, 2),
     "hf-gpt2": _hf("gpt2"),
     "hf-bert": _hf("bert"),
+    "hf-gpt2-autocast-accumulating": _hf("gpt2", micro_batches=2, autocast=True),
 }
 
 
@@ -104,6 +110,8 @@ def test_steady_iterations_give_the_rows_every_hook_gives(name, tmp_path):
     assert steady.iterations.template_iteration.tolist() == [-1, -1, -1] + [2] * (STEPS - 3)
     assert seen[3:] == [0] * (STEPS - 3) and min(seen[:3]) >= 2  # the submodules' and gradients' hooks were off
     pd.testing.assert_frame_equal(_comparable(hooked.iterations), _comparable(steady.iterations))
+    if name == "hf-gpt2-autocast-accumulating":  # two micro-batches a step; autocast's weight copies at the peak
+        assert (steady.iterations.micro_batches == 2).all() and (steady.iterations.weight_copies[1:] > 0).all()
     # the detail asked for after a steady iteration: its layers and events, as hooks give them
     assert set(steady.layers.iteration) == {0, 1, 3, 5, 7}
     pd.testing.assert_frame_equal(_comparable(hooked.layers), _comparable(steady.layers))
