@@ -13,7 +13,7 @@ always sum to the allocator's total. The work is split in two passes:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -106,7 +106,7 @@ def _merge(events: AllocationEvents, baseline_frees: list, observations: list, m
 class _Walker:
     """State of the sweep; one instance per iteration."""
 
-    def __init__(self, carried: list[LiveBlock], parents: list[int], next_block_id: int) -> None:
+    def __init__(self, carried: Sequence[LiveBlock], parents: list[int], next_block_id: int) -> None:
         self.s = Sweep()
         self.parents = parents
         self.next_block_id = next_block_id
@@ -349,7 +349,7 @@ _MARK_ROLES: dict[int, int] = {Mark.FWD_ENTER: INPUTS, Mark.FWD_EXIT: FEATURE, M
 
 
 def sweep_reference(events: AllocationEvents, marks: list, observations: list, baseline_frees: list,
-                    carried: list[LiveBlock], parents: list[int], next_block_id: int, use_truth: bool) -> Sweep:
+                    carried: Sequence[LiveBlock], parents: list[int], next_block_id: int, use_truth: bool) -> Sweep:
     """Walks one iteration in time order (see module docstring): the reference :func:`memprof.analysis.sweep.sweep` is
     tested against.
 

@@ -19,11 +19,14 @@ from memprof.analysis.attribution import Sweep
 from memprof.analysis.console import format_report
 from memprof.analysis.failure import failure_details
 from memprof.analysis.layers import layer_rows, subtree_bytes
+from memprof.analysis.marks_walk import MarksCache
 from memprof.analysis.micro_batches import micro_batches
 from memprof.analysis.records import CarriedState, IterationRecord, LiveBlock, Mark, RunSpec
+from memprof.analysis.summary import summary_sweep
 from memprof.analysis.sweep import sweep
 from memprof.analysis.template import Placed, apply_template
-from memprof.analysis.timeline import Series, event_table, peak_figures, peak_row, series
+from memprof.analysis.template_summary import template_summary
+from memprof.analysis.timeline import Series, event_table, peak_fields, peak_figures, peak_row, series
 from memprof.schema import EVENTS_SCHEMA
 
 #: ``template_iteration`` of an iteration its own hooks attributed.
@@ -95,6 +98,7 @@ class IterationProcessor:
         self.state = state
         self._parents = spec.parents
         self._empty_events = EVENTS_SCHEMA.empty_table()
+        self._marks = MarksCache(self._parents)
         # The last iteration when it kept no detail, with the state before it: should the next one fail,
         # it is analysed again with its detail (the step before an out-of-memory error is the one to see).
         self._previous: tuple[CarriedState, IterationRecord] | None = None
@@ -134,6 +138,12 @@ class IterationProcessor:
                  report: bool = True) -> tuple[ProcessedIteration, CarriedState]:
         """One iteration's rows from the state before it (a pure function of both), and the state after it."""
         spec = self.spec
+        report_due = report and spec.print_period > 0 and record.iteration % spec.print_period == 0
+        detail = forced or record.detail or record.failed or spec.detail.scheduled(record.iteration)
+        if not (detail or report_due or spec.use_truth):
+            summarised = self._summarised(state, record)
+            if summarised is not None:
+                return summarised
         hooks, source = _hooks(record)
         sw = sweep(record.events, hooks.marks, hooks.observations,
                    [] if spec.use_truth else record.frees, state.blocks, self._parents, state.next_block_id,
@@ -142,22 +152,9 @@ class IterationProcessor:
         for call in sorted(sw.forward_calls, key=lambda c: c.start_ns):
             order.setdefault(call.module, len(order))
         split = micro_batches(sw.marks)  # gradient accumulation: the layers rows are one micro-batch's
-        report_due = report and spec.print_period > 0 and record.iteration % spec.print_period == 0
-        detail = forced or record.detail or record.failed or spec.detail.scheduled(record.iteration)
         s, peak, detail, summary = self._peak(sw, state, detail, report_due)
-        row = {
-            "iteration": record.iteration,
-            "epoch": record.epoch,
-            "step_ms": (record.end_ns - record.start_ns) / 1e6,
-            "peak_reserved_bytes": record.peak_reserved_bytes,
-            "reserved_bytes": record.reserved_bytes,
-            "num_events": len(sw.marks) + 2,
-            "num_allocations": len(sw.alloc_change) - sw.alloc_change.count(-1),  # (ids >= 0; -1: alive before)
-            "detail": detail,
-            "micro_batches": split.count,
-            "template_iteration": source,
-            **summary,
-        }
+        row = _row(record, len(sw.marks), len(sw.alloc_change) - sw.alloc_change.count(-1), detail, split.count,
+                   source, summary)  # (allocations: ids >= 0; -1: alive before the iteration)
         layers: list[dict[str, Any]] = []
         if s is not None and (detail or report_due):  # the console report shows the layers
             grads = {**record.grads, **hooks.param_grads}
@@ -178,6 +175,43 @@ class IterationProcessor:
         failure = failure_details(table, layers, record.iteration) if record.failed else None
         return ProcessedIteration(record.iteration, row, layers if detail else [], table, text, failure,
                                   detail, allocations=allocations), after
+
+    def _summarised(self, state: CarriedState, record: IterationRecord) -> tuple[ProcessedIteration, CarriedState] | None:
+        """An iteration that keeps no detail, from its summary (:mod:`memprof.analysis.summary`; a steady one's from
+        its template, :mod:`memprof.analysis.template_summary`); ``None`` where the sweep must run (the summary
+        declines, the iteration does not repeat its template, or a new peak makes it keep its detail)."""
+        spec, template = self.spec, record.template
+        args = (state.blocks, state.next_block_id, state.order, self._marks)
+        if template is None:
+            found = summary_sweep(record.events, record.marks, record.observations, record.frees, *args)
+            marks, source = len(record.marks), OWN_HOOKS
+        else:
+            found = template_summary(record, *args)
+            marks, source = len(template.marks), template.iteration
+        if found is None or spec.detail.new_peak(int(found.total.max()), state.detailed_peak_bytes):
+            return None
+        peak = peak_fields(found.total, found.at_peak, found.peak_phase, found.peak_module, list(spec.names))
+        row = _row(record, marks, found.num_allocations, False, found.micro_batches, source, peak)
+        after = CarriedState(record.iteration, found.live, found.next_block_id, state.order, state.detailed_peak_bytes)
+        return ProcessedIteration(record.iteration, row, [], self._empty_events, detail=False), after
+
+
+def _row(record: IterationRecord, marks: int, allocations: int, detail: bool, micro: int, source: int,
+         peak: dict[str, Any]) -> dict[str, Any]:
+    """The iteration's row of the iterations table."""
+    return {
+        "iteration": record.iteration,
+        "epoch": record.epoch,
+        "step_ms": (record.end_ns - record.start_ns) / 1e6,
+        "peak_reserved_bytes": record.peak_reserved_bytes,
+        "reserved_bytes": record.reserved_bytes,
+        "num_events": marks + 2,
+        "num_allocations": allocations,
+        "detail": detail,
+        "micro_batches": micro,
+        "template_iteration": source,
+        **peak,
+    }
 
 
 def _hooks(record: IterationRecord) -> tuple[Placed, int]:

@@ -6,9 +6,10 @@ recovery of a killed run (:mod:`memprof.trace.pipeline.journal`) analyse these r
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from enum import IntEnum
+from itertools import chain
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -179,6 +180,42 @@ class LiveBlock(NamedTuple):
     category: int
 
 
+class BlockTable(Sequence[LiveBlock]):
+    """Live blocks as one ``(n, 4)`` int64 array (id, address, bytes, category), read as :class:`LiveBlock` rows.
+
+    The carried state of an iteration that keeps no detail (:mod:`memprof.analysis.summary`) and of a saved
+    state stays in this form: the next iteration reads its columns, and only a full sweep makes the rows.
+    """
+
+    __slots__ = ("table",)
+
+    def __init__(self, table: np.ndarray) -> None:
+        self.table = np.ascontiguousarray(table, dtype=np.int64).reshape(-1, 4)
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return [LiveBlock(*row) for row in self.table[index].tolist()]
+        return LiveBlock(*self.table[index].tolist())
+
+    def __iter__(self) -> Iterator[LiveBlock]:
+        return (LiveBlock(*row) for row in self.table.tolist())
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def block_table(blocks: Sequence[LiveBlock]) -> np.ndarray:
+    """``blocks`` as :attr:`BlockTable.table` (no copy where they are one)."""
+    if isinstance(blocks, BlockTable):
+        return blocks.table
+    return np.fromiter(chain.from_iterable(blocks), dtype=np.int64, count=4 * len(blocks)).reshape(-1, 4)
+
+
 @dataclass(frozen=True)
 class ModuleInfo:
     """Static facts about one module of the profiled model.
@@ -266,7 +303,7 @@ class CarriedState:
     """
 
     last_iteration: int
-    blocks: list[LiveBlock]
+    blocks: Sequence[LiveBlock]
     next_block_id: int
     order: dict[int, int] = field(default_factory=dict)
     detailed_peak_bytes: int = 0
@@ -274,4 +311,4 @@ class CarriedState:
     @property
     def allocated_bytes(self) -> int:
         """Bytes of the carried blocks."""
-        return sum(b.size_bytes for b in self.blocks)
+        return int(block_table(self.blocks)[:, 2].sum())

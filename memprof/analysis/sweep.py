@@ -20,7 +20,7 @@ The marks, observations and frees of pre-existing storages go through the refere
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import lru_cache
 from itertools import islice
 from typing import Any
@@ -65,7 +65,7 @@ class _SegmentWalker(_Walker):
         capacity: new blocks there may be (more are made room for when needed).
     """
 
-    def __init__(self, carried: list[LiveBlock], parents: list[int], next_block_id: int, capacity: int) -> None:
+    def __init__(self, carried: Sequence[LiveBlock], parents: list[int], next_block_id: int, capacity: int) -> None:
         super().__init__(carried, parents, next_block_id)
         s = self.s
         self.first_id, self.carried = next_block_id, len(s.sizes)
@@ -228,7 +228,7 @@ def _bounds(times: np.ndarray, items: list[tuple]) -> list[int]:
 
 
 def sweep(events: AllocationEvents, marks: list, observations: list, baseline_frees: list,
-          carried: list[LiveBlock], parents: list[int], next_block_id: int, use_truth: bool) -> Sweep:
+          carried: Sequence[LiveBlock], parents: list[int], next_block_id: int, use_truth: bool) -> Sweep:
     """:func:`memprof.analysis.attribution.sweep_reference`, faster (module docstring); same arguments, same result."""
     events = in_time_order(events)
     ptrs, sizes_in = events.ptr.tolist(), events.size_bytes.tolist()

@@ -44,17 +44,19 @@ _FORWARD_ENTER = int(Mark.FWD_ENTER)
 TEMPLATED = frozenset({CAT[Category.WEIGHT_GRADS], CAT[Category.OPTIMIZER_STATE]})
 
 
-def pairing(ptrs: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+def pairing(ptrs: np.ndarray, sizes: np.ndarray, order: np.ndarray | None = None) -> np.ndarray:
     """Per event (in time order), the position among the allocations of the block it makes or frees.
 
     A free's block is the latest allocation at its address, when nothing freed it since; otherwise (a block
     from before the iteration, an address not alive) -1. Vectorised; :func:`pairing_reference` is the walk.
+    ``order``: the events by address, then time, where the caller has sorted them already.
     """
     ptrs, count = np.asarray(ptrs, dtype=np.int64), len(sizes)
     made = np.asarray(sizes) > 0
     position = np.cumsum(made) - 1
     out = np.where(made, position, -1)
-    order = np.lexsort((np.arange(count), ptrs))  # by address, then time
+    if order is None:
+        order = np.argsort(ptrs, kind="stable")  # by address, then time
     by_address, made_sorted = ptrs[order], made[order]
     after_same = np.zeros(count, dtype=bool)
     after_same[1:] = by_address[1:] == by_address[:-1]
@@ -166,9 +168,85 @@ def same_allocations(template: MarkTemplate, events: AllocationEvents) -> bool:
     return bool(np.array_equal(in_time_order(events).size_bytes, template.sizes))
 
 
+class Placement(NamedTuple):
+    """Where a steady iteration's template marks fall among its own events (:func:`placement`).
+
+    Attributes:
+        placed: the template's marks placed (all, but for a failed iteration's, those before its end).
+        moments: each placed mark's moment: an own mark's own, a submodule mark's that of the event before its
+            place (or of the mark before it, when later).
+        own: each own mark's index in the record's marks (-1: a submodule mark).
+        ptrs: the address of each storage of the placed submodule marks (entries of own marks' storages: 0).
+    """
+
+    placed: int
+    moments: np.ndarray
+    own: np.ndarray
+    ptrs: np.ndarray
+
+
+def placement(template: MarkTemplate, record: IterationRecord, events: AllocationEvents) -> Placement | None:
+    """Places the template's marks among ``events`` (the record's, in time order), or ``None`` where the iteration
+    does not repeat the template: other sizes, another pairing of frees with allocations, other own marks, own marks
+    elsewhere among the events, no moment left between the events around a mark, or missing model inputs."""
+    count = len(events)
+    if count != len(template.sizes) and not (record.failed and count < len(template.sizes)):
+        return None
+    if not (np.array_equal(events.size_bytes, template.sizes[:count])
+            and np.array_equal(pairing(events.ptr, events.size_bytes), template.pairing[:count])):
+        return None
+    kinds, modules, bounds, widths = (template.marks[:, c] for c in range(4))
+    placed = int(np.searchsorted(bounds > count, True)) if len(bounds) and bounds[-1] > count else len(bounds)
+    kinds, modules, bounds, widths = kinds[:placed], modules[:placed], bounds[:placed], widths[:placed]
+    own_rows = np.flatnonzero(modules <= 0)  # (:func:`synthesized`'s rule)
+    marks = record.marks
+    if len(own_rows) != len(marks):
+        return None
+    own_times = np.fromiter((m[0] for m in marks), dtype=np.int64, count=len(marks))
+    if not (np.array_equal(np.fromiter((m[1] for m in marks), dtype=np.int64, count=len(marks)), kinds[own_rows])
+            and np.array_equal(np.fromiter((m[2] for m in marks), dtype=np.int64, count=len(marks)),
+                               modules[own_rows])
+            and np.array_equal(np.searchsorted(events.time_ns, own_times, side="right"), bounds[own_rows])):
+        return None
+    times = np.asarray(events.time_ns, dtype=np.int64)
+    before = np.where(bounds > 0, times[np.maximum(bounds - 1, 0)] if count else 0, record.start_ns)
+    before[own_rows] = own_times
+    moments = np.maximum.accumulate(before) if placed else before
+    last = np.concatenate([[0], moments[:-1]])
+    own = np.full(placed, -1, dtype=np.int64)
+    own[own_rows] = np.arange(len(own_rows))
+    next_event = times[np.minimum(bounds, count - 1)] if count else bounds
+    if bool((before[own_rows] < last[own_rows]).any()) or bool(((own < 0) & (bounds < count)
+                                                                    & (moments >= next_event)).any()):
+        return None
+    ptrs = _storage_ptrs(template, marks, events, own, widths)
+    return None if ptrs is None else Placement(placed, moments, own, ptrs)
+
+
+def _storage_ptrs(template: MarkTemplate, marks: Sequence[MarkRow], events: AllocationEvents, own: np.ndarray,
+                  widths: np.ndarray) -> np.ndarray | None:
+    """The addresses of the placed submodule marks' storages; ``None`` where a model input is missing."""
+    storages = template.storages[:int(widths.sum())]
+    codes, ptrs = storages[:, 0], storages[:, 1].copy()
+    mark_of = np.repeat(np.arange(len(widths)), widths)
+    ptrs[own[mark_of] >= 0] = 0
+    made = codes >= 0
+    ptrs[made] = np.asarray(events.ptr)[np.asarray(events.size_bytes) > 0][codes[made]]
+    roots = np.flatnonzero((codes <= ROOT_INPUT) & (own[mark_of] < 0))
+    if len(roots):
+        enters = np.array([m[1] == _FORWARD_ENTER and m[2] == 0 for m in marks], dtype=bool)
+        latest = np.maximum.accumulate(np.where((own >= 0) & enters[np.maximum(own, 0)], own, -1))
+        for row in roots.tolist():  # the k-th storage of the model's latest forward enter: its inputs
+            enter, k = int(latest[mark_of[row]]), ROOT_INPUT - int(codes[row])
+            if enter < 0 or k >= len(marks[enter][3]):
+                return None
+            ptrs[row] = marks[enter][3][k][0]
+    return ptrs
+
+
 def apply_template(template: MarkTemplate, record: IterationRecord) -> Placed | None:
     """The marks, observations and parameters' gradients a steady iteration's hooks would have made: the
-    template's, placed among its events, with the record's own.
+    template's, placed among its events (:func:`placement`), with the record's own.
 
     The record's own marks (the model's, the optimizer's, backward's end) keep their moments; each submodule
     mark gets the moment of the event before its place (or of the own mark before it, when later), so that it
@@ -176,56 +254,26 @@ def apply_template(template: MarkTemplate, record: IterationRecord) -> Placed | 
     failed iteration may be a prefix of the template.
 
     Returns:
-        ``None`` where the iteration does not repeat the template: other sizes, another pairing of frees with
-        allocations, other own marks, or own marks elsewhere among the events.
+        ``None`` where the iteration does not repeat the template (:func:`placement`).
     """
     events = in_time_order(record.events)
-    count = len(events)
-    if count != len(template.sizes) and not (record.failed and count < len(template.sizes)):
+    found = placement(template, record, events)
+    if found is None:
         return None
-    if not (np.array_equal(events.size_bytes, template.sizes[:count])
-            and np.array_equal(pairing(events.ptr, events.size_bytes), template.pairing[:count])):
-        return None
+    out: list[MarkRow] = []
+    nbytes = template.storages[:, 2].tolist()
+    ptrs = found.ptrs.tolist()
+    start = 0
+    for (kind, module, _, width), moment, own in zip(template.marks[:found.placed].tolist(), found.moments.tolist(),
+                                                     found.own.tolist()):
+        if own >= 0:
+            out.append(record.marks[own])
+        else:
+            out.append((moment, kind, module, list(zip(ptrs[start:start + width], nbytes[start:start + width]))))
+        start += width
     times = events.time_ns.tolist()
     made_ptrs = events.ptr[events.size_bytes > 0].tolist()
-    own = record.marks
-    out: list[MarkRow] = []
-    at = last_ns = 0
-    start = 0
-    inputs: list[int] = []
-    for kind, module, bound, width in template.marks.tolist():
-        storages = template.storages[start:start + width].tolist()
-        start += width
-        if bound > count:  # a failed iteration ended before this mark's place
-            break
-        if not synthesized(module):
-            if at == len(own) or own[at][1] != kind or own[at][2] != module:
-                return None
-            mark = own[at]
-            at += 1
-            if mark[0] < last_ns or int(np.searchsorted(events.time_ns, mark[0], side="right")) != bound:
-                return None
-            if module == 0 and kind == _FORWARD_ENTER:
-                inputs = [ptr for ptr, _ in mark[3]]
-            out.append(mark)
-            last_ns = mark[0]
-            continue
-        moment = max(last_ns, times[bound - 1] if bound else record.start_ns)
-        if bound < count and moment >= times[bound]:
-            return None  # no moment left between the events around it
-        found = []
-        for code, ptr, nbytes in storages:
-            if code >= 0:
-                ptr = made_ptrs[code]
-            elif code <= ROOT_INPUT:
-                if ROOT_INPUT - code >= len(inputs):
-                    return None
-                ptr = inputs[ROOT_INPUT - code]
-            found.append((ptr, nbytes))
-        out.append((moment, kind, module, found))
-        last_ns = moment
-    if at != len(own):
-        return None
+    count = len(events)
     return Placed(out, [*record.observations, *_observations(template, times, made_ptrs, count, record.start_ns)],
                   {**record.param_grads, **_param_grads(template, made_ptrs)})
 

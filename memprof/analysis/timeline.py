@@ -11,7 +11,7 @@ import pyarrow as pa
 from memprof.analysis.attribution import MODEL_STATE_CODES, N_CAT, OTHER, Sweep
 from memprof.analysis.records import Mark
 from memprof.categories import CATEGORY_COLUMNS
-from memprof.phases import PHASE_OF_CODE, Phase
+from memprof.phases import PHASE_CODES, PHASE_OF_CODE, Phase
 from memprof.schema import EVENTS_SCHEMA
 
 _MARK_NAMES: dict[int, tuple[str, str]] = {  # keyed by int, as the marks' kinds arrive
@@ -189,15 +189,19 @@ def peak_summary(sw: Sweep, s: Series, module_names: list[str]) -> dict[str, obj
 def peak_row(sw: Sweep, total: np.ndarray, at_peak: np.ndarray, module_names: list[str]) -> dict[str, object]:
     """:func:`peak_summary` from the allocated bytes after each change and the categories at their (first) highest."""
     k = int(np.argmax(total))
-    phase, module = "other", ""
-    if k > 0:
-        phase = PHASE_OF_CODE[sw.change_phase[k - 1]].value
-        index = sw.change_module[k - 1]
-        module = module_names[index] if index >= 0 else ""
+    phase, module = (sw.change_phase[k - 1], sw.change_module[k - 1]) if k > 0 else (PHASE_CODES[Phase.OTHER], -1)
+    return peak_fields(total, at_peak, int(phase), int(module), module_names)
+
+
+def peak_fields(total: np.ndarray, at_peak: np.ndarray, phase: int, module: int,
+                module_names: list[str]) -> dict[str, object]:
+    """The iterations table's peak columns: the peak's bytes and categories, the phase code and module index of the
+    change that reached it (``Phase.OTHER``'s code and -1 where none did), the bytes at the end."""
+    k = int(np.argmax(total))
     out: dict[str, object] = {
         "peak_allocated_bytes": int(total[k]),
-        "peak_phase": phase,
-        "peak_module": module,
+        "peak_phase": PHASE_OF_CODE[phase].value,
+        "peak_module": module_names[module] if module >= 0 else "",
         "allocated_bytes": int(total[-1]),
     }
     for code, name in enumerate(CATEGORY_COLUMNS):

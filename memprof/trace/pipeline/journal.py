@@ -17,6 +17,7 @@ someone else is data, and reading it must not run code.
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
 import zlib
@@ -29,11 +30,12 @@ import numpy as np
 
 from memprof.analysis.records import (
     AllocationEvents,
+    BlockTable,
     CarriedState,
     IterationRecord,
-    LiveBlock,
     MarkTemplate,
     RunSpec,
+    block_table,
 )
 from memprof.atomic import write_atomically
 from memprof.errors import CorruptTraceError
@@ -108,7 +110,7 @@ def unpack(data: bytes | memoryview, what: str) -> tuple[dict[str, Any], dict[st
         shapes = header.pop("arrays")
         offset, arrays = _HEAD.size + length, {}
         for name, shape in shapes.items():
-            count = int(np.prod(shape)) if shape else 1
+            count = math.prod(shape)  # (1 for a scalar's empty shape)
             arrays[name] = np.frombuffer(data, dtype="<i8", count=count, offset=offset).reshape(shape)
             offset += 8 * count
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
@@ -361,7 +363,7 @@ def write_state(journal_dir: Path, state: CarriedState) -> None:
     """Writes the carried state (atomically), then deletes the segments it makes redundant."""
     header = {"kind": "state", "last_iteration": state.last_iteration, "next_block_id": state.next_block_id,
               "order": [[m, o] for m, o in state.order.items()], "detailed_peak_bytes": state.detailed_peak_bytes}
-    arrays = {"blocks": _flat(state.blocks, 4)}
+    arrays = {"blocks": block_table(state.blocks)}
     write_atomically(journal_dir / STATE_FILE, pack(header, arrays))
     for first in segment_starts(journal_dir):
         if first + SEGMENT_RECORDS - 1 <= state.last_iteration:
@@ -381,7 +383,7 @@ def read_state(journal_dir: Path) -> CarriedState:
         if len(arrays.get("watches", ())):  # an older memprof's backward marks waiting on the next iteration
             raise CorruptTraceError(f"{path} was written by an older memprof whose backward marks came from its "
                                     "native reporter; profile the run again")
-        blocks = [LiveBlock(*row) for row in arrays["blocks"].tolist()]
+        blocks = BlockTable(arrays["blocks"])
         return CarriedState(int(header["last_iteration"]), blocks, int(header["next_block_id"]),
                             {int(m): int(o) for m, o in header["order"]},
                             int(header.get("detailed_peak_bytes", 0)))
