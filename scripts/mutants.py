@@ -64,6 +64,14 @@ MUTATIONS: tuple[Mutation, ...] = (
         claim="activation gradients are filed as grads, not feature maps",
     ),
     Mutation(
+        name="summary-without-the-forward-rule",
+        path="memprof/analysis/summary.py",
+        old="    _forward_rule(ranks, facts, made, paired, n_carried)\n",
+        new="",
+        tests=("tests/memprof/analysis/test_summary.py",),
+        claim="an iteration that keeps no detail is attributed as its sweep would attribute it",
+    ),
+    Mutation(
         name="measure-without-the-schedule",
         path="planner/measure/runs.py",
         old="    apply_schedule(model, schedule, container)\n",

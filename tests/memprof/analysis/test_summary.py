@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -20,6 +21,8 @@ from memprof.analysis.summary import Summary, summary_sweep
 from memprof.analysis.template_summary import template_summary
 from memprof.analysis.timeline import peak_figures
 from tests.memprof.analysis.test_sweep import ADDRESSES, PARENTS, _events, iterations
+from tests.memprof.capture.test_steady import MODELS as STEADY_MODELS
+from tests.memprof.capture.test_steady import _train
 
 
 def _facts(sw: Sweep) -> dict:
@@ -162,3 +165,33 @@ def test_a_steady_record_summarises_from_its_template_as_from_its_placed_marks(t
         assert template_summary(replace(record, events=replace(ev, size_bytes=grown)), *args,
                                 MarksCache(parents)) is None
         assert template_summary(replace(record, marks=record.marks[1:]), *args, MarksCache(parents)) is None
+
+
+@pytest.mark.parametrize(("name", "steady"), [("cnn", True), ("lstm", True), ("llama", False), ("hf-bert", True),
+                                              ("hf-gpt2-autocast-accumulating", True)])
+def test_records_summarised_give_the_rows_records_swept_give(name, steady, tmp_path, monkeypatch):
+    """Whole runs' records, of models written by others among them (marked inputs, whose old storages die;
+    accumulation under autocast), analysed again from the run's first state: with the summary, and with every
+    iteration swept. Every row of every table, and the state each hands on, are the same."""
+    seen: list[tuple] = []
+    original = IterationProcessor.process
+
+    def spy(self: IterationProcessor, record):  # noqa: ANN001, ANN202 - a pass-through
+        seen.append((record, self.spec, self.state))
+        return original(self, record)
+
+    monkeypatch.setattr(IterationProcessor, "process", spy)
+    _train(STEADY_MODELS[name], tmp_path, steady=steady, background=False)
+    monkeypatch.setattr(IterationProcessor, "process", original)
+    records, spec, first = [r for r, _, _ in seen], seen[0][1], seen[0][2]
+    summarised = IterationProcessor(spec, first)
+    swept = IterationProcessor(spec, first)
+    swept._summarised = lambda state, record: None  # type: ignore[method-assign]
+    answered = 0
+    for record in records:
+        answered += summarised._summarised(summarised.state, record) is not None
+        a, b = summarised.process(record), swept.process(record)
+        assert a.row == b.row and a.layers == b.layers and a.detail == b.detail
+        assert a.events.equals(b.events) and list(summarised.state.blocks) == list(swept.state.blocks)
+        assert summarised.state.next_block_id == swept.state.next_block_id
+    assert answered >= 3 and any(r.template is not None for r in records) == steady
