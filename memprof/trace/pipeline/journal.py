@@ -21,7 +21,7 @@ import math
 import os
 import struct
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from itertools import chain
 from pathlib import Path
 from typing import Any
@@ -73,7 +73,7 @@ def segment_starts(journal_dir: Path) -> list[int]:
 
 
 # ---------------------------------------------------------------------------------------------- container
-def pack_parts(header: dict[str, Any], arrays: dict[str, np.ndarray | tuple[np.ndarray, ...]]) -> list[bytes | memoryview]:
+def pack_parts(header: dict[str, Any], arrays: Mapping[str, np.ndarray | tuple[np.ndarray, ...]]) -> list[bytes | memoryview]:
     """Serialises a JSON header and named 1-D or 2-D int64 arrays, as buffers to write one after another.
 
     A 2-D array may come as a tuple of its rows (equal-length 1-D arrays): written as the array would be, with no
@@ -93,7 +93,7 @@ def pack_parts(header: dict[str, Any], arrays: dict[str, np.ndarray | tuple[np.n
     return parts
 
 
-def pack(header: dict[str, Any], arrays: dict[str, np.ndarray | tuple[np.ndarray, ...]]) -> bytes:
+def pack(header: dict[str, Any], arrays: Mapping[str, np.ndarray | tuple[np.ndarray, ...]]) -> bytes:
     """:func:`pack_parts` as one byte string."""
     return b"".join(pack_parts(header, arrays))
 
@@ -171,7 +171,7 @@ def encode_record_parts(record: IterationRecord) -> list[bytes | memoryview]:
     header = {"kind": "record", "iteration": record.iteration, "epoch": record.epoch, "start_ns": record.start_ns,
               "end_ns": record.end_ns, "reserved_bytes": record.reserved_bytes,
               "peak_reserved_bytes": record.peak_reserved_bytes, "failed": record.failed, "detail": record.detail}
-    arrays = {
+    arrays: dict[str, np.ndarray | tuple[np.ndarray, ...]] = {
         "events": (ev.time_ns, ev.ptr, ev.size_bytes, ev.total_allocated_bytes, ev.total_reserved_bytes),
         "marks": head, "mark_storages": storage,
         "observations": _flat(record.observations, 4), "frees": _flat(record.frees, 2),
