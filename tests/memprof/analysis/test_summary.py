@@ -20,7 +20,14 @@ from memprof.analysis.records import LiveBlock, Mark
 from memprof.analysis.summary import Summary, summary_sweep
 from memprof.analysis.template_summary import template_summary
 from memprof.analysis.timeline import peak_figures
-from tests.memprof.analysis.test_sweep import ADDRESSES, PARENTS, _events, iterations
+from tests.memprof.analysis.test_sweep import (
+    ADDRESSES,
+    PARENTS,
+    _events,
+    iterations,
+    processed_records,
+    profile_zoo,
+)
 from tests.memprof.capture.test_steady import MODELS as STEADY_MODELS
 from tests.memprof.capture.test_steady import _train
 
@@ -100,29 +107,14 @@ def test_a_cached_walk_of_the_marks_answers_a_repeat() -> None:
 
 def test_recorded_iterations_of_the_zoo_models_summarise_as_they_sweep(tmp_path, monkeypatch):
     """Real records, steady ones included: each iteration of a few profiled steps, with its carried state."""
-    seen: list[tuple] = []
-    original = IterationProcessor.process
-
-    def spy(self: IterationProcessor, record):  # noqa: ANN001, ANN202 - a pass-through
-        seen.append((record, self.state, self._parents))
-        return original(self, record)
-
-    monkeypatch.setattr(IterationProcessor, "process", spy)
-    for build, batch in ((zoo.mlp, 16), (zoo.cnn, 4), (zoo.transformer, 2)):
-        torch.manual_seed(0)
-        model, make_batch = build()
-        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-        data = make_batch(batch)
-        with MemoryProfiler(model, optimizer, out_dir=tmp_path, print_period=0, background=False) as profiler:
-            for _ in range(14):  # (the first 10 keep their detail, hooked; steady ones follow)
-                zoo.train_step(model, optimizer, data)
-                profiler.record_stats()
+    seen = processed_records(monkeypatch)
+    profile_zoo(tmp_path, steps=14)  # (the first 10 keep their detail, hooked; steady ones follow)
     answered = steady = 0
-    for record, state, parents in seen:
+    for record, state, spec in seen:
         hooks, _ = _hooks(record)  # a steady iteration's marks are its template's, placed
         steady += record.template is not None
-        answered += _check(record.events, hooks.marks, hooks.observations, record.frees, state.blocks, parents,
-                           state.next_block_id)
+        answered += _check(record.events, hooks.marks, hooks.observations, record.frees, state.blocks,
+                           spec.parents, state.next_block_id)
     assert steady >= 12
     assert answered >= len(seen) - 3  # (the first iteration of each: its inputs were made before profiling)
 
@@ -130,14 +122,7 @@ def test_recorded_iterations_of_the_zoo_models_summarise_as_they_sweep(tmp_path,
 def test_a_steady_record_summarises_from_its_template_as_from_its_placed_marks(tmp_path, monkeypatch):
     """The template's own arrays (memprof.analysis.template_summary) against the placed marks' summary, and so
     against the reference walk; a record that does not repeat its template is left to the usual analysis."""
-    seen: list[tuple] = []
-    original = IterationProcessor.process
-
-    def spy(self: IterationProcessor, record):  # noqa: ANN001, ANN202 - a pass-through
-        seen.append((record, self.state, self._parents))
-        return original(self, record)
-
-    monkeypatch.setattr(IterationProcessor, "process", spy)
+    seen = processed_records(monkeypatch)
     torch.manual_seed(0)
     model, make_batch = zoo.transformer(dim=32, heads=4, layers=2, seq=16)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
@@ -147,7 +132,7 @@ def test_a_steady_record_summarises_from_its_template_as_from_its_placed_marks(t
             profiler.mark_inputs(batch)
             zoo.train_step(model, optimizer, batch)
             profiler.record_stats()
-    steady = [(r, s, p) for r, s, p in seen if r.template is not None]
+    steady = [(r, s, spec.parents) for r, s, spec in seen if r.template is not None]
     assert len(steady) >= 4
     for record, state, parents in steady:
         hooks, _ = _hooks(record)
@@ -173,17 +158,10 @@ def test_records_summarised_give_the_rows_records_swept_give(name, steady, tmp_p
     """Whole runs' records, of models written by others among them (marked inputs, whose old storages die;
     accumulation under autocast), analysed again from the run's first state: with the summary, and with every
     iteration swept. Every row of every table, and the state each hands on, are the same."""
-    seen: list[tuple] = []
-    original = IterationProcessor.process
-
-    def spy(self: IterationProcessor, record):  # noqa: ANN001, ANN202 - a pass-through
-        seen.append((record, self.spec, self.state))
-        return original(self, record)
-
-    monkeypatch.setattr(IterationProcessor, "process", spy)
+    seen = processed_records(monkeypatch)
     _train(STEADY_MODELS[name], tmp_path, steady=steady, background=False)
-    monkeypatch.setattr(IterationProcessor, "process", original)
-    records, spec, first = [r for r, _, _ in seen], seen[0][1], seen[0][2]
+    monkeypatch.undo()
+    records, first, spec = [r for r, _, _ in seen], seen[0][1], seen[0][2]
     summarised = IterationProcessor(spec, first)
     swept = IterationProcessor(spec, first)
     swept._summarised = lambda state, record: None  # type: ignore[method-assign]

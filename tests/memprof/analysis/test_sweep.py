@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import asdict
+from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -13,7 +15,7 @@ from examples import zoo
 from memprof import MemoryProfiler
 from memprof.analysis.attribution import N_CAT, Sweep, sweep_reference
 from memprof.analysis.iteration import IterationProcessor
-from memprof.analysis.records import AllocationEvents, LiveBlock, Mark
+from memprof.analysis.records import AllocationEvents, CarriedState, IterationRecord, LiveBlock, Mark, RunSpec
 from memprof.analysis.sweep import sweep
 from memprof.analysis.timeline import peak_figures, series
 
@@ -100,27 +102,39 @@ def test_the_peak_figures_match_the_series(case: tuple) -> None:
     assert at_peak.tolist() == full.per_category[int(np.argmax(full.total))].tolist()
 
 
-def test_recorded_iterations_of_the_zoo_models_sweep_alike(tmp_path, monkeypatch):
-    """Real records: every iteration of a few profiled steps, with the state carried into it."""
-    seen: list[tuple] = []
+def processed_records(monkeypatch: pytest.MonkeyPatch) -> list[tuple[IterationRecord, CarriedState, RunSpec]]:
+    """What every :class:`IterationProcessor` is given from now on: each record, with the state before it and the
+    run's spec (the processing itself unchanged)."""
+    seen: list[tuple[IterationRecord, CarriedState, RunSpec]] = []
     original = IterationProcessor.process
 
-    def spy(self: IterationProcessor, record):  # noqa: ANN001, ANN202 - a pass-through
-        seen.append((record, self.state, self._parents))
+    def spy(self: IterationProcessor, record: IterationRecord):  # noqa: ANN202 - a pass-through
+        seen.append((record, self.state, self.spec))
         return original(self, record)
 
     monkeypatch.setattr(IterationProcessor, "process", spy)
+    return seen
+
+
+def profile_zoo(out_dir: Path, steps: int) -> None:
+    """``steps`` inline-profiled training steps of the zoo's MLP, CNN and transformer, one batch each."""
     for build, batch in ((zoo.mlp, 16), (zoo.cnn, 4), (zoo.transformer, 2)):
         torch.manual_seed(0)
         model, make_batch = build()
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
         data = make_batch(batch)
-        with MemoryProfiler(model, optimizer, out_dir=tmp_path, print_period=0, background=False) as profiler:
-            for _ in range(3):
+        with MemoryProfiler(model, optimizer, out_dir=out_dir, print_period=0, background=False) as profiler:
+            for _ in range(steps):
                 zoo.train_step(model, optimizer, data)
                 profiler.record_stats()
+
+
+def test_recorded_iterations_of_the_zoo_models_sweep_alike(tmp_path, monkeypatch):
+    """Real records: every iteration of a few profiled steps, with the state carried into it."""
+    seen = processed_records(monkeypatch)
+    profile_zoo(tmp_path, steps=3)
     assert len(seen) == 9
-    for record, state, parents in seen:
-        args = (record.events, record.marks, record.observations, record.frees, state.blocks, parents,
+    for record, state, spec in seen:
+        args = (record.events, record.marks, record.observations, record.frees, state.blocks, spec.parents,
                 state.next_block_id)
         _same(sweep(*args, use_truth=False), sweep_reference(*args, use_truth=False))
