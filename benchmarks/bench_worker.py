@@ -7,6 +7,11 @@ stopped phase too, so it works at about twice its usual load. The ratio of the m
 runs over the median while it is stopped is its cost to the training thread, at double load;
 alternating every few steps inside one run, rather than comparing runs, keeps the machine's slow
 and fast spells on both sides alike. POSIX only (signals).
+
+The training process waits for a worker that falls more than ``memprof.capture.sinks.MAX_PENDING`` records
+behind; a stopped worker would so stop training (and be given up after two minutes), so that bound is lifted for
+the measurement. ``--threads 0`` keeps torch's default intra-op threads, where training leaves the worker no idle
+core.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import torch
 from benchmarks.bench_profiler import MODELS, ModelSpec, steady_malloc
 from examples import zoo
 from memprof import MemoryProfiler
+from memprof.capture import sinks
 
 PHASE_STEPS = 6  # steps per phase; the first of each is not counted (the switch itself)
 WARMUP_STEPS = 10
@@ -39,6 +45,7 @@ def measure(spec: ModelSpec, cycles: int, out_dir: str) -> tuple[float, float]:
     batch = make_batch(spec.batch_size)
     profiler = MemoryProfiler(model, optimizer, out_dir=out_dir, print_period=0)
     steps: dict[bool, list[float]] = {False: [], True: []}
+    bound, sinks.MAX_PENDING = sinks.MAX_PENDING, 1 << 30  # a stopped worker must not hold training up
     try:
         for _ in range(WARMUP_STEPS):
             zoo.train_step(model, optimizer, batch)
@@ -57,6 +64,7 @@ def measure(spec: ModelSpec, cycles: int, out_dir: str) -> tuple[float, float]:
                         steps[running].append((time.perf_counter() - start) * 1e3)
         os.kill(pid, signal.SIGCONT)
     finally:
+        sinks.MAX_PENDING = bound
         profiler.close()
     return statistics.median(steps[False]), statistics.median(steps[True])
 
@@ -65,15 +73,18 @@ def main(argv: Sequence[str] | None = None) -> str:
     """Runs the measurement and returns it as a Markdown table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cycles", type=int, default=20, help="stop/go alternations per model (default 20)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch intra-op threads (0: torch's default, all cores; default 1)")
     args = parser.parse_args(argv)
     if args.cycles < 1:
         parser.error("--cycles must be at least 1")
-    torch.set_num_threads(1)
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
     malloc = steady_malloc()
     lines = ["# Background worker's cost to the training step", "",
              f"- Date: {_dt.datetime.now(_dt.timezone.utc):%Y-%m-%d %H:%M} UTC; {os.cpu_count()} cores; "
-             f"torch {torch.__version__}, 1 intra-op thread; malloc: {malloc}",
-             f"- Command: `python -m benchmarks.bench_worker --cycles {args.cycles}`", "",
+             f"torch {torch.__version__}, {torch.get_num_threads()} intra-op thread(s); malloc: {malloc}",
+             f"- Command: `python -m benchmarks.bench_worker --cycles {args.cycles} --threads {args.threads}`", "",
              "| Model | Step, worker stopped (ms) | Step, worker running at ~2x load (ms) | Ratio |",
              "|---|---:|---:|---:|"]
     with tempfile.TemporaryDirectory() as out_dir:

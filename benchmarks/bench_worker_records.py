@@ -6,7 +6,8 @@ the default detail policy) and keeps each run's journal, its worker replaced by 
 processes nothing. Then, in a fresh process per pass, the worker's own code processes each journal from its first
 record and writes its parts (``catch_up`` and ``flush``, its stages timed by :class:`memprof.trace.pipeline.worker.
 Stages`); the best of the passes counts. ``--against DIR`` runs the same passes with the memprof of another
-checkout (``DIR`` on ``PYTHONPATH``), alternating with this one round by round, for a before and after.
+checkout (``DIR`` on ``PYTHONPATH``), alternating with this one round by round, for a before and after; each
+checkout processes journals its own code saved (the journal's format may differ between them).
 """
 
 from __future__ import annotations
@@ -106,6 +107,23 @@ def save_journals(out: Path, iterations: int) -> list[Path]:
     return saved
 
 
+_SAVE = """
+import sys
+from pathlib import Path
+from benchmarks.bench_worker_records import save_journals
+print("\\n".join(map(str, save_journals(Path(sys.argv[1]), int(sys.argv[2])))))
+"""
+
+
+def journals_of(code: Path, out: Path, iterations: int) -> list[Path]:
+    """:func:`save_journals` run by ``code``'s own memprof and benchmark, in a fresh process."""
+    out.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PYTHONPATH": str(code)}
+    done = subprocess.run([sys.executable, "-c", _SAVE, str(out), str(iterations)], capture_output=True, text=True,
+                          env=env, cwd=code, check=True)
+    return [Path(line) for line in done.stdout.split()]
+
+
 def one_pass(code: Path, journals: list[Path]) -> dict[str, Any]:
     """The worker's stages on every journal, in a fresh process with ``code``'s memprof."""
     env = {**os.environ, "PYTHONPATH": str(code), "OMP_NUM_THREADS": "1"}
@@ -139,11 +157,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     codes = {"this": ROOT, **({"against": args.against.resolve()} if args.against else {})}
     found: dict[str, list[dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory(prefix="memprof-journals-") as tmp:
-        journals = save_journals(Path(tmp), args.iterations)
+        journals = {label: journals_of(code, Path(tmp) / label, args.iterations) for label, code in codes.items()}
         for _ in range(args.rounds):
             for label, code in codes.items():
                 for _ in range(args.passes):
-                    for model, result in one_pass(code, journals).items():
+                    for model, result in one_pass(code, journals[label]).items():
                         found.setdefault(f"{model}|{label}", []).append(result)
     print("\n".join(report(dict(sorted(found.items())))))
 

@@ -164,8 +164,12 @@ class _Walk:
 
 
 def same_allocations(template: MarkTemplate, events: AllocationEvents) -> bool:
-    """Whether ``events`` have the template's sizes in the same order (the training process's cheap check)."""
-    return bool(np.array_equal(in_time_order(events).size_bytes, template.sizes))
+    """Whether ``events`` have the template's sizes in the same order (the training process's cheap check).
+
+    ``events`` are an allocation stream's, which every stream gives in time order.
+    """
+    sizes = events.size_bytes
+    return len(sizes) == len(template.sizes) and bool((sizes == template.sizes).all())
 
 
 class Placement(NamedTuple):

@@ -185,7 +185,9 @@ class BackgroundSink:
                 self._proc = self._start()
             except OSError as exc:
                 return self._take_over(f"it could not be started: {exc}", record)
-        outcomes = self._read(block=False)
+        # Answers come only for records the worker was told to process: with all of those answered, there is
+        # nothing to read (a worker gone meanwhile is found at the next wake-up, its last words read then).
+        outcomes = self._read(block=False) if self._reported < self._told else []
         if self._inline is not None:  # the worker was found gone (and taken over) just now
             return outcomes + self._inline.submit(record)
         try:
@@ -211,7 +213,8 @@ class BackgroundSink:
             self._running().stdin.write(f"{through}\n".encode())
             self._running().stdin.flush()
         except OSError:
-            return self._take_over(self._why_stopped())
+            outcomes = self._read(block=False)  # what it said before it went (an error), and its end
+            return outcomes if self._inline is not None else outcomes + self._take_over(self._why_stopped())
         return []
 
     def finish(self) -> list[Outcome]:

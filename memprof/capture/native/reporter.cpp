@@ -10,6 +10,7 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <climits>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -25,6 +26,8 @@ using torch::profiler::impl::ProfilerStateBase;
 
 constexpr int kColumns = 7;  // time_ns, ptr, size, total_allocated, total_reserved, device_type, device_index
 using Row = std::array<int64_t, kColumns>;
+constexpr int64_t kOtherDevice = 1;  // drain_columns' flags
+constexpr int64_t kUnordered = 2;
 
 int64_t now_ns() {
   // The clock of Python's time.time_ns(), which the hooks use.
@@ -77,14 +80,33 @@ class Reporter final : public ProfilerStateBase {
     return static_cast<int64_t>(rows_.size());
   }
 
-  // Moves up to max_rows of the oldest rows into out (int64 columns); returns how many.
-  int64_t drain(int64_t* out, int64_t max_rows) {
+  // Moves up to max_rows of the oldest rows into out, column by column (out[c * max_rows + i] is row i's
+  // column c: each column a contiguous array for Python, which journals and compares them as such); returns
+  // how many. *flags gets kOtherDevice when a row is not the CPU's and kUnordered when a row's time is before
+  // the one above it (threads append a little out of order): Python then selects and sorts, else it does not
+  // look at the rows at all.
+  int64_t drain_columns(int64_t* out, int64_t max_rows, int64_t* flags) {
     std::lock_guard<std::mutex> guard(mutex_);
     const int64_t n = std::min<int64_t>(max_rows, static_cast<int64_t>(rows_.size()));
+    int64_t found = 0;
+    int64_t last_time = INT64_MIN;
+    for (int64_t i = 0; i < n; ++i) {
+      const Row& row = rows_[static_cast<size_t>(i)];
+      for (int c = 0; c < kColumns; ++c) {
+        out[c * max_rows + i] = row[c];
+      }
+      if (row[5] != 0) {  // c10::DeviceType::CPU is 0
+        found |= kOtherDevice;
+      }
+      if (row[0] < last_time) {
+        found |= kUnordered;
+      }
+      last_time = row[0];
+    }
     if (n > 0) {
-      std::memcpy(out, rows_.data(), sizeof(Row) * static_cast<size_t>(n));
       rows_.erase(rows_.begin(), rows_.begin() + n);
     }
+    *flags = found;
     return n;
   }
 
@@ -115,7 +137,7 @@ struct Handle {
 
 extern "C" {
 
-int memprof_abi_version() { return 3; }
+int memprof_abi_version() { return 4; }
 
 void* memprof_create() {
   try {
@@ -169,8 +191,8 @@ int memprof_active(void* h) {
 
 int64_t memprof_pending(void* h) { return static_cast<Handle*>(h)->reporter->pending(); }
 
-int64_t memprof_drain(void* h, int64_t* out, int64_t max_rows) {
-  return static_cast<Handle*>(h)->reporter->drain(out, max_rows);
+int64_t memprof_drain_columns(void* h, int64_t* out, int64_t max_rows, int64_t* flags) {
+  return static_cast<Handle*>(h)->reporter->drain_columns(out, max_rows, flags);
 }
 
 int64_t memprof_net_bytes(void* h, int cuda) { return static_cast<Handle*>(h)->reporter->net_bytes(cuda); }

@@ -21,6 +21,7 @@ from memprof.errors import ProfilerError
 
 _COLUMNS = 7  # time_ns, ptr, size, total_allocated, total_reserved, device_type, device_index
 _CUDA_TYPE = 1  # c10::DeviceType::CUDA
+_OTHER_DEVICE, _UNORDERED = 1, 2  # the reporter's drain flags (reporter.cpp)
 
 
 class NativeAllocationStream:
@@ -45,6 +46,8 @@ class NativeAllocationStream:
             raise NativeBuildError("the native reporter could not allocate its state")
         self._cuda = self.device.type == "cuda"
         self._net_at_collect = 0
+        self._flags = np.zeros(1, dtype=np.int64)  # what the reporter's drain says of the rows it gave
+        self._flags_ptr = self._flags.ctypes.data
 
     def start(self) -> None:
         """Installs the reporter in this thread's profiler slot.
@@ -67,21 +70,22 @@ class NativeAllocationStream:
         """Returns the events recorded since the last call; with ``restart=False`` also uninstalls the reporter."""
         if self.active and not restart:
             self._stop()
-        rows = self._drain()
+        columns, flags = self._drain()
         self._net_at_collect = int(self._lib.memprof_net_bytes(self._handle, int(self._cuda)))
-        return self._select(rows)
+        return self._select(columns, flags)
 
     def close(self) -> AllocationEvents:
         """Stops recording and returns the last events."""
         return self.collect(restart=False)
 
-    def _drain(self) -> np.ndarray:
-        """Copies the reporter's buffer of events out."""
+    def _drain(self) -> tuple[np.ndarray, int]:
+        """Copies the reporter's buffer of events out: its columns (one contiguous row each), and its flags."""
         count = int(self._lib.memprof_pending(self._handle))
-        rows = np.empty((count, _COLUMNS), dtype=np.int64)
-        if count:
-            rows = rows[:int(self._lib.memprof_drain(self._handle, rows.ctypes.data, count))]
-        return rows
+        columns = np.empty((_COLUMNS, count), dtype=np.int64)
+        if not count:
+            return columns, 0
+        drained = int(self._lib.memprof_drain_columns(self._handle, columns.ctypes.data, count, self._flags_ptr))
+        return columns[:, :drained], int(self._flags[0])
 
     def _stop(self) -> None:
         code = self._lib.memprof_pop(self._handle)
@@ -91,20 +95,21 @@ class NativeAllocationStream:
                           "close() called from another thread?); it stays installed there until that thread "
                           "ends", RuntimeWarning, stacklevel=4)
 
-    def _select(self, rows: np.ndarray) -> AllocationEvents:
-        # Runs in record_stats() on the training thread: the common cases (CPU events only, already in
-        # time order) skip the masking and the sort, and the columns stay views of ``rows``.
+    def _select(self, columns: np.ndarray, flags: int) -> AllocationEvents:
+        # Runs in record_stats() on the training thread. The common case, CPU events only and already in time
+        # order (the reporter's flags say so), looks at no row: the columns are the reporter's own.
+        if not self._cuda and not flags:
+            zeros = np.zeros(columns.shape[1], dtype=np.int64)
+            return AllocationEvents(columns[0], columns[1], columns[2], columns[3], zeros)
+        rows = columns.T
         if self._cuda:
             is_cuda = rows[:, 5] == _CUDA_TYPE
             own_index = np.maximum(rows[:, 6], 0) == (self.device.index or 0)  # -1 is "the current device"
             rows = rows[is_cuda & own_index]
-        elif rows[:, 5].any():  # an event of another device than the CPU (type 0)? one reduction, no mask
-            is_cuda = rows[:, 5] == _CUDA_TYPE
-            if is_cuda.any():
-                rows = rows[~is_cuda]
-        times = rows[:, 0]
-        if len(rows) > 1 and not (times[1:] >= times[:-1]).all():
-            rows = rows[np.argsort(times, kind="stable")]  # threads may append a little out of order
+        elif flags & _OTHER_DEVICE:
+            rows = rows[rows[:, 5] != _CUDA_TYPE]
+        if flags & _UNORDERED:
+            rows = rows[np.argsort(rows[:, 0], kind="stable")]  # threads may append a little out of order
         reserved = rows[:, 4] if self._cuda else np.zeros(len(rows), dtype=np.int64)
         return AllocationEvents(rows[:, 0], rows[:, 1], rows[:, 2], rows[:, 3], reserved)
 

@@ -2,8 +2,11 @@
 
 ``record_stats()`` only appends what it saw (:class:`~memprof.analysis.records.IterationRecord`) to a
 segment file under ``<run>/.journal/`` (``seg-<first iteration>.log``, :data:`SEGMENT_RECORDS` records
-each), one ``writev`` per record. A record is a frame: magic, Adler-32 checksum and length, then the
-payload; a reader stops at the first incomplete or damaged frame, which is what a killed writer leaves.
+each), one ``writev`` per record. A record is a frame: magic, CRC-32 and length, then the payload; a reader
+stops at the first incomplete or damaged frame, which is what a killed writer leaves. A steady iteration's
+record names its template (:class:`~memprof.analysis.records.MarkTemplate`, half a steady record's bytes),
+which a frame of its own holds once per segment, before the first record that names it: every segment can
+be read alone, and the records in between carry only their own events.
 The background worker (:mod:`memprof.trace.pipeline.worker`) turns the records into Parquet parts and writes its
 carried state (``state.bin``, atomically) after each batch; a segment is deleted once every iteration
 in it is in the tables. ``spec.json`` (the run's :class:`~memprof.analysis.records.RunSpec`) is also
@@ -43,16 +46,18 @@ from memprof.errors import CorruptTraceError
 JOURNAL_DIR = ".journal"
 SPEC_FILE = "spec.json"
 STATE_FILE = "state.bin"
-# Version 2: the category codes of observations and carried blocks are those with weight_copies and
-# comm_buffers (a version 1 journal's codes name other categories, so it is refused, not misread).
-_MAGIC = b"MPRJ\x02\x00\x00\x00"
-_OLD_MAGIC = b"MPRJ\x01\x00\x00\x00"
+# Version 3: templates in frames of their own, frames checked by CRC-32. Version 2 set the category codes of
+# observations and carried blocks to those with weight_copies and comm_buffers. Older journals are refused,
+# not misread.
+_MAGIC = b"MPRJ\x03\x00\x00\x00"
+_OLD_MAGICS = (b"MPRJ\x01\x00\x00\x00", b"MPRJ\x02\x00\x00\x00")
 _HEAD = struct.Struct("<8sQ")
 _SEGMENT_SUFFIX = ".log"
 #: Records per segment file; the worker deletes a segment once all its iterations are in the tables.
 SEGMENT_RECORDS = 64
-_FRAME = struct.Struct("<4sIQ")  # magic, Adler-32 of the payload, payload length
-_FRAME_MAGIC = b"MPRF"
+_FRAME = struct.Struct("<4sIQ")  # magic, CRC-32 of the payload, payload length
+_FRAME_MAGIC = b"MPF3"
+_OLD_FRAME_MAGIC = b"MPRF"  # versions 1 and 2 (Adler-32)
 _INT64 = np.dtype("<i8")
 
 
@@ -104,12 +109,12 @@ def unpack(data: bytes | memoryview, what: str) -> tuple[dict[str, Any], dict[st
     Raises:
         CorruptTraceError: ``data`` is not a complete journal file (``what`` names it in the message).
     """
-    if bytes(data[:8]) == _OLD_MAGIC:
+    if bytes(data[:8]) in _OLD_MAGICS:
         raise CorruptTraceError(f"{what} was written by an older memprof, whose category codes differ; the iterations "
                                 "its worker had written are readable, profile the run again for the others")
     if len(data) < _HEAD.size or data[:8] != _MAGIC:
         raise CorruptTraceError(f"{what} is not a memprof journal file (expected the {_MAGIC[:4].decode()} "
-                                f"version 2 header, found {bytes(data[:8])!r})")
+                                f"version 3 header, found {bytes(data[:8])!r})")
     _, length = _HEAD.unpack_from(data)
     try:
         header = json.loads(bytes(data[_HEAD.size:_HEAD.size + length]))
@@ -126,7 +131,12 @@ def unpack(data: bytes | memoryview, what: str) -> tuple[dict[str, Any], dict[st
     return header, arrays
 
 
+_NONE = {width: np.zeros((0, width), dtype=np.int64) for width in (2, 3, 4)}  # (a steady record's usual lists)
+
+
 def _flat(rows: list, width: int) -> np.ndarray:
+    if not rows:
+        return _NONE[width]
     return np.fromiter(chain.from_iterable(rows), dtype=np.int64, count=width * len(rows)).reshape(-1, width)
 
 
@@ -164,8 +174,14 @@ def encode_record(record: IterationRecord) -> bytes:
     return b"".join(encode_record_parts(record))
 
 
-def encode_record_parts(record: IterationRecord) -> list[bytes | memoryview]:
-    """:func:`encode_record` as buffers to write one after another (no joined copy)."""
+def encode_record_parts(record: IterationRecord, template_inline: bool = True) -> list[bytes | memoryview]:
+    """:func:`encode_record` as buffers to write one after another (no joined copy).
+
+    Args:
+        record: the record.
+        template_inline: write a steady record's template with it; ``False`` names it only (the journal's
+            writer puts it in a frame of its own, :func:`encode_template_parts`).
+    """
     head, storage = _with_storages(record.marks, 3)
     ev = record.events
     header = {"kind": "record", "iteration": record.iteration, "epoch": record.epoch, "start_ns": record.start_ns,
@@ -178,21 +194,62 @@ def encode_record_parts(record: IterationRecord) -> list[bytes | memoryview]:
         "param_grads": _storage_rows(record.param_grads), "grads": _storage_rows(record.grads),
     }
     template = record.template
-    if template is not None:  # arrays already: written as they are, however many records share them
+    if template is not None:
         header["template"] = template.iteration
-        arrays.update(template_sizes=template.sizes, template_pairing=template.pairing,
-                      template_marks=template.marks, template_storages=template.storages,
-                      template_observations=template.observations, template_param_grads=template.param_grads)
+        if template_inline:
+            arrays.update(_template_arrays(template))
     return pack_parts(header, arrays)
 
 
-def decode_record(data: bytes | memoryview, what: str = "a journal record") -> IterationRecord:
+def encode_template_parts(template: MarkTemplate) -> list[bytes | memoryview]:
+    """A template's own payload (see :func:`decode_payload`): its arrays, written as they are."""
+    return pack_parts({"kind": "template", "iteration": template.iteration}, _template_arrays(template))
+
+
+def _template_arrays(template: MarkTemplate) -> dict[str, np.ndarray]:
+    return {"template_sizes": template.sizes, "template_pairing": template.pairing,
+            "template_marks": template.marks, "template_storages": template.storages,
+            "template_observations": template.observations, "template_param_grads": template.param_grads}
+
+
+def decode_record(data: bytes | memoryview, what: str = "a journal record",
+                  templates: Mapping[int, MarkTemplate] | None = None) -> IterationRecord:
     """Rebuilds an :class:`IterationRecord` from :func:`encode_record`'s bytes.
+
+    Args:
+        data: the record's payload.
+        what: names it in errors.
+        templates: the templates read before it, by iteration, for a record that names its template only.
 
     Raises:
         CorruptTraceError: the bytes are not such a record.
     """
     header, a = unpack(data, what)
+    if header.get("kind") == "template":
+        raise CorruptTraceError(f"{what} is a template, not an iteration's record")
+    return _record(header, a, what, templates or {})
+
+
+def decode_payload(data: bytes | memoryview, what: str,
+                   templates: dict[int, MarkTemplate]) -> IterationRecord | None:
+    """A journal frame's payload: its record, or ``None`` for a template, which joins ``templates``.
+
+    Raises:
+        CorruptTraceError: the bytes are neither.
+    """
+    header, arrays = unpack(data, what)
+    if header.get("kind") != "template":
+        return _record(header, arrays, what, templates)
+    try:
+        template = _template_from(int(header["iteration"]), arrays)
+    except (KeyError, ValueError, TypeError) as exc:
+        raise CorruptTraceError(f"{what} is damaged ({exc!r}); it cannot be read") from None
+    templates[template.iteration] = template
+    return None
+
+
+def _record(header: dict[str, Any], a: dict[str, np.ndarray], what: str,
+            templates: Mapping[int, MarkTemplate]) -> IterationRecord:
     if "node_rows" in a or "watches" in a:
         raise CorruptTraceError(f"{what} was written by an older memprof, whose backward marks came from its native "
                                 "reporter and are not replayed any more; profile the run again")
@@ -208,18 +265,29 @@ def decode_record(data: bytes | memoryview, what: str = "a journal record") -> I
             grads={i: (p, n) for i, p, n in a["grads"].tolist()},
             reserved_bytes=int(header["reserved_bytes"]), peak_reserved_bytes=int(header["peak_reserved_bytes"]),
             failed=bool(header["failed"]), detail=bool(header.get("detail", False)),
-            template=_template(header, a))
+            template=_template(header, a, templates))
     except (KeyError, ValueError, TypeError, IndexError) as exc:
         raise CorruptTraceError(f"{what} is damaged ({exc!r}); it cannot be read") from None
 
 
-def _template(header: dict[str, Any], arrays: dict[str, np.ndarray]) -> MarkTemplate | None:
+def _template(header: dict[str, Any], arrays: dict[str, np.ndarray],
+              templates: Mapping[int, MarkTemplate]) -> MarkTemplate | None:
     if "template" not in header:
         return None
+    iteration = int(header["template"])
+    if "template_sizes" in arrays:
+        return _template_from(iteration, arrays)
+    found = templates.get(iteration)
+    if found is None:
+        raise ValueError(f"it names the template of iteration {iteration}, which no frame before it holds")
+    return found
+
+
+def _template_from(iteration: int, arrays: dict[str, np.ndarray]) -> MarkTemplate:
     marks, storages = arrays["template_marks"].reshape(-1, 4), arrays["template_storages"].reshape(-1, 3)
     if int(marks[:, 3].sum()) != len(storages):
         raise ValueError(f"the template's marks name {int(marks[:, 3].sum())} storages, {len(storages)} follow")
-    return MarkTemplate(iteration=int(header["template"]), sizes=arrays["template_sizes"],
+    return MarkTemplate(iteration=iteration, sizes=arrays["template_sizes"],
                         pairing=arrays["template_pairing"], marks=marks, storages=storages,
                         observations=arrays["template_observations"].reshape(-1, 4),
                         param_grads=arrays["template_param_grads"].reshape(-1, 4))
@@ -229,18 +297,34 @@ def frames(data: bytes, offset: int = 0) -> Iterator[tuple[int, memoryview]]:
     """Complete, intact frames of a segment from ``offset``: ``(offset after it, payload)``.
 
     Stops at the first incomplete or damaged frame: the tail a killed writer left.
+
+    Raises:
+        CorruptTraceError: the segment was written by an older memprof (whose frames this one does not read).
     """
     view = memoryview(data)
     while offset + _FRAME.size <= len(data):
         magic, checksum, length = _FRAME.unpack_from(data, offset)
         end = offset + _FRAME.size + length
+        if magic == _OLD_FRAME_MAGIC:
+            raise CorruptTraceError("the journal was written by an older memprof, whose records this one does not "
+                                    "read; the iterations its worker had written are readable")
         if magic != _FRAME_MAGIC or end > len(data):
             return
         payload = view[offset + _FRAME.size:end]
-        if zlib.adler32(payload) != checksum:
+        if zlib.crc32(payload) != checksum:
             return
         offset = end
         yield offset, payload
+
+
+def _framed(parts: list[bytes | memoryview]) -> list[bytes | memoryview]:
+    """``parts`` behind their frame's head (in place)."""
+    checksum = length = 0
+    for part in parts:
+        checksum = zlib.crc32(part, checksum)
+        length += len(part)  # (a cast memoryview's len is its bytes)
+    parts.insert(0, _FRAME.pack(_FRAME_MAGIC, checksum, length))
+    return parts
 
 
 class JournalWriter:
@@ -255,6 +339,7 @@ class JournalWriter:
         self._fd: int | None = None
         self._path: Path | None = None
         self._first = -1  # the first iteration of the open segment (comparing Paths every record cost 50 µs)
+        self._templates: set[int] = set()  # the templates the open segment holds
 
     def append(self, record: IterationRecord) -> None:
         """Writes ``record`` at the end of its segment.
@@ -269,25 +354,26 @@ class JournalWriter:
             path = segment_path(self.journal_dir, record.iteration)
             fd = self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
             self._path, self._first = path, first
-        parts = encode_record_parts(record)
-        checksum = 1  # Adler-32's start value
-        length = 0
-        for part in parts:
-            checksum = zlib.adler32(part, checksum)
-            length += len(part)  # (a cast memoryview's len is its bytes)
-        parts.insert(0, _FRAME.pack(_FRAME_MAGIC, checksum, length))
+        parts = _framed(encode_record_parts(record, template_inline=False))
+        fresh = record.template if record.template is not None and record.template.iteration not in self._templates \
+            else None
+        if fresh is not None:  # the segment's first record that names it: its frame goes first
+            parts = _framed(encode_template_parts(fresh)) + parts
+        total = sum(len(part) for part in parts)
         written = os.writev(fd, parts)
-        total = length + _FRAME.size
         if written < total:  # a short write (rare on regular files): write the rest in one piece
             rest = memoryview(b"".join(parts))[written:]
             while rest:
                 rest = rest[os.write(fd, rest):]
+        if fresh is not None:
+            self._templates.add(fresh.iteration)
 
     def close(self) -> None:
         """Closes the open segment."""
         if self._fd is not None:
             os.close(self._fd)
         self._fd, self._path, self._first = None, None, -1
+        self._templates = set()
 
 
 class JournalReader:
@@ -307,6 +393,7 @@ class JournalReader:
         # reads the segment's tail once, not once per record.
         self._frames: list[tuple[int, memoryview]] = []
         self._next_frame = 0
+        self._templates: dict[int, MarkTemplate] = {}  # the segment's templates read so far
 
     def next(self) -> IterationRecord | None:
         """The next record, or ``None`` when it is not (completely) on disk yet.
@@ -316,14 +403,16 @@ class JournalReader:
         """
         path = segment_path(self.journal_dir, self.expected)
         if path != self._path:
-            self._path, self._offset, self._frames, self._next_frame = path, 0, [], 0
+            self._path, self._offset, self._frames, self._next_frame, self._templates = path, 0, [], 0, {}
         while True:
             if self._next_frame >= len(self._frames) and not self._read(path):
                 return None
             end, payload = self._frames[self._next_frame]
             self._next_frame += 1
-            record = decode_record(payload, f"a record in {path}")
+            record = decode_payload(payload, f"a record in {path}", self._templates)
             self._offset = end
+            if record is None:  # a template, for the records after it
+                continue
             if record.iteration < self.expected:
                 continue  # processed before a restart
             if record.iteration > self.expected:

@@ -8,6 +8,8 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from examples import zoo
 from memprof import MemoryBudgetExceeded, MemoryProfiler, ProfilerError, load_trace
@@ -161,3 +163,55 @@ def test_a_dropped_stream_leaves_the_slot_free():
     del stream
     gc.collect()
     assert not torch.autograd._profiler_enabled()
+
+
+def _flags_reference(columns: np.ndarray) -> int:
+    """The reporter's drain flags by their definition: 1 for a row of another device than the CPU, 2 for a row
+    whose time is before the one above it."""
+    other = int(bool((columns[5] != 0).any()))
+    unordered = int(bool((columns[0][1:] < columns[0][:-1]).any()))
+    return other | 2 * unordered
+
+
+@needs_native
+def test_the_drained_columns_and_flags_are_the_reporters_rows():
+    torch.manual_seed(0)
+    model, make_batch = zoo.transformer(dim=32, heads=2, layers=2, seq=16)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    batch = make_batch(4)
+    stream = NativeAllocationStream(torch.device("cpu"))
+    stream.start()
+    try:
+        zoo.train_step(model, optimizer, batch)
+        columns, flags = stream._drain()
+    finally:
+        stream.close()
+    assert columns.shape[0] == 7 and columns.shape[1] > 100
+    assert all(column.flags.c_contiguous for column in columns)
+    assert flags == _flags_reference(columns)
+    assert (columns[2] != 0).all() and set(np.unique(columns[5]).tolist()) == {0}
+
+
+@needs_native
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 50), st.sampled_from([0, 1]), st.sampled_from([-1, 0, 1])),
+                min_size=0, max_size=30),
+       st.sampled_from(["cpu", "cuda:0", "cuda:1"]))
+def test_selecting_keeps_the_devices_rows_in_time_order(rows, device):
+    """``_select`` against the rule it implements: this device's rows (a CUDA row of index -1 is the current
+    device's), sorted by time, ties in the order they came."""
+    columns = np.zeros((7, len(rows)), dtype=np.int64)
+    for i, (time_ns, device_type, index) in enumerate(rows):
+        columns[:, i] = (time_ns, 1000 + i, 8 * (i + 1), 100 * i, 7 * i, device_type, index)
+    stream = NativeAllocationStream(torch.device(device))
+    found = stream._select(columns, _flags_reference(columns))
+    wanted_index = torch.device(device).index or 0
+    on_cuda = device.startswith("cuda")
+    keep = [i for i, (_, device_type, index) in enumerate(rows)
+            if ((device_type == 1 and max(index, 0) == wanted_index) if on_cuda else device_type == 0)]
+    keep.sort(key=lambda i: rows[i][0])
+    assert found.ptr.tolist() == [1000 + i for i in keep]
+    assert found.time_ns.tolist() == [rows[i][0] for i in keep]
+    assert found.size_bytes.tolist() == [8 * (i + 1) for i in keep]
+    reserved = [7 * i for i in keep] if on_cuda else [0] * len(keep)
+    assert found.total_reserved_bytes.tolist() == reserved

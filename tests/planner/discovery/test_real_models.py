@@ -84,11 +84,18 @@ def allocator_step_peak(real: RealModel, model, optimizer, batch) -> int:
 
 
 def _grads(real: RealModel, model, batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    model.zero_grad(set_to_none=True)
-    torch.manual_seed(7)
-    loss = real.loss(model, batch)
-    loss.backward()
-    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    """The loss and gradients, on one intra-op thread: compared bit for bit, and with several threads a busy
+    machine once gave GPT-2's plain and scheduled losses a last-bit difference (the same ops, the same inputs)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        model.zero_grad(set_to_none=True)
+        torch.manual_seed(7)
+        loss = real.loss(model, batch)
+        loss.backward()
+        return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    finally:
+        torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module", params=sorted(ALL_BUILDERS))

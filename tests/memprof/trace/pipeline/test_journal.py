@@ -189,3 +189,92 @@ def test_record_bytes_are_the_plain_encodings(iteration, n_events):
     assert encode_record(record) == _reference_parts(record)
     empty = IterationRecord(iteration=0, epoch=0, start_ns=1, end_ns=2, events=AllocationEvents.empty())
     assert encode_record(empty) == _reference_parts(empty)
+
+
+def _template_of(iteration: int):
+    from dataclasses import replace
+
+    from memprof.analysis.template import take_template
+
+    hooked = _record(iteration, 6)
+    template = take_template(replace(hooked, events=AllocationEvents(*(np.sort(c) for c in (
+        hooked.events.time_ns, hooked.events.ptr, hooked.events.size_bytes, hooked.events.total_allocated_bytes,
+        hooked.events.total_reserved_bytes)))))
+    assert template is not None
+    return template
+
+
+def _same_template(a, b) -> None:
+    assert a.iteration == b.iteration
+    for name in ("sizes", "pairing", "marks", "storages", "observations", "param_grads"):
+        np.testing.assert_array_equal(getattr(a, name), getattr(b, name))
+
+
+def test_a_template_is_written_once_per_segment_and_every_segment_reads_alone(tmp_path):
+    from dataclasses import replace
+
+    first, second = _template_of(3), _template_of(40)
+    records = [replace(_record(i), template=None if i < 4 else first if i < 40 else second)
+               for i in range(SEGMENT_RECORDS + 8)]
+    writer = JournalWriter(tmp_path)
+    for record in records:
+        writer.append(record)
+    writer.close()
+    payloads = [bytes(payload) for _, payload in frames(segment_path(tmp_path, 0).read_bytes())]
+    kinds = [unpack(payload, "a frame")[0]["kind"] for payload in payloads]
+    # the first segment: records 0-3, the first template before record 4, the second before record 40
+    assert kinds.count("template") == 2 and kinds[4] == kinds[41] == "template"
+    assert kinds.count("record") == SEGMENT_RECORDS
+    plain = len(encode_record(replace(records[5], template=None)))
+    steady = [len(p) for p, kind in zip(payloads, kinds) if kind == "record"][5]
+    assert steady - plain < 64  # a steady record names its template: a few bytes of header, not its arrays
+    second_segment = [unpack(bytes(p), "a frame")[0]["kind"]
+                      for _, p in frames(segment_path(tmp_path, SEGMENT_RECORDS).read_bytes())]
+    assert second_segment == ["template"] + ["record"] * 8  # the second template again, for this segment alone
+    segment_path(tmp_path, 0).unlink()  # processed and removed: the second segment is read without it
+    reader = JournalReader(tmp_path, last_iteration=SEGMENT_RECORDS - 1)
+    seen = []
+    while (record := reader.next()) is not None:
+        seen.append(record)
+        _same(record, records[record.iteration])
+        _same_template(record.template, second)
+    assert [r.iteration for r in seen] == list(range(SEGMENT_RECORDS, SEGMENT_RECORDS + 8))
+    assert len({id(r.template) for r in seen}) == 1  # decoded once, shared by its records
+    whole = JournalWriter(tmp_path / "again")
+    (tmp_path / "again").mkdir()
+    for record in records[:45]:
+        whole.append(record)
+    whole.close()
+    reader = JournalReader(tmp_path / "again", last_iteration=-1)
+    for i in range(45):
+        back = reader.next()
+        assert back.iteration == i
+        if records[i].template is None:
+            assert back.template is None
+        else:
+            _same_template(back.template, records[i].template)
+
+
+def test_a_record_whose_template_is_missing_is_refused():
+    from dataclasses import replace
+
+    from memprof.trace.pipeline.journal import encode_record_parts
+
+    steady = replace(_record(5), template=_template_of(3))
+    payload = b"".join(encode_record_parts(steady, template_inline=False))
+    with pytest.raises(CorruptTraceError, match="names the template of iteration 3, which no frame before it"):
+        decode_record(payload)
+    _same(decode_record(payload, templates={3: steady.template}), steady)
+
+
+def test_a_journal_of_an_older_memprof_is_refused_not_misread(tmp_path):
+    import struct
+    import zlib
+
+    payload = encode_record(_record(0)).replace(b"MPRJ\x03", b"MPRJ\x02", 1)
+    old = struct.pack("<4sIQ", b"MPRF", zlib.adler32(payload), len(payload)) + payload
+    segment_path(tmp_path, 0).write_bytes(old)
+    with pytest.raises(CorruptTraceError, match="older memprof"):
+        JournalReader(tmp_path, -1).next()
+    with pytest.raises(CorruptTraceError, match="older memprof"):
+        decode_record(payload)
