@@ -76,6 +76,32 @@ def test_a_killed_worker_is_taken_over_without_losing_an_iteration(tmp_path):
     _check(trace, 7)
 
 
+def test_a_worker_killed_after_answering_all_it_was_told_is_found_at_the_next_wake_up(tmp_path):
+    """The training process reads the worker's pipe only while answers are owed: a worker that dies with none
+    owed is found when it is next woken (its pipe broken), and nothing is lost."""
+    model, optimizer = _model()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        profiler = MemoryProfiler(model, optimizer, out_dir=tmp_path, print_period=0)
+        _train(profiler, model, optimizer, 8)  # the 8th record wakes it for records 0-7
+        deadline = time.monotonic() + 60
+        while profiler._sink._reported < 7 and time.monotonic() < deadline:
+            time.sleep(0.2)
+            _train(profiler, model, optimizer, 1)  # (answers are read in record_stats())
+        assert profiler._sink._reported >= 7 and profiler._sink.mode == "background"
+        os.kill(profiler._sink.pid, signal.SIGKILL)
+        profiler._sink._proc.process.wait()
+        done = profiler.iteration
+        _train(profiler, model, optimizer, 20 - done)  # wakes it again on the way: its pipe is broken
+        assert profiler._sink.mode == "inline"
+        profiler.close()
+    reported = _memprof_warnings(caught)
+    assert len(reported) == 1 and "background worker" in reported[0], reported
+    trace = load_trace(profiler.run_dir)
+    assert trace.meta["processing"] == "inline" and trace.meta["status"] == "closed"
+    _check(trace, 20)
+
+
 def test_a_run_killed_with_its_worker_is_finished_by_the_reader(tmp_path):
     model, optimizer = _model()
     profiler = MemoryProfiler(model, optimizer, out_dir=tmp_path, print_period=0)
