@@ -110,8 +110,9 @@ def unpack(data: bytes | memoryview, what: str) -> tuple[dict[str, Any], dict[st
         CorruptTraceError: ``data`` is not a complete journal file (``what`` names it in the message).
     """
     if bytes(data[:8]) in _OLD_MAGICS:
-        raise CorruptTraceError(f"{what} was written by an older memprof, whose category codes differ; the iterations "
-                                "its worker had written are readable, profile the run again for the others")
+        raise CorruptTraceError(f"{what} was written by an older memprof (journal version {data[4]}), which this one "
+                                "does not read; the iterations its worker had written are readable, profile the run "
+                                "again for the others")
     if len(data) < _HEAD.size or data[:8] != _MAGIC:
         raise CorruptTraceError(f"{what} is not a memprof journal file (expected the {_MAGIC[:4].decode()} "
                                 f"version 3 header, found {bytes(data[:8])!r})")
