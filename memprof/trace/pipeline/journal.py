@@ -225,10 +225,10 @@ def decode_record(data: bytes | memoryview, what: str = "a journal record",
     Raises:
         CorruptTraceError: the bytes are not such a record.
     """
-    header, a = unpack(data, what)
-    if header.get("kind") == "template":
+    record = decode_payload(data, what, dict(templates or {}))
+    if record is None:
         raise CorruptTraceError(f"{what} is a template, not an iteration's record")
-    return _record(header, a, what, templates or {})
+    return record
 
 
 def decode_payload(data: bytes | memoryview, what: str,

@@ -48,6 +48,25 @@ def _same(a: IterationRecord, b: IterationRecord) -> None:
         (b.iteration, b.epoch, b.start_ns, b.end_ns, b.reserved_bytes, b.peak_reserved_bytes, b.failed)
 
 
+def _template_of(iteration: int):
+    from dataclasses import replace
+
+    from memprof.analysis.template import take_template
+
+    hooked = _record(iteration, 6)
+    template = take_template(replace(hooked, events=AllocationEvents(*(np.sort(c) for c in (
+        hooked.events.time_ns, hooked.events.ptr, hooked.events.size_bytes, hooked.events.total_allocated_bytes,
+        hooked.events.total_reserved_bytes)))))
+    assert template is not None
+    return template
+
+
+def _same_template(a, b) -> None:
+    assert a.iteration == b.iteration
+    for name in ("sizes", "pairing", "marks", "storages", "observations", "param_grads"):
+        np.testing.assert_array_equal(getattr(a, name), getattr(b, name))
+
+
 @pytest.mark.parametrize("iteration,n_events", [(0, 0), (3, 5), (7, 1000)])
 def test_record_round_trip(iteration, n_events):
     record = _record(iteration, n_events)
@@ -57,20 +76,13 @@ def test_record_round_trip(iteration, n_events):
 def test_a_steady_records_template_round_trips_and_a_damaged_one_is_refused():
     from dataclasses import replace
 
-    from memprof.analysis.template import take_template
-
-    hooked = _record(3, 6)
-    template = take_template(replace(hooked, events=AllocationEvents(*(np.sort(c) for c in (
-        hooked.events.time_ns, hooked.events.ptr, hooked.events.size_bytes, hooked.events.total_allocated_bytes,
-        hooked.events.total_reserved_bytes)))))
-    assert template is not None and len(template.storages) == 2
+    template = _template_of(3)
+    assert len(template.storages) == 2
     steady = replace(_record(4, 6), template=template)
     back = decode_record(encode_record(steady))
     _same(back, steady)
-    assert back.template is not None and back.template.iteration == 3
-    for name in ("sizes", "pairing", "marks", "storages", "observations", "param_grads"):
-        np.testing.assert_array_equal(getattr(back.template, name), getattr(template, name))
-    assert decode_record(encode_record(hooked)).template is None
+    _same_template(back.template, template)
+    assert decode_record(encode_record(_record(3, 6))).template is None
     torn = replace(steady, template=replace(template, storages=template.storages[:1]))
     with pytest.raises(CorruptTraceError, match="damaged"):
         decode_record(encode_record(torn))
@@ -191,25 +203,6 @@ def test_record_bytes_are_the_plain_encodings(iteration, n_events):
     assert encode_record(empty) == _reference_parts(empty)
 
 
-def _template_of(iteration: int):
-    from dataclasses import replace
-
-    from memprof.analysis.template import take_template
-
-    hooked = _record(iteration, 6)
-    template = take_template(replace(hooked, events=AllocationEvents(*(np.sort(c) for c in (
-        hooked.events.time_ns, hooked.events.ptr, hooked.events.size_bytes, hooked.events.total_allocated_bytes,
-        hooked.events.total_reserved_bytes)))))
-    assert template is not None
-    return template
-
-
-def _same_template(a, b) -> None:
-    assert a.iteration == b.iteration
-    for name in ("sizes", "pairing", "marks", "storages", "observations", "param_grads"):
-        np.testing.assert_array_equal(getattr(a, name), getattr(b, name))
-
-
 def test_a_template_is_written_once_per_segment_and_every_segment_reads_alone(tmp_path):
     from dataclasses import replace
 
@@ -277,4 +270,12 @@ def test_a_journal_of_an_older_memprof_is_refused_not_misread(tmp_path):
     with pytest.raises(CorruptTraceError, match="older memprof"):
         JournalReader(tmp_path, -1).next()
     with pytest.raises(CorruptTraceError, match=r"older memprof \(journal version 2\)"):
+        decode_record(payload)
+
+
+def test_a_template_read_as_a_record_is_refused():
+    from memprof.trace.pipeline.journal import encode_template_parts
+
+    payload = b"".join(encode_template_parts(_template_of(3)))
+    with pytest.raises(CorruptTraceError, match="is a template, not an iteration's record"):
         decode_record(payload)
