@@ -13,6 +13,7 @@ from torch import nn
 
 from examples import zoo
 from memprof import MemoryProfiler, load_trace
+from memprof.capture import sinks
 from memprof.trace.pipeline.journal import JOURNAL_DIR, STATE_FILE
 from memprof.trace.reader import read_meta, table_parts
 from tests.memprof.helpers import CATEGORIES, TINY_MLP_WEIGHT_BYTES, assert_exact_model_bytes
@@ -83,23 +84,24 @@ def test_a_worker_killed_after_answering_all_it_was_told_is_found_at_the_next_wa
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         profiler = MemoryProfiler(model, optimizer, out_dir=tmp_path, print_period=0)
-        _train(profiler, model, optimizer, 8)  # the 8th record wakes it for records 0-7
-        deadline = time.monotonic() + 60
-        while profiler._sink._reported < 7 and time.monotonic() < deadline:
-            time.sleep(0.2)
-            _train(profiler, model, optimizer, 1)  # (answers are read in record_stats())
-        assert profiler._sink._reported >= 7 and profiler._sink.mode == "background"
-        os.kill(profiler._sink.pid, signal.SIGKILL)
-        profiler._sink._proc.process.wait()
-        done = profiler.iteration
-        _train(profiler, model, optimizer, 20 - done)  # wakes it again on the way: its pipe is broken
-        assert profiler._sink.mode == "inline"
-        profiler.close()
+        try:
+            _train(profiler, model, optimizer, sinks.WAKE_RECORDS)  # the last of these wakes it
+            deadline = time.monotonic() + 60
+            while profiler._sink._reported < profiler._sink._told and time.monotonic() < deadline:
+                time.sleep(0.2)
+                _train(profiler, model, optimizer, 1)  # (answers are read in record_stats())
+            assert profiler._sink._reported == profiler._sink._told and profiler._sink.mode == "background"
+            os.kill(profiler._sink.pid, signal.SIGKILL)
+            profiler._sink._proc.process.wait()
+            _train(profiler, model, optimizer, sinks.WAKE_RECORDS)  # wakes it again on the way: its pipe is broken
+            assert profiler._sink.mode == "inline"
+        finally:
+            profiler.close()
     reported = _memprof_warnings(caught)
     assert len(reported) == 1 and "background worker" in reported[0], reported
     trace = load_trace(profiler.run_dir)
     assert trace.meta["processing"] == "inline" and trace.meta["status"] == "closed"
-    _check(trace, 20)
+    _check(trace, profiler.iteration)
 
 
 def test_a_run_killed_with_its_worker_is_finished_by_the_reader(tmp_path):
