@@ -53,6 +53,25 @@ def test_the_targets_are_judged_at_torchs_default_threads_against_torch_profiler
     lanes = {("cnn", n): [_lane(bp.Tool(), [100.0], [100.0], n), _lane(bp.Memprof(), [104.0], [130.0], n),
                           _lane(bp.TorchProfiler(), [106.0], [120.0], n)]}
     (line,) = bp.target_lines(lanes)
-    assert "wall 1.04x (target 1.05x: met; torch.profiler 1.06x: at or below it)" in line
+    assert "wall (median step) 1.04x (target 1.05x: met; torch.profiler 1.06x: at or below it)" in line
+    assert "wall (every step) 1.04x (target 1.05x: met; torch.profiler 1.06x: at or below it)" in line
     assert "CPU 1.30x (target 1.25x: missed; torch.profiler 1.20x: above it)" in line
     assert bp.target_lines({("cnn", n + 1): lanes["cnn", n]}) == ["- (memprof did not run at torch's default threads)"]
+
+
+def test_every_step_counts_the_rare_long_steps_that_the_median_leaves_out() -> None:
+    """Two rounds; memprof's typical step is the baseline's, but one step in ten waits 20 ms for the worker."""
+    n = bp.DEFAULT_THREADS
+    base = _lane(bp.Tool(), [10.0] * 10, [10.0] * 10, n)
+    base.wall_ms = [[10.0] * 10, [20.0] * 10]  # the second round ran on a busier machine: it compares with its own
+    memprof = _lane(bp.Memprof(), [10.0] * 10, [10.0] * 10, n)
+    memprof.wall_ms = [[10.0] * 9 + [30.0], [20.0] * 9 + [40.0]]
+    assert bp._round_ratios(memprof, base, bp.WALL) == [1.0, 1.0]  # each round's median step: no cost
+    assert bp._round_ratios(memprof, base, bp.WALL_MEAN) == pytest.approx([1.2, 1.1])
+    assert bp._ratio(memprof, base, bp.WALL_MEAN) == pytest.approx(1.15)
+    assert bp.ratio_cell(memprof, base, bp.WALL_MEAN) == "1.15x (1.10-1.20)"
+    table = "\n".join(bp.summary_table({("cnn", n): [base, memprof]}, bp.WALL_MEAN))
+    assert "| Baseline (mean ms/step) |" in table and "| 15.0 | 1.15x (1.10-1.20) |" in table
+    (line,) = bp.target_lines({("cnn", n): [base, memprof]})
+    assert "wall (median step) 1.33x" in line  # (pooled over both rounds' different levels)
+    assert "wall (every step) 1.15x (target 1.05x: missed" in line
