@@ -484,19 +484,21 @@ def _model_rank(name: str) -> int:
 
 
 def detail_table(lanes: Lanes) -> list[str]:
-    """Per configuration: step times, the per-iteration call, and the one-off start/stop costs."""
+    """Per configuration: step times, the per-iteration call (median, and mean: with memprof's waits for its
+    worker), and the one-off start/stop costs."""
     lines = ["| Model | Threads | Tool | Median step (ms) | Fastest step (ms) | Median step CPU (ms) | "
-             "Per-iteration call (ms) | Child CPU (ms/step) | Start (ms) | Child start (CPU ms) | "
+             "Per-iteration call (ms) | Call, mean (ms) | Child CPU (ms/step) | Start (ms) | Child start (CPU ms) | "
              "Stop + processing (ms) |",
-             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for (name, threads), row in sorted(lanes.items(), key=lambda kv: (_model_rank(kv[0][0]), kv[0][1])):
         for lane in row:
             if lane.error is not None:
-                lines.append(f"| {name} | {threads} | {lane.tool.name} | error: {lane.error} | | | | | | | |")
+                lines.append(f"| {name} | {threads} | {lane.tool.name} | error: {lane.error} | | | | | | | | |")
                 continue
             wall = _pooled(lane, WALL)
             lines.append(f"| {name} | {threads} | {lane.tool.name} | {_median(wall):.1f} | {min(wall):.1f} | "
                          f"{_median(_pooled(lane, CPU)):.1f} | {_median(lane.call_ms):.2f} | "
+                         f"{statistics.fmean(lane.call_ms) if lane.call_ms else float('nan'):.2f} | "
                          f"{_median(lane.child_cpu_ms):.2f} | {_median(lane.start_ms):.1f} | "
                          f"{_median(lane.child_start_ms):.0f} | {_median(lane.stop_ms):.1f} |")
     return lines

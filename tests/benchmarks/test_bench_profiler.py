@@ -75,3 +75,6 @@ def test_every_step_counts_the_rare_long_steps_that_the_median_leaves_out() -> N
     (line,) = bp.target_lines({("cnn", n): [base, memprof]})
     assert "wall (median step) 1.33x" in line  # (pooled over both rounds' different levels)
     assert "wall (every step) 1.15x (target 1.05x: missed" in line
+    memprof.call_ms = [0.5] * 9 + [20.5]  # the call that waited shows in the mean, not in the median
+    row = next(line for line in bp.detail_table({("cnn", n): [base, memprof]}) if "| memprof |" in line)
+    assert "| 0.50 | 2.50 |" in row
