@@ -55,6 +55,7 @@ from torch import nn
 
 from examples import zoo
 from memprof import MemoryProfiler
+from memprof.capture.sinks import MAX_PENDING
 from memprof.errors import CorruptTraceError
 from memprof.trace.pipeline.journal import read_state
 from memprof.trace.pipeline.worker import PRIORITY_ENV
@@ -619,7 +620,8 @@ def render(lanes: Lanes, args: argparse.Namespace, elapsed_s: float) -> str:
         *summary_table(lanes, WALL), "",
         "## Wall clock, every step counted", "",
         "A median step leaves out the rare long ones: memprof's training thread waits for its worker once the "
-        "worker, which runs only on a core that training leaves idle, falls 16 records behind. Here each cell is "
+        f"worker, which runs only on a core that training leaves idle, falls {MAX_PENDING} records behind. Here each "
+        "cell is "
         "the median over rounds of one round's mean step with the tool over the mean without it (range in "
         "brackets), the baseline column the median of its rounds' mean steps: what a run of many steps pays.", "",
         *summary_table(lanes, WALL_MEAN), "",
