@@ -185,9 +185,8 @@ class BackgroundSink:
                 self._proc = self._start()
             except OSError as exc:
                 return self._take_over(f"it could not be started: {exc}", record)
-        # With every record the worker was told of answered, nothing needs reading now: answers for records it went
-        # on with wait in the pipe for the next read (a worker gone meanwhile is found at the next wake-up, its
-        # last words read then).
+        # Answers come only for records the worker was told to process: with all of those answered, there is
+        # nothing to read (a worker gone meanwhile is found at the next wake-up, its last words read then).
         outcomes = self._read(block=False) if self._reported < self._told else []
         if self._inline is not None:  # the worker was found gone (and taken over) just now
             return outcomes + self._inline.submit(record)

@@ -9,11 +9,7 @@ should the training process die, finishes every record already journaled before 
 Records are processed in gathers: the training process wakes the worker (a line ``<iteration>``) once
 ``sinks.WAKE_RECORDS`` records wait, or at once when a report or a failure is due, and the worker processes the
 journal through that iteration. Several records in a row run on warm caches and cost less than the same records
-one wake-up each. Once through that iteration it goes on with every later record already complete in the journal,
-answering each at once: it runs only where training leaves a core idle, and stopping at the iteration it was
-woken for would leave those moments unused until the next wake-up, the records for the moments training waits
-for it (:data:`memprof.capture.sinks.MAX_PENDING`). With no wake-up for :data:`_IDLE_S` it processes whatever is
-journaled (training slowed down),
+one wake-up each. With no wake-up for :data:`_IDLE_S` it processes whatever is journaled (training slowed down),
 and when there was nothing, writes what it has. Processed iterations are written in batches
 (:data:`FLUSH_ITERATIONS`, or whatever is ready when training pauses); until then the journal holds them, and a
 reader finishes them itself. Before it exits the
@@ -112,18 +108,11 @@ class _Worker:
         writer.append, writer.compact = timed_append, timed_compact  # type: ignore[method-assign]
 
     def catch_up(self, through: int | None) -> int:
-        """Processes every complete journaled record; returns how many.
-
-        Args:
-            through: the iteration training woke the worker for: the records through it are answered together
-                once it is processed, each later one at once (``None``: all answered at the end).
-        """
+        """Processes the journaled records up to ``through`` (all there are: ``None``); returns how many."""
         stages = self.stages
         stages.lap(_WAKE)
         done = 0
-        while True:
-            if through is not None and self.reader.expected > through:
-                self.answer()  # (the woken-for batch, then each record after it: training may be waiting)
+        while through is None or self.reader.expected <= through:
             record = self.reader.next()
             stages.lap("journal read and decode")
             if record is None:

@@ -14,7 +14,7 @@ from torch import nn
 
 from memprof import MemoryProfiler, load_trace
 from memprof.capture.sinks import WAKE_RECORDS, BackgroundSink
-from memprof.trace.pipeline import journal, worker
+from memprof.trace.pipeline import journal
 from memprof.trace.pipeline.journal import JournalReader, JournalWriter
 from memprof.trace.pipeline.worker import PRIORITY_ENV, Stages
 from tests.memprof.trace.pipeline.test_journal import _record, _same
@@ -144,31 +144,3 @@ def test_a_report_due_wakes_the_worker_at_once(tmp_path, monkeypatch):
             model(torch.randn(4, 8)).sum().backward()
             profiler.record_stats()
     assert woken == [0, 3, 6]
-
-
-def _journal_only(tmp_path, monkeypatch, steps: int):
-    """A profiled run whose records stay in its journal, none processed (the sink only appends them)."""
-    monkeypatch.setattr(BackgroundSink, "submit", lambda self, record: self._journal.append(record) or [])
-    monkeypatch.setattr(BackgroundSink, "finish", lambda self: self._journal.close() or [])
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
-    with MemoryProfiler(model, out_dir=tmp_path, print_period=0) as profiler:
-        for _ in range(steps):
-            model(torch.randn(4, 8)).sum().backward()
-            profiler.record_stats()
-    return profiler.run_dir
-
-
-def test_a_woken_worker_goes_on_with_the_complete_records_after_the_one_it_was_woken_for(tmp_path, monkeypatch):
-    """It runs only where training leaves a core idle: stopping at the iteration it was woken for would leave the
-    next idle moments unused. The woken-for batch is answered in one write, each record after it at once."""
-    run_dir = _journal_only(tmp_path, monkeypatch, steps=7)
-    monkeypatch.undo()
-    sent: list[list[int]] = []
-    monkeypatch.setattr(worker, "_send_all", lambda messages: sent.append([m["done"] for m in messages]))
-    processing = worker._Worker(run_dir)
-    assert processing.catch_up(3) == 7
-    assert sent == [[0, 1, 2, 3], [4], [5], [6]]
-    assert processing.catch_up(9) == 0 and len(sent) == 4  # nothing more journaled: nothing sent
-    processing.flush()  # (written: the iterations read back as the training process would have had them)
-    assert load_trace(run_dir).iterations.iteration.tolist() == list(range(7))

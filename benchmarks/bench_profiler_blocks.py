@@ -1,0 +1,116 @@
+"""memprof's wall-clock cost with every step counted: blocks of steps alternating in one process.
+
+Run ``python -m benchmarks.bench_profiler_blocks [--model transformer] [--blocks 16] [--steps 40] [--threads 0]
+[--tools "memprof,memprof (worker nice 0)"]``. One model instance per configuration (the baseline, each memprof
+variant of :mod:`benchmarks.bench_profiler`), all in this process; every block runs each configuration in turn
+(its profiler started, ``--warmup`` steps not counted, then ``--steps`` timed ones, then closed), in an order rotated
+from block to block. A configuration's block costs the mean of its timed steps, ``train_step`` and
+``record_stats()`` both; its ratio is the median over blocks of its block's mean over the baseline's mean in the
+same block, so a slow spell of the machine falls on both sides of a ratio. Also reported: the time inside
+``train_step`` alone (the hooks, the worker's interference) and the per-iteration call's median and mean (the
+mean includes the waits for a worker that fell :data:`memprof.capture.sinks.MAX_PENDING` records behind).
+Printed only: :mod:`benchmarks.bench_profiler` writes the docs' table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from benchmarks.bench_profiler import (
+    EXTRA_TOOLS,
+    MODELS,
+    TOOLS,
+    Lane,
+    Memprof,
+    Tool,
+    make_lane,
+    steady_malloc,
+)
+from examples import zoo
+
+
+def run_block(lane: Lane, warmup: int, steps: int, workdir: Path) -> tuple[float, float, list[float]]:
+    """One block of ``lane``: its mean step and mean ``train_step`` (ms), and each per-iteration call (ms)."""
+    lane.tool.start(lane.model, lane.optimizer, workdir)
+    try:
+        for _ in range(warmup):
+            zoo.train_step(lane.model, lane.optimizer, lane.batch)
+            lane.tool.after_step()
+        lane.tool.after_warmup()
+        train_s, calls_ms = 0.0, []
+        started = time.perf_counter()
+        for _ in range(steps):
+            before = time.perf_counter()
+            zoo.train_step(lane.model, lane.optimizer, lane.batch)
+            between = time.perf_counter()
+            lane.tool.after_step()
+            train_s += between - before
+            calls_ms.append((time.perf_counter() - between) * 1e3)
+        total_s = time.perf_counter() - started
+    finally:
+        lane.tool.stop()
+    return total_s * 1e3 / steps, train_s * 1e3 / steps, calls_ms
+
+
+def report(names: Sequence[str], means: dict[str, list[float]], trains: dict[str, list[float]],
+           calls: dict[str, list[float]]) -> list[str]:
+    """One line per configuration: its block ratio (median, quartiles), train_step, and the call's median/mean."""
+    base = means[names[0]]
+    lines = [f"{names[0]}: mean step {statistics.median(base):.2f} ms (median of blocks), "
+             f"train_step {statistics.median(trains[names[0]]):.2f} ms"]
+    for name in names[1:]:
+        ratios = [mine / theirs for mine, theirs in zip(means[name], base)]
+        low, _, high = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else (ratios[0],) * 3
+        lines.append(f"{name}: {statistics.median(ratios):.3f}x (quartiles {low:.3f}-{high:.3f}), mean step "
+                     f"{statistics.median(means[name]):.2f} ms, train_step {statistics.median(trains[name]):.2f} "
+                     f"ms, call median {statistics.median(calls[name]):.2f} ms, mean "
+                     f"{statistics.fmean(calls[name]):.2f} ms")
+    return lines
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Runs the blocks and prints the ratios."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="transformer", choices=[m.name for m in MODELS])
+    parser.add_argument("--blocks", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=40, help="timed steps per configuration per block")
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--threads", type=int, default=0, help="intra-op threads (0: torch's default)")
+    parser.add_argument("--tools", default=Memprof.name, help="comma-separated memprof variants of bench_profiler")
+    args = parser.parse_args(argv)
+    if min(args.blocks, args.steps) < 1 or args.warmup < 0:
+        parser.error("--blocks and --steps must be at least 1, --warmup at least 0")
+    known = {tool.name: tool for tool in TOOLS + EXTRA_TOOLS if issubclass(tool, Memprof)}
+    unknown = [name for name in args.tools.split(",") if name not in known]
+    if unknown:
+        parser.error(f"--tools: unknown {unknown}; one of {sorted(known)}")
+    print(steady_malloc())
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    spec = next(m for m in MODELS if m.name == args.model)
+    lanes = {"baseline": make_lane(spec, Tool())} | {name: make_lane(spec, known[name]()) for name in
+                                                      args.tools.split(",")}
+    names = list(lanes)
+    means: dict[str, list[float]] = {name: [] for name in names}
+    trains: dict[str, list[float]] = {name: [] for name in names}
+    calls: dict[str, list[float]] = {name: [] for name in names}
+    with tempfile.TemporaryDirectory(prefix="memprof-blocks-") as tmp:
+        for block in range(args.blocks):
+            shift = block % len(names)
+            for name in names[shift:] + names[:shift]:
+                mean, train, block_calls = run_block(lanes[name], args.warmup, args.steps, Path(tmp) / name)
+                means[name].append(mean)
+                trains[name].append(train)
+                calls[name].extend(block_calls)
+    print("\n".join(report(names, means, trains, calls)))
+
+
+if __name__ == "__main__":
+    main()
