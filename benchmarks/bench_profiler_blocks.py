@@ -2,7 +2,8 @@
 
 Run ``python -m benchmarks.bench_profiler_blocks [--model transformer] [--blocks 16] [--steps 40] [--threads 0]
 [--tools "memprof,memprof (worker nice 0)"]``. One model instance per configuration (the baseline, each memprof
-variant of :mod:`benchmarks.bench_profiler`), all in this process; every block runs each configuration in turn
+variant of :mod:`benchmarks.bench_profiler`, and two controls: a second baseline on its own model instance, and
+memprof's native allocator reporter alone), all in this process; every block runs each configuration in turn
 (its profiler started, ``--warmup`` steps not counted, then ``--steps`` timed ones, then closed), in an order rotated
 from block to block. A configuration's block costs the mean of its timed steps, ``train_step`` and
 ``record_stats()`` both; its ratio is the median over blocks of its block's mean over the baseline's mean in the
@@ -22,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from benchmarks.bench_profiler import (
     EXTRA_TOOLS,
@@ -34,6 +36,38 @@ from benchmarks.bench_profiler import (
     steady_malloc,
 )
 from examples import zoo
+from memprof.capture.native.stream import NativeAllocationStream
+
+
+class SecondBaseline(Tool):
+    """No profiler, on a model instance of its own: how far two bare lanes differ (memory layout, noise)."""
+
+    name = "baseline 2"
+
+
+class ReporterOnly(Tool):
+    """memprof's native allocator reporter alone, drained after every step: no hooks, no analysis, no worker."""
+
+    name = "reporter only"
+
+    def __init__(self) -> None:
+        self._stream: NativeAllocationStream | None = None
+
+    def start(self, model: nn.Module, optimizer: torch.optim.Optimizer, workdir: Path) -> None:
+        self._stream = NativeAllocationStream(torch.device("cpu"))
+        self._stream.start()
+
+    def after_step(self) -> None:
+        if self._stream is not None:
+            self._stream.collect()
+
+    def stop(self) -> None:
+        if self._stream is not None:
+            stream, self._stream = self._stream, None
+            stream.close()
+
+
+CONTROLS: tuple[type[Tool], ...] = (SecondBaseline, ReporterOnly)
 
 
 def run_block(lane: Lane, warmup: int, steps: int, workdir: Path) -> tuple[float, float, list[float]]:
@@ -83,11 +117,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=40, help="timed steps per configuration per block")
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--threads", type=int, default=0, help="intra-op threads (0: torch's default)")
-    parser.add_argument("--tools", default=Memprof.name, help="comma-separated memprof variants of bench_profiler")
+    parser.add_argument("--tools", default=Memprof.name,
+                        help="comma-separated memprof variants of bench_profiler, and the controls "
+                             + ", ".join(repr(tool.name) for tool in CONTROLS))
     args = parser.parse_args(argv)
     if min(args.blocks, args.steps) < 1 or args.warmup < 0:
         parser.error("--blocks and --steps must be at least 1, --warmup at least 0")
-    known = {tool.name: tool for tool in TOOLS + EXTRA_TOOLS if issubclass(tool, Memprof)}
+    variants = [tool for tool in TOOLS + EXTRA_TOOLS if issubclass(tool, Memprof)]
+    known = {tool.name: tool for tool in (*variants, *CONTROLS)}
     unknown = [name for name in args.tools.split(",") if name not in known]
     if unknown:
         parser.error(f"--tools: unknown {unknown}; one of {sorted(known)}")
