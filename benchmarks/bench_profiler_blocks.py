@@ -4,9 +4,9 @@ Run ``python -m benchmarks.bench_profiler_blocks [--model transformer] [--blocks
 [--tools "memprof,memprof (worker nice 0)"]``. One model instance per configuration (the baseline, each memprof
 variant of :mod:`benchmarks.bench_profiler`, and two controls: a second baseline on its own model instance, and
 memprof's native allocator reporter alone), all in this process; every block runs each configuration in turn
-(its profiler started, ``--warmup`` steps not counted, then ``--steps`` timed ones, then closed), in an order rotated
-from block to block. A configuration's block costs the mean of its timed steps, ``train_step`` and
-``record_stats()`` both; its ratio is the median over blocks of its block's mean over the baseline's mean in the
+(:func:`benchmarks.bench_profiler.run_block`: its profiler started, ``--warmup`` steps not counted, then ``--steps``
+timed ones, then closed), in an order rotated from block to block. A configuration's block costs the mean of its
+timed steps, ``train_step`` and ``record_stats()`` both; its ratio is the median over blocks of its block's mean over the baseline's mean in the
 same block, so a slow spell of the machine falls on both sides of a ratio. Also reported: the time inside
 ``train_step`` alone (the hooks, the worker's interference) and the per-iteration call's median and mean (the
 mean includes the waits for a worker that fell :data:`memprof.capture.sinks.MAX_PENDING` records behind).
@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -33,9 +32,9 @@ from benchmarks.bench_profiler import (
     Memprof,
     Tool,
     make_lane,
+    run_block,
     steady_malloc,
 )
-from examples import zoo
 from memprof.capture.native.stream import NativeAllocationStream
 
 
@@ -70,27 +69,12 @@ class ReporterOnly(Tool):
 CONTROLS: tuple[type[Tool], ...] = (SecondBaseline, ReporterOnly)
 
 
-def run_block(lane: Lane, warmup: int, steps: int, workdir: Path) -> tuple[float, float, list[float]]:
-    """One block of ``lane``: its mean step and mean ``train_step`` (ms), and each per-iteration call (ms)."""
-    lane.tool.start(lane.model, lane.optimizer, workdir)
-    try:
-        for _ in range(warmup):
-            zoo.train_step(lane.model, lane.optimizer, lane.batch)
-            lane.tool.after_step()
-        lane.tool.after_warmup()
-        train_s, calls_ms = 0.0, []
-        started = time.perf_counter()
-        for _ in range(steps):
-            before = time.perf_counter()
-            zoo.train_step(lane.model, lane.optimizer, lane.batch)
-            between = time.perf_counter()
-            lane.tool.after_step()
-            train_s += between - before
-            calls_ms.append((time.perf_counter() - between) * 1e3)
-        total_s = time.perf_counter() - started
-    finally:
-        lane.tool.stop()
-    return total_s * 1e3 / steps, train_s * 1e3 / steps, calls_ms
+def block_figures(lane: Lane, steps: int) -> tuple[list[float], list[float]]:
+    """Per block of ``lane`` (as :func:`benchmarks.bench_profiler.run_block` recorded it): its mean step and its
+    mean ``train_step`` alone (the step less the per-iteration call), in ms."""
+    means = [statistics.fmean(block) for block in lane.wall_ms]
+    calls = [statistics.fmean(lane.call_ms[k * steps:(k + 1) * steps]) for k in range(len(lane.wall_ms))]
+    return means, [mean - call for mean, call in zip(means, calls)]
 
 
 def report(names: Sequence[str], means: dict[str, list[float]], trains: dict[str, list[float]],
@@ -135,17 +119,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     lanes = {"baseline": make_lane(spec, Tool())} | {name: make_lane(spec, known[name]()) for name in
                                                       args.tools.split(",")}
     names = list(lanes)
-    means: dict[str, list[float]] = {name: [] for name in names}
-    trains: dict[str, list[float]] = {name: [] for name in names}
-    calls: dict[str, list[float]] = {name: [] for name in names}
     with tempfile.TemporaryDirectory(prefix="memprof-blocks-") as tmp:
         for block in range(args.blocks):
             shift = block % len(names)
             for name in names[shift:] + names[:shift]:
-                mean, train, block_calls = run_block(lanes[name], args.warmup, args.steps, Path(tmp) / name)
-                means[name].append(mean)
-                trains[name].append(train)
-                calls[name].extend(block_calls)
+                run_block(lanes[name], args.warmup, args.steps, Path(tmp) / name)
+                if lanes[name].error is not None:
+                    raise SystemExit(f"{name}: {lanes[name].error}")
+    figures = {name: block_figures(lane, args.steps) for name, lane in lanes.items()}
+    means = {name: found[0] for name, found in figures.items()}
+    trains = {name: found[1] for name, found in figures.items()}
+    calls = {name: lane.call_ms for name, lane in lanes.items()}
     print("\n".join(report(names, means, trains, calls)))
 
 

@@ -34,3 +34,18 @@ def test_the_reporter_alone_records_and_leaves_no_reporter_behind(tmp_path) -> N
     tool.stop()  # (twice: nothing left to stop)
     assert tool._stream is None and not torch.autograd._profiler_enabled()
     assert {tool.name for tool in bb.CONTROLS} == {"baseline 2", "reporter only"}
+
+
+def test_a_blocks_train_step_is_its_steps_less_the_per_iteration_calls() -> None:
+    lane = bb.Lane(bb.MODELS[0], 1, bb.Tool(), None, None, None)  # type: ignore[arg-type]  # nothing is trained
+    lane.wall_ms = [[10.0, 12.0], [20.0, 30.0]]  # two blocks of two steps, each step with its call
+    lane.call_ms = [1.0, 1.0, 0.5, 9.5]  # the last call waited for the worker
+    means, trains = bb.block_figures(lane, steps=2)
+    assert means == [11.0, 25.0] and trains == [10.0, 20.0]
+
+
+def test_an_unknown_tool_is_refused_naming_the_known_ones(capsys) -> None:
+    with pytest.raises(SystemExit):
+        bb.main(["--tools", "memprof,nope"])
+    error = capsys.readouterr().err
+    assert "--tools: unknown ['nope']" in error and "'reporter only'" in error and "'memprof (inline)'" in error
