@@ -10,7 +10,8 @@ tokens, AdamW. The checks, in this order (each one's targets are :data:`benchmar
    and its reserved peak over the first two steps, in a fresh allocator (it runs first).
 2. ``profiler``: training steps with no profiler, with memprof, and with
    ``torch.cuda.memory._record_memory_history(max_entries=100_000)`` (PyTorch's documented use), in interleaved
-   rounds; each step's time includes a ``torch.cuda.synchronize()`` and the tool's per-step call. Each step's
+   rounds; each step's time includes a ``torch.cuda.synchronize()`` and the tool's per-step call; memprof's
+   timed steps are its steady ones, after the first iterations that keep their detail with every hook on. Each step's
    ``max_memory_allocated`` / ``max_memory_reserved`` (peaks reset at its start) against the iteration rows
    memprof wrote.
 3. ``link``: pinned copy bandwidths each way (``planner.measure_transfer_bandwidth``): the offload schedules'
@@ -262,6 +263,10 @@ class Plain:
         """Detaches the tool; returns the run it wrote, if any."""
         return None
 
+    def warmup_steps(self, ctx: Context) -> int:
+        """Steps after the start that are not timed."""
+        return ctx.warmup
+
 
 class WithMemprof(Plain):
     """memprof's ``MemoryProfiler`` as a user runs it (background worker), ``record_stats()`` each step."""
@@ -281,6 +286,13 @@ class WithMemprof(Plain):
 
     def after_step(self) -> None:
         self._profiler.record_stats()
+
+    def warmup_steps(self, ctx: Context) -> int:
+        # A run's first iterations keep their detail, every hook on (the steady ones that follow are what a long
+        # run pays): they are the warm-up here, their cost not the steady step's.
+        from memprof.analysis.detail import DetailPolicy
+
+        return max(ctx.warmup, DetailPolicy().first)
 
     def stop(self) -> Path | None:
         profiler, self._profiler = self._profiler, None
@@ -313,12 +325,13 @@ class Block:
 
 def run_block(tool: Plain, model: nn.Module, optimizer: torch.optim.Optimizer, batch: tuple[torch.Tensor, ...],
               ctx: Context) -> Block:
-    """``ctx.warmup`` + ``ctx.steps`` steps with ``tool`` attached; the warm-up steps are not timed."""
+    """The tool's warm-up steps, then ``ctx.steps`` timed ones, with ``tool`` attached."""
     device = ctx.device
     seconds, peaks = [], []
+    warmup = tool.warmup_steps(ctx)
     tool.start(model, optimizer, ctx.scratch / "overhead")
     try:
-        for index in range(ctx.warmup + ctx.steps):
+        for index in range(warmup + ctx.steps):
             started = time.perf_counter()
             if ctx.cuda:
                 torch.cuda.reset_peak_memory_stats(device)
@@ -327,7 +340,7 @@ def run_block(tool: Plain, model: nn.Module, optimizer: torch.optim.Optimizer, b
             if ctx.cuda:
                 peaks.append((torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device)))
             tool.after_step()
-            if index >= ctx.warmup:
+            if index >= warmup:
                 seconds.append(time.perf_counter() - started)
     finally:
         run_dir = tool.stop()
@@ -385,7 +398,8 @@ def check_profiler(ctx: Context) -> Iterator[CheckResult]:
                      for a, b in zip([b for b in blocks if b.tool == name], [b for b in blocks if b.tool == base])]
         return f"{min(per_round):.3f}-{max(per_round):.3f}x"
 
-    counted = f"median of {ctx.rounds} interleaved rounds x {ctx.steps} steps; {ctx.size.describe()}"
+    counted = (f"median of {ctx.rounds} interleaved rounds x {ctx.steps} steps, memprof's after its first "
+               f"{WithMemprof().warmup_steps(ctx)} (detail kept, every hook on); {ctx.size.describe()}")
     ratio = median("memprof") / median("no profiler")
     yield CheckResult("profiler.overhead_vs_none", "step time with memprof / without", _ms(median("memprof")),
                       f"{_ms(median('no profiler'))} (no profiler)", _ratio(ratio), f"at most {OVERHEAD_LIMIT:.2f}x",
