@@ -220,12 +220,15 @@ def check_estimate(ctx: Context) -> Iterator[CheckResult]:
     train_step(model, optimizer, batch)
     sync(device)
     reserved_first = torch.cuda.max_memory_reserved(device)
-    # What is allocated between steps that is neither model, optimizer state nor batch is not the step's
-    # (cuBLAS's workspace): the estimate runs no kernel and does not model it (docs/estimate.md).
+    # What is allocated between steps that is neither model, gradients (kept until the next step's zero_grad),
+    # optimizer state nor batch is not the step's (cuBLAS's workspace): the estimate runs no kernel and does
+    # not model it (docs/estimate.md).
     state = [t for s in optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
     known = {t.untyped_storage().data_ptr(): round_size(t.untyped_storage().nbytes())
-             for t in [*model.parameters(), *model.buffers(), *state, *batch]}
+             for t in [*model.parameters(), *grads, *model.buffers(), *state, *batch] if t.is_cuda}
     unknown = torch.cuda.memory_allocated(device) - before - sum(known.values())
+    del grads  # the next step's zero_grad must free them, as in training
     torch.cuda.reset_peak_memory_stats(device)
     train_step(model, optimizer, batch)
     sync(device)

@@ -74,7 +74,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         name="measure-without-the-schedule",
         path="planner/measure/runs.py",
-        old="    apply_schedule(model, schedule, container)\n",
+        old="    apply_schedule(model, schedule, container, optimizer=optimizer)\n",
         new="",
         tests=("tests/planner/measure/test_measure.py",),
         claim="measure_schedule runs the schedule it compares",

@@ -1,7 +1,8 @@
 """``MemoryProfiler(..., snapshot_on_oom=True)``: PyTorch's allocation history, dumped when a step runs out of memory.
 
 On CUDA the recorder turns on ``torch.cuda.memory._record_memory_history`` (Python stacks, at most
-``max_entries`` entries kept, the newest) when the profiler opens, unless it is on already; when the profiler
+``max_entries`` entries kept, the newest; an earlier recording's entries cleared, so the snapshot is this run's)
+when the profiler opens, unless it is on already; when the profiler
 records an out-of-memory failure it writes ``torch.cuda.memory._dump_snapshot`` to
 ``<run_dir>/oom_snapshot.pickle`` beside the post-mortem; at close it turns recording off again if it turned it
 on (recording someone else started is left as it was). ``memprof import-snapshot`` reads the file, and so does
@@ -57,8 +58,11 @@ class OomSnapshot:
         """Turns history recording on unless it already is."""
         if not self.active or _history_enabled():
             return
-        self.memory._record_memory_history(enabled="all", context="all", stacks="python",
-                                           max_entries=self.max_entries)
+        options = {"enabled": "all", "context": "all", "stacks": "python", "max_entries": self.max_entries}
+        try:  # PyTorch keeps the entries of an earlier recording unless told: the snapshot is this run's only
+            self.memory._record_memory_history(**options, clear_history=True)
+        except TypeError:  # a torch without clear_history (before 2.5)
+            self.memory._record_memory_history(**options)
         self.started = True
 
     def dump(self, run_dir: Path) -> Path | None:

@@ -167,7 +167,8 @@ def estimate(model: nn.Module, batch: Any, loss_fn: LossFn, optimizer: Optimizer
     modelled = _modelled_device(model, device)
     ops_device = _ops_device(modelled)
     mode = FakeTensorMode(allow_non_fake_inputs=True)
-    probe = WorkspaceProbe() if modelled.type == "cpu" else None  # CPU kernels say nothing of CUDA's
+    # a kernel's own workspace, measured on the device whose operators run (CPU kernels say nothing of CUDA's)
+    probe = WorkspaceProbe(device=ops_device) if ops_device.type == modelled.type else None
     clock = VirtualClock(ROOFLINES[modelled.type])
     stream = FakeAllocationStream(modelled, probe, clock)
     meta = {"estimate": True, "truth": "estimate", "fake_mode": "torch._subclasses.fake_tensor.FakeTensorMode",

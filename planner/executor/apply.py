@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch
 from torch import nn
 
 from planner.errors import InvalidScheduleError, ScheduleMismatchError
@@ -40,7 +41,8 @@ _ATTRIBUTE = "_memprof_schedule"
 
 
 def apply_schedule(model: nn.Module, schedule: Schedule, container: str | None = None,
-                   min_offload_bytes: int = MIN_OFFLOAD_BYTES) -> nn.Module:
+                   min_offload_bytes: int = MIN_OFFLOAD_BYTES,
+                   optimizer: torch.optim.Optimizer | None = None) -> nn.Module:
     """Makes ``model`` train with ``schedule``, in place (the same object, parameters and hooks).
 
     Args:
@@ -49,6 +51,9 @@ def apply_schedule(model: nn.Module, schedule: Schedule, container: str | None =
         container: for a chain whose stages name no modules, the ``nn.Sequential`` whose children are the
             stages (``""``: the model itself); also accepted as a prefix of relative module names.
         min_offload_bytes: with ``OFFLOAD`` operations, saved storages smaller than this stay on the device.
+        optimizer: with streamed weights, the optimizer that steps the model: its state follows the streamed
+            parameters to host memory before each step and back to the device on :func:`remove_schedule`
+            (without it, an optimizer that already holds state on the device refuses the host parameters).
 
     Returns:
         ``model``.
@@ -72,6 +77,8 @@ def apply_schedule(model: nn.Module, schedule: Schedule, container: str | None =
         executor.remove()
         raise ScheduleMismatchError(str(exc)) from None
     install_embedding_grads(model)  # no dense embedding gradient beside an existing .grad (embedding_grad.py)
+    if optimizer is not None:
+        executor.follow(optimizer)
     object.__setattr__(model, _ATTRIBUTE, (executor, schedule))
     return model
 

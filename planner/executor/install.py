@@ -22,7 +22,7 @@ from planner.executor.offload import MIN_OFFLOAD_BYTES, Copier, HostPool
 from planner.executor.program import Program
 from planner.executor.runtime import _Run, _StageFunction
 from planner.executor.stage import StageCall, StageRunner
-from planner.executor.weights import WeightStreamer
+from planner.executor.weights import WeightStreamer, state_follows_parameters
 
 
 class ScheduleExecutor:
@@ -51,7 +51,9 @@ class ScheduleExecutor:
                  streamed: Sequence[int] = (), root: nn.Module | None = None,
                  partial: Iterable[Sequence[int]] = ()) -> None:
         self.program = Program(ops, len(stages))
-        self.root = root
+        # weakly: the model holds its executor, and a cycle back would keep both (and the device memory of
+        # their parameters) alive until the garbage collector next runs
+        self.root = weakref.ref(root) if root is not None else None
         self.caches: list[tuple[Any, bool]] = []  # the configs whose use_cache the schedule turned off
         # (stage, option) -> the ops F_all(stage)[option] keeps, by name and occurrence (see selective.py)
         self.policies = {(int(s), int(o)): tuple((str(n), int(c)) for n, c in kept)
@@ -66,6 +68,15 @@ class ScheduleExecutor:
         self.last_output: weakref.ref[torch.Tensor] | None = None  # what the folded modules pass through
         self.dummy = torch.empty(0, requires_grad=True)  # makes outputs require grad when inputs do not
         self.weights = _streamer(self.modules, streamed, self.program, self.pool, self.copiers)
+        self.optimizers: list[tuple[torch.optim.Optimizer, Any]] = []  # (optimizer, its step pre-hook's handle)
+
+    def follow(self, optimizer: torch.optim.Optimizer) -> None:
+        """Keeps ``optimizer``'s state where the streamed parameters are, before each of its steps (a no-op
+        without streamed weights); :meth:`remove` brings the state back to the device with the parameters."""
+        if self.weights is None or any(known is optimizer for known, _ in self.optimizers):
+            return
+        handle = optimizer.register_step_pre_hook(_state_follows)
+        self.optimizers.append((optimizer, handle))
 
     def install(self) -> None:
         """Puts the wrappers in place (each module's own ``forward`` is kept and restored by :meth:`remove`)."""
@@ -74,17 +85,22 @@ class ScheduleExecutor:
                 raise ValueError("a module of this chain already follows a schedule; call remove_schedule first")
             forwards = [m.forward for m in group]
             self.stages.append(StageRunner(group, forwards))
-            group[0].forward = _StageForward(self, index + 1, forwards[0])
+            group[0].forward = _StageForward(self, index + 1, forwards[0], group[0])
             for module, forward in zip(group[1:], forwards[1:]):
-                module.forward = _FoldedForward(self, forward)
-        if self.root is not None:
-            self.caches = training_without_cache(self.root)
+                module.forward = _FoldedForward(self, forward, module)
+        root = self.root() if self.root is not None else None
+        if root is not None:
+            self.caches = training_without_cache(root)
 
     def remove(self) -> None:
         """Gives every module its own ``forward`` back (and streamed parameters their device)."""
         if self.weights is not None:
             self.weights.finish()
             self.weights.restore()
+        for optimizer, handle in self.optimizers:
+            handle.remove()
+            state_follows_parameters(optimizer)
+        self.optimizers = []
         for group in self.modules:
             for module in group:
                 if isinstance(module.__dict__.get("forward"), (_StageForward, _FoldedForward)):
@@ -133,6 +149,11 @@ def training_without_cache(model: nn.Module) -> list[tuple[Any, bool]]:
     return [(config, True) for config in seen.values()]
 
 
+def _state_follows(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    """An optimizer step pre-hook (which must return ``None``): the state goes where its parameters are."""
+    state_follows_parameters(optimizer)
+
+
 def _streamer(groups: Sequence[Sequence[nn.Module]], streamed: Sequence[int], program: Program, pool: HostPool,
               copiers: dict[torch.device, Copier]) -> WeightStreamer | None:
     """The weight streamer of ``streamed`` stages, each with the parameters no other stage uses."""
@@ -168,22 +189,50 @@ def _eager(method: Any) -> Any:
     return method if disable is None else disable(method)
 
 
-class _StageForward:
-    """The wrapper ``forward`` of a stage's first module."""
+class _Original:
+    """A module's own ``forward``, kept by a wrapper that lives in the module's ``__dict__``.
 
-    def __init__(self, executor: ScheduleExecutor, stage: int, original: Any) -> None:
-        self.executor, self.stage, self.original = executor, stage, original
+    A bound method would hold the module, and the module holds the wrapper: a reference cycle, which keeps a
+    dropped model's parameters (device memory) alive until the garbage collector happens to run. A bound method
+    of a module is kept as its function and a weak reference to the module instead.
+    """
+
+    __slots__ = ("function", "owner", "method")
+
+    def __init__(self, method: Any, module: nn.Module) -> None:
+        owner, function = getattr(method, "__self__", None), getattr(method, "__func__", None)
+        self.function: Any = None
+        self.owner: weakref.ref[nn.Module] | None = None
+        self.method: Any = method  # something else the module's forward was replaced with: kept as it is
+        if owner is module and function is not None:
+            self.function, self.owner, self.method = function, weakref.ref(module), None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.method is not None:
+            return self.method(*args, **kwargs)
+        assert self.owner is not None
+        return self.function(self.owner(), *args, **kwargs)
+
+
+class _StageForward:
+    """The wrapper ``forward`` of a stage's first module (it holds the executor weakly: the model holds it)."""
+
+    def __init__(self, executor: ScheduleExecutor, stage: int, original: Any, module: nn.Module) -> None:
+        self._executor, self.stage, self.original = weakref.ref(executor), stage, _Original(original, module)
 
     @_eager
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        executor = self.executor
+        executor = self._executor()
+        if executor is None:  # the model that held the schedule is gone: the module runs as its own
+            return self.original(*args, **kwargs)
         run = executor.current
         previous = None
         if self.stage > 1 and run is not None and run.next_stage == self.stage:
             previous = run._output(self.stage - 1)
         x, where = find_activation(args, kwargs, previous)
         if not executor.active(x):
-            return self._plain(args, kwargs)
+            executor.last_output = None
+            return self.original(*args, **kwargs)
         if self.stage == 1:
             run = executor.current = _Run(executor, x)
         elif run is None or run.next_stage != self.stage:
@@ -211,20 +260,17 @@ class _StageForward:
             executor.current = None
         return y if raw is None else replace_outputs(raw, y, secondary)
 
-    def _plain(self, args: tuple, kwargs: dict[str, Any]) -> Any:
-        self.executor.last_output = None
-        return self.original(*args, **kwargs)
-
 
 class _FoldedForward:
     """The wrapper ``forward`` of a module folded into a stage: the stage's wrapper already ran it."""
 
-    def __init__(self, executor: ScheduleExecutor, original: Any) -> None:
-        self.executor, self.original = executor, original
+    def __init__(self, executor: ScheduleExecutor, original: Any, module: nn.Module) -> None:
+        self._executor, self.original = weakref.ref(executor), _Original(original, module)
 
     @_eager
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        last = self.executor.last_output() if self.executor.last_output is not None else None
+        executor = self._executor()
+        last = executor.last_output() if executor is not None and executor.last_output is not None else None
         # FSDP2's pre-forward hook hands the module an alias of it (through its post-backward function)
         if last is not None and args and (args[0] is last or _alias(args[0], last)):
             return last

@@ -51,6 +51,29 @@ def next_runs(sequence: Sequence[int], streamed: Any) -> list[int | None]:
     return out
 
 
+def state_follows_parameters(optimizer: torch.optim.Optimizer) -> int:
+    """Moves each of ``optimizer``'s state tensors to the device its parameter is on now.
+
+    Streamed parameters live in host memory between steps, so their optimizer step runs there. State the
+    optimizer made while they were on the device (it stepped before the schedule was applied, or after it
+    was removed) must follow them, or the optimizer's multi-tensor kernels refuse the mixed devices.
+    Scalars on the CPU (Adam's step counter) stay: optimizers take them there for any parameter.
+
+    Returns:
+        How many state tensors moved.
+    """
+    moved = 0
+    for param, state in optimizer.state.items():
+        for key, value in state.items():
+            if not isinstance(value, torch.Tensor) or value.device == param.device:
+                continue
+            if value.dim() == 0 and value.device.type == "cpu":
+                continue
+            state[key] = value.to(param.device)
+            moved += 1
+    return moved
+
+
 class _WeightRef:
     """What autograd keeps of a saved tensor over a streamed parameter: which one, and which view."""
 

@@ -167,11 +167,12 @@ def _data(schedule: Schedule, groups: list[list[str]] | None, ops: list, kept: d
 
 
 _APPLY = '''
-def apply_schedule(model, container="", min_offload_bytes=MIN_OFFLOAD_BYTES):
+def apply_schedule(model, container="", min_offload_bytes=MIN_OFFLOAD_BYTES, optimizer=None):
     """Makes ``model`` train with the schedule, in place; returns ``model``.
 
     ``container`` is only used when STAGES is None: the nn.Sequential whose children are the stages.
     ``min_offload_bytes``: saved storages smaller than this stay on the device (OFFLOAD operations only).
+    ``optimizer``: with streamed weights, the optimizer whose state follows them to host memory.
     """
     previous = model.__dict__.pop("_memprof_schedule", None)
     if previous is not None:
@@ -195,6 +196,8 @@ def apply_schedule(model, container="", min_offload_bytes=MIN_OFFLOAD_BYTES):
     if LOSS_CHUNKS[0]:
         install_chunked_head(model, chunks=LOSS_CHUNKS[0], eager=LOSS_CHUNKS[1])
     install_embedding_grads(model)
+    if optimizer is not None:
+        executor.follow(optimizer)
     object.__setattr__(model, "_memprof_schedule", (executor, SCHEDULE))
     return model
 '''

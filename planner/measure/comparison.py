@@ -155,7 +155,7 @@ def compare(schedule: Schedule, trace: Trace, prediction: Prediction | None = No
 
         simulated = simulate(schedule.chain, schedule)
         chain_peak, makespan = int(simulated.peak_bytes), float(simulated.makespan_ms)
-    step = schedule.chain.step
+    step = schedule.step  # with streamed weights, their resident state is in host memory
     return Comparison(
         predicted_chain_peak_bytes=chain_peak,
         predicted_makespan_ms=makespan,

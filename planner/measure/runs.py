@@ -42,8 +42,8 @@ def measure_schedule(model: nn.Module, make_batch: Callable[[int], Any], schedul
     """
     from planner.executor import apply_schedule
 
-    apply_schedule(model, schedule, container)
     optimizer = optimizer or torch.optim.SGD(model.parameters(), lr=1e-3)
+    apply_schedule(model, schedule, container, optimizer=optimizer)
     meta = {"schedule": schedule.to_dict(), "source_run": source_run, "container": container}
     # Inline processing: in a run of a few timed steps the background worker's start-up (about 0.4 s of
     # CPU) would run beside them and, on a machine without an idle core, slow exactly what is measured.

@@ -14,6 +14,7 @@ from planner.errors import InvalidScheduleError
 from planner.model.chain import Chain
 from planner.model.jsonio import load_json
 from planner.model.schedule_params import ScheduleParams
+from planner.model.step import StepCosts
 from planner.model.weights import streamed_step
 
 SCHEDULE_FORMAT = "memprof-schedule"
@@ -138,9 +139,15 @@ class Schedule:
         """Whether the schedule offloads anything to host memory (activations or streamed weights)."""
         return bool(self.streamed_weights) or any(op.kind.is_transfer for op in self.ops)
 
+    @property
+    def step(self) -> StepCosts | None:
+        """The step around the chain as this schedule runs it: the streamed stages' resident state in host
+        memory (``None``: the chain has no step costs)."""
+        return streamed_step(self.chain, self.streamed_weights)
+
     def with_prediction(self, peak_bytes: int, makespan_ms: float, host_peak_bytes: int | None = None) -> Schedule:
         """Returns a copy carrying the simulator's prediction (the host peak kept unless given)."""
-        step = streamed_step(self.chain, self.streamed_weights)
+        step = self.step
         step_peak = step.step_peak_bytes(int(peak_bytes)) if step is not None else None
         host = self.predicted_host_peak_bytes if host_peak_bytes is None else int(host_peak_bytes)
         return Schedule(self.algorithm, self.budget_bytes, self.ops, self.chain, int(peak_bytes),

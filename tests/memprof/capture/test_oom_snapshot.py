@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import pickle
 import warnings
 from pathlib import Path
@@ -68,7 +69,8 @@ def test_recording_is_started_dumped_and_stopped(tmp_path, monkeypatch):
     monkeypatch.setattr(module, "_history_enabled", lambda: False)
     recorder = OomSnapshot(torch.device("cuda", 0), max_entries=1234, memory=fake)
     recorder.start()
-    assert fake.calls == [{"enabled": "all", "context": "all", "stacks": "python", "max_entries": 1234}]
+    assert fake.calls == [{"enabled": "all", "context": "all", "stacks": "python", "max_entries": 1234,
+                           "clear_history": True}]
     path = recorder.dump(tmp_path)
     assert path == tmp_path / SNAPSHOT_FILE and recorder.dump(tmp_path) == path  # once
     assert [p.name for p in tmp_path.iterdir()] == [SNAPSHOT_FILE]  # no temporary file left
@@ -109,6 +111,7 @@ def test_the_profiler_dumps_beside_the_post_mortem(tmp_path, monkeypatch):
     assert failure["kind"] == "oom" and failure["snapshot"] == SNAPSHOT_FILE
     assert (profiler.run_dir / SNAPSHOT_FILE).is_file()
     assert fake.calls[0]["enabled"] == "all" and fake.calls[-1] == {"enabled": None}  # stopped at close
+    assert fake.calls[0]["clear_history"] is True  # an earlier recording's entries are not this run's
 
 
 def _cuda_steps_until_oom(tmp_path: Path, snapshot_on_oom: bool = True) -> tuple[MemoryProfiler, int]:
@@ -144,7 +147,11 @@ def test_a_real_cuda_out_of_memory_leaves_a_snapshot_memprof_imports(tmp_path):
 
 @pytest.mark.gpu
 def test_recording_started_before_the_model_sees_its_weights(tmp_path):
-    torch.cuda.memory._record_memory_history(max_entries=100_000, stacks="python")
+    # The earlier test's model and Adam state are still on the device while the out-of-memory error's traceback
+    # (a reference cycle through its frames) waits for the garbage collector; the snapshot would rightly show
+    # them, as live blocks with their stacks. And a fresh recording: PyTorch keeps an earlier one's entries.
+    gc.collect()
+    torch.cuda.memory._record_memory_history(max_entries=100_000, stacks="python", clear_history=True)
     try:
         profiler, weights = _cuda_steps_until_oom(tmp_path)
         assert torch._C._cuda_isHistoryEnabled()  # someone else's recording is left on
@@ -155,3 +162,15 @@ def test_recording_started_before_the_model_sees_its_weights(tmp_path):
     assert int(row.weights) == weights and int(row.optimizer_state) == 2 * weights
     layers = trace.layers[trace.layers.iteration == 1]
     assert (layers.feature_map_bytes > 0).sum() >= 3  # the Linear and ReLU calls keep their outputs
+
+
+def test_a_torch_without_clear_history_still_records(monkeypatch):
+    class OldMemory(FakeMemory):
+        def _record_memory_history(self, enabled="all", context="all", stacks="all", max_entries=1) -> None:
+            self.calls.append({"enabled": enabled, "max_entries": max_entries})
+
+    monkeypatch.setattr(module, "_history_enabled", lambda: False)
+    old = OldMemory()
+    recorder = OomSnapshot(torch.device("cuda", 0), max_entries=7, memory=old)
+    recorder.start()
+    assert old.calls == [{"enabled": "all", "max_entries": 7}] and recorder.started

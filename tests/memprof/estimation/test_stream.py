@@ -164,3 +164,16 @@ def test_estimates_are_deterministic(tmp_path):
         table = load_trace(found.run_dir).layers
         layers.append(table[["module", "forward_ms", "backward_ms", "output_bytes", "saved_bytes"]])
     assert layers[0].equals(layers[1])
+
+
+def test_a_cuda_probe_measures_only_cudas_workspace_kernels():
+    """On CUDA only convolutions are probed (cuDNN's workspace); CPU-only workspaces are none of CUDA's."""
+    import memprof.estimation.workspace as workspace_module
+
+    probe = WorkspaceProbe(device="cuda", measure=lambda call: pytest.fail("no probe expected"))
+    assert set(workspace_module.PROBED_CUDA) == {aten.convolution.default, aten.convolution_backward.default}
+    with FakeTensorMode():
+        x = torch.empty(8, 8)
+        bn = (x.view(8, 8, 1, 1), torch.empty(8), torch.empty(8), None, None, True, 0.1, 1e-5)
+        assert probe.workspace_bytes(aten.native_batch_norm.default, bn, {}) == 0
+        assert probe.workspace_bytes(aten.native_layer_norm_backward.default, (x,) * 5, {}) == 0

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import gc
+import weakref
 
 import pytest
 import torch
@@ -15,6 +17,8 @@ from planner.model.schedule import Op
 from planner.simulation.simulator import simulate
 from tests.planner import models as M
 from tests.planner.executor.helpers import assert_same_step, chain_for, cnn_case, run_step
+from tests.planner.executor.test_offload import blocks, offload_all, wide_chain
+from tests.planner.executor.test_weights import streamed, weighted
 
 
 def test_remove_schedule_gives_the_modules_their_own_forward_back() -> None:
@@ -26,6 +30,27 @@ def test_remove_schedule_gives_the_modules_their_own_forward_back() -> None:
     assert remove_schedule(model) is model  # a no-op the second time
     reference = run_step(M.LoopModel(), torch.ones(2, 6), lambda out: out.sum())
     assert_same_step(reference, run_step(model, torch.ones(2, 6), lambda out: out.sum()))
+
+
+@pytest.mark.parametrize("name", ["revolve", "offload", "streamed"])
+def test_a_dropped_scheduled_model_is_freed_at_once(name: str) -> None:
+    """No reference cycle through the wrappers: its parameters (device memory, on a GPU) go with the model,
+    not whenever the garbage collector next runs; a block kept from it runs as its own module."""
+    chain = weighted(wide_chain([[str(i)] for i in range(4)]))
+    schedule = {"revolve": M.schedule(M.revolve(4), chain), "offload": M.schedule(offload_all(4), chain),
+                "streamed": streamed(offload_all(4), chain, [1, 3])}[name]
+    x = torch.randn(8, 16)
+    gc.disable()
+    try:
+        model = CheckpointedSequential(blocks(), schedule)
+        run_step(model, x, lambda out: out.square().sum())
+        kept = model[1]
+        dropped = weakref.ref(model), weakref.ref(model[0][0].weight)
+        del model
+        assert dropped[0]() is None and dropped[1]() is None
+        assert torch.equal(kept(torch.ones(2, 16)), kept.__class__.forward(kept, torch.ones(2, 16)))
+    finally:
+        gc.enable()
 
 
 def test_schedule_for_another_length_is_refused() -> None:

@@ -176,33 +176,101 @@ def test_on_cuda_streamed_weights_are_bitwise_pinned_and_lower_the_peak() -> Non
     device = torch.device("cuda")
     model, x = blocks(depth=6, width=512).to(device), torch.randn(64, 512, device=device)
     reference = run_step(model, x, lambda out: out.square().sum())
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    out = model(x)  # what a forward keeps for the backward (and its output): the activations of any schedule here
+    activations = torch.cuda.memory_allocated() - before
+    del out
     chain = weighted(wide_chain([[str(i)] for i in range(6)]))
-    peaks = {}
+    grown, left = {}, {}
     for name, stages in (("resident", []), ("streamed", [1, 2, 3, 4, 5, 6])):
         net = copy.deepcopy(model)
         scheduled = CheckpointedSequential(net, streamed(M.store_all(6), chain, stages))
-        got = run_step(scheduled, x, lambda out: out.square().sum())
+        got = run_step(scheduled, x, lambda out: out.square().sum())  # its gradients stay alive: `got` holds them
         for expected, found in zip(reference[1], got[1]):
             assert torch.equal(expected.cpu(), found.cpu())
         if stages:
             assert all(p.device.type == "cpu" and p.is_pinned() for p in net.parameters())
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
         run_step(scheduled, x, lambda out: out.square().sum())
         torch.cuda.synchronize()
-        peaks[name] = torch.cuda.max_memory_allocated()
-    # Against the prediction, in bytes computed by hand: each block holds P bytes of parameters (two Linears
-    # and a LayerNorm), resident on the device throughout. Streamed, the simulator predicts at most
-    # `in_flight` of them on the device at once (parameters and gradients of the stage computing and of the
-    # one copied ahead: 4P); the activations are the same schedule's either way. So streaming saves at least
-    # the six resident blocks less what it keeps in flight, 2P (16.8 MB); "streamed < resident" alone would
-    # pass a streamer that kept five of the six blocks on the device.
+        grown[name] = torch.cuda.max_memory_allocated() - base
+        left[name] = torch.cuda.memory_allocated() - base  # the new gradients, where they are kept
+        del net, scheduled, got
+    # In bytes computed by hand: each block holds P bytes of parameters (two Linears and a LayerNorm). Resident,
+    # the step adds the six blocks' gradients (6P) to the device and keeps them. Streamed, the simulator predicts at
+    # most `in_flight` of parameters and gradients on the device at once (those of the stage computing and of the
+    # one copied ahead: 4P) above the activations, and every gradient ends on the host. A streamer that left
+    # one block's parameters or gradients on the device would exceed the bound by P (8.4 MB).
     p_bytes = (512 * 2048 + 2048 + 2048 * 512 + 512 + 2 * 512) * 4
     assert sum(p.numel() * 4 for p in model.parameters()) == 6 * p_bytes
     exact = chain.with_weights(WeightCosts((p_bytes,) * 6, (p_bytes,) * 6, (0,) * 6))
     in_flight = simulate(exact, streamed(M.store_all(6), exact, [1, 2, 3, 4, 5, 6])).peak_bytes
     assert 2 * p_bytes <= in_flight <= 4 * p_bytes + 2**20
-    assert peaks["resident"] - peaks["streamed"] >= 6 * p_bytes - in_flight, (peaks, in_flight, p_bytes)
+    assert 6 * p_bytes <= left["resident"] <= 6 * p_bytes + 2**20, left
+    assert abs(left["streamed"]) <= 2**20, left  # parameters and gradients back on the host
+    assert 2 * p_bytes <= grown["streamed"] <= in_flight + activations + 2**20, (grown, in_flight, activations)
+    assert grown["streamed"] < grown["resident"]
+
+
+def test_optimizer_state_follows_its_parameters_and_cpu_scalars_stay() -> None:
+    """The only other device here is meta: parameters moved there take their state along, CPU step counters stay."""
+    params = [nn.Parameter(torch.empty(3, device="meta")), nn.Parameter(torch.ones(2))]
+    optimizer = torch.optim.Adam(params)
+    for param in params:  # as Adam's first step leaves it, made while both were on the CPU
+        optimizer.state[param] = {"step": torch.tensor(1.0), "exp_avg": torch.zeros(param.shape),
+                                  "exp_avg_sq": torch.zeros(param.shape)}
+    assert executor_weights.state_follows_parameters(optimizer) == 2  # exp_avg and exp_avg_sq of the first
+    first, second = optimizer.state[params[0]], optimizer.state[params[1]]
+    assert first["exp_avg"].is_meta and first["exp_avg_sq"].is_meta and first["step"].device.type == "cpu"
+    assert all(v.device.type == "cpu" for v in second.values())
+    assert executor_weights.state_follows_parameters(optimizer) == 0
+
+
+def test_apply_schedule_hooks_the_optimizer_only_while_weights_stream() -> None:
+    model = blocks()
+    optimizer = torch.optim.Adam(model.parameters())
+    chain = weighted(wide_chain([[str(i)] for i in range(4)]))
+    apply_schedule(model, streamed(M.store_all(4), chain, [2]), container="", optimizer=optimizer)
+    assert len(optimizer._optimizer_step_pre_hooks) == 1
+    apply_schedule(model, streamed(M.store_all(4), chain, [2]), container="", optimizer=optimizer)
+    assert len(optimizer._optimizer_step_pre_hooks) == 1  # the schedule it replaces took its hook along
+    model(torch.randn(8, 16)).square().sum().backward()
+    optimizer.step()
+    from planner.executor import remove_schedule
+    remove_schedule(model)
+    assert len(optimizer._optimizer_step_pre_hooks) == 0
+    apply_schedule(model, streamed(M.store_all(4), chain, []), container="", optimizer=optimizer)
+    assert len(optimizer._optimizer_step_pre_hooks) == 0  # nothing streams: nothing to follow
+    remove_schedule(model)
+
+
+@pytest.mark.gpu
+def test_on_cuda_an_optimizer_with_state_on_the_device_steps_streamed_weights() -> None:
+    """Adam (foreach) stepped on the device, then a streaming schedule applied with it: the state follows the
+    parameters to the host and back on remove_schedule, and the parameters match plain training's."""
+    from planner.executor import remove_schedule
+
+    device = torch.device("cuda")
+    model, x = blocks(depth=4, width=64).to(device), torch.randn(32, 64, device=device)
+    plain = copy.deepcopy(model)
+    chain = weighted(wide_chain([[str(i)] for i in range(4)]))
+    optimizers = [torch.optim.Adam(m.parameters(), foreach=True) for m in (model, plain)]
+    for step in range(3):
+        for index, (net, opt) in enumerate(zip((model, plain), optimizers)):
+            if index == 0 and step == 1:
+                apply_schedule(net, streamed(M.store_all(4), chain, [1, 3]), container="", optimizer=opt)
+            opt.zero_grad(set_to_none=True)
+            net(x).square().sum().backward()
+            opt.step()
+    streamed_param = next(model[0].parameters())
+    assert streamed_param.device.type == "cpu" and optimizers[0].state[streamed_param]["exp_avg"].device.type == "cpu"
+    remove_schedule(model)
+    assert optimizers[0].state[streamed_param]["exp_avg"].is_cuda and streamed_param.is_cuda
+    for mine, theirs in zip(model.parameters(), plain.parameters()):
+        torch.testing.assert_close(mine, theirs)
 
 
 def test_a_planned_streaming_schedule_of_a_profiled_llama_trains_as_plain_autograd(tmp_path) -> None:
@@ -227,6 +295,11 @@ def test_a_planned_streaming_schedule_of_a_profiled_llama_trains_as_plain_autogr
     assert chain.weights is not None and chain.step is not None
     schedule = solve(chain, min_feasible_budget(chain, "offload", stream_weights=True), "offload", stream_weights=True)
     assert schedule.streamed_weights
+    # a measured run is compared with the step as the schedule runs it: the streamed state off the device
+    from planner.measure.comparison import compare
+    predicted = compare(schedule, load_trace(profiler.run_dir)).predicted_step_peak_bytes
+    assert chain.step is not None and schedule.predicted_peak_bytes is not None
+    assert predicted == schedule.predicted_step_peak_bytes < chain.step.step_peak_bytes(schedule.predicted_peak_bytes)
 
     plain.load_state_dict(case.model.state_dict())
     scheduled = copy.deepcopy(plain)
