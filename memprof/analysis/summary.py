@@ -89,9 +89,10 @@ class _Resolver:
     """Which block a storage is after a given number of events (block indices as the sweep numbers them: the
     carried blocks first, then the iteration's allocations in order)."""
 
-    def __init__(self, ptrs: np.ndarray, made: np.ndarray, carried_ptrs: np.ndarray) -> None:
+    def __init__(self, ptrs: np.ndarray, made: np.ndarray, carried_ptrs: np.ndarray,
+                 order: np.ndarray | None = None) -> None:
         count = len(ptrs)
-        self.order = np.argsort(ptrs, kind="stable")  # by address, then time
+        self.order = np.argsort(ptrs, kind="stable") if order is None else order  # by address, then time
         self.by_address = ptrs[self.order]
         first = np.ones(count, dtype=bool)
         first[1:] = self.by_address[1:] != self.by_address[:-1]
@@ -184,17 +185,19 @@ def summary_sweep(events: AllocationEvents, marks: Sequence[Any], observations: 
 
 
 def summarise(events: AllocationEvents, facts: MarksFacts, seen: Sightings, carried: Sequence[LiveBlock],
-              next_block_id: int, known_modules: Any, paired: np.ndarray | None = None) -> Summary | None:
+              next_block_id: int, known_modules: Any, paired: np.ndarray | None = None,
+              order: np.ndarray | None = None) -> Summary | None:
     """:func:`summary_sweep` from time-ordered events, the marks' facts and the sightings (a steady iteration's come
     from its template: :func:`memprof.analysis.template_summary.template_summary`); ``paired``: the events'
-    :func:`memprof.analysis.template.pairing`, where the caller has it."""
+    :func:`memprof.analysis.template.pairing`, and ``order`` the events by address then time (the sort it was made
+    with), where the caller has them."""
     if not facts.forward_modules <= known_modules.keys():
         return None
     ptrs, sizes = np.asarray(events.ptr, dtype=np.int64), np.asarray(events.size_bytes, dtype=np.int64)
     made = sizes > 0
     n_carried = len(carried)
     carried_table = block_table(carried)  # (columns: id, address, bytes, category)
-    resolver = _Resolver(ptrs, made, carried_table[:, 1])
+    resolver = _Resolver(ptrs, made, carried_table[:, 1], order)
     paired = pairing(ptrs, sizes, resolver.order) if paired is None else paired
     if _lost_frees(resolver, made) or bool((carried_table[:, 3] < 0).any()):
         return None

@@ -189,15 +189,17 @@ class Placement(NamedTuple):
     ptrs: np.ndarray
 
 
-def placement(template: MarkTemplate, record: IterationRecord, events: AllocationEvents) -> Placement | None:
+def placement(template: MarkTemplate, record: IterationRecord, events: AllocationEvents,
+              order: np.ndarray | None = None) -> Placement | None:
     """Places the template's marks among ``events`` (the record's, in time order), or ``None`` where the iteration
     does not repeat the template: other sizes, another pairing of frees with allocations, other own marks, own marks
-    elsewhere among the events, no moment left between the events around a mark, or missing model inputs."""
+    elsewhere among the events, no moment left between the events around a mark, or missing model inputs.
+    ``order``: the events by address, then time (:func:`pairing`'s), where the caller has sorted them already."""
     count = len(events)
     if count != len(template.sizes) and not (record.failed and count < len(template.sizes)):
         return None
     if not (np.array_equal(events.size_bytes, template.sizes[:count])
-            and np.array_equal(pairing(events.ptr, events.size_bytes), template.pairing[:count])):
+            and np.array_equal(pairing(events.ptr, events.size_bytes, order), template.pairing[:count])):
         return None
     kinds, modules, bounds, widths = (template.marks[:, c] for c in range(4))
     placed = int(np.searchsorted(bounds > count, True)) if len(bounds) and bounds[-1] > count else len(bounds)

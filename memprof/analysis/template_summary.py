@@ -37,7 +37,10 @@ def template_summary(record: IterationRecord, carried: Sequence[LiveBlock], next
     if template is None or record.failed or any(m[1] == Mark.BUCKETS_REBUILT for m in record.marks):
         return None
     events = in_time_order(record.events)
-    found = placement(template, record, events)
+    # one sort of the addresses for both the pairing placement checks and the summary's resolver (the events the
+    # summary reads are these unless old storages died among them)
+    order = None if record.frees else np.argsort(np.asarray(events.ptr, dtype=np.int64), kind="stable")
+    found = placement(template, record, events, order)
     if found is None:
         return None
     kinds, modules, widths = template.marks[:, 0], template.marks[:, 1], template.marks[:, 3]
@@ -63,4 +66,4 @@ def template_summary(record: IterationRecord, carried: Sequence[LiveBlock], next
         inputs=np.concatenate([own.inputs, np.zeros(len(seen) + len(observed), dtype=bool)]))
     # (the events' pairing is the template's, where no old storage's free is among them: placement checked it)
     return summarise(events, facts, sightings, carried, next_block_id, known_modules,
-                     None if record.frees else template.pairing)
+                     None if record.frees else template.pairing, order)
