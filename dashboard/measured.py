@@ -113,13 +113,13 @@ class MeasuredRun:
     @property
     def base_bytes(self) -> int | None:
         """What the step holds beside the chain, added to the simulator's timeline when drawn (``None``: chain-only)."""
-        step = self.schedule.chain.step
+        step = self.schedule.step  # with streamed weights, their resident state is in host memory
         return step.base_bytes if step is not None else None
 
     @property
     def floor_bytes(self) -> int | None:
         """The step's peak outside the chain, which no schedule lowers; ``None`` for a chain-only schedule."""
-        step = self.schedule.chain.step
+        step = self.schedule.step
         return step.floor_bytes if step is not None else None
 
 

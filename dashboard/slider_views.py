@@ -108,7 +108,7 @@ def schedule_view(model: PlannerModel, schedule: planner.Schedule,
     prediction = planner.simulate(model.chain, schedule)
     frame = with_option_columns(prediction_frame(prediction), prediction, model.chain)
     chain_peak, makespan = int(prediction.peak_bytes), float(prediction.makespan_ms)
-    step = model.step
+    step = schedule.step if schedule.streamed_weights else model.step  # streamed state is in host memory
     if step is None:
         peak = chain_peak
         peak_text = f"predicted peak {format_bytes(peak)}"

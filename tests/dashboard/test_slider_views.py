@@ -112,3 +112,24 @@ def test_views_name_the_planner_inputs_the_live_planner_draws(store):
     # the page draws the views only while they are of the model the Planner shows (a live run's changes)
     views = cs.planner_views(store, ["mlp"], cp.AUTO)
     assert views is not None and views["inputs"] == drawn_inputs(store, ["mlp"], cp.AUTO)["inputs"]
+
+
+def test_a_streaming_schedule_shows_the_step_it_runs(store):
+    """A schedule that streams weights keeps their state in host memory: its view's step peak is that step's, the
+    schedule's own prediction, not the chain's step with every weight on the device."""
+    from dashboard.slider_views import schedule_view
+    from memprof.units import format_bytes
+    from planner.solvers.dispatch import min_feasible_budget
+
+    model = planner_model(store, "mlp", None)
+    assert model.chain.weights is not None and model.step is not None
+    budget = min_feasible_budget(model.chain, "offload", stream_weights=True)
+    schedule = planner.solve(model.chain, budget, "offload", stream_weights=True)
+    assert schedule.streamed_weights and schedule.predicted_step_peak_bytes is not None
+    view = schedule_view(model, schedule)
+    shown = view.peak_text
+    assert view.peak_bytes == schedule.predicted_step_peak_bytes
+    assert f"predicted step peak {format_bytes(schedule.predicted_step_peak_bytes)}" in shown
+    resident = model.step.step_peak_bytes(int(schedule.predicted_peak_bytes or 0))
+    assert resident > schedule.predicted_step_peak_bytes
+    assert f"predicted step peak {format_bytes(resident)}" not in shown
