@@ -69,6 +69,7 @@ class ScheduleExecutor:
         self.dummy = torch.empty(0, requires_grad=True)  # makes outputs require grad when inputs do not
         self.weights = _streamer(self.modules, streamed, self.program, self.pool, self.copiers)
         self.optimizers: list[tuple[torch.optim.Optimizer, Any]] = []  # (optimizer, its step pre-hook's handle)
+        self.own_forwards: dict[int, Any] = {}  # id(module) -> the forward set on the instance before install
 
     def follow(self, optimizer: torch.optim.Optimizer) -> None:
         """Keeps ``optimizer``'s state where the streamed parameters are, before each of its steps (a no-op
@@ -84,6 +85,8 @@ class ScheduleExecutor:
             if any(isinstance(m.__dict__.get("forward"), _StageForward) for m in group):
                 raise ValueError("a module of this chain already follows a schedule; call remove_schedule first")
             forwards = [m.forward for m in group]
+            # a forward set on the instance (accelerate's wrapper, a patch) is put back on removal, not deleted
+            self.own_forwards.update((id(m), m.__dict__["forward"]) for m in group if "forward" in m.__dict__)
             self.stages.append(StageRunner(group, forwards))
             group[0].forward = _StageForward(self, index + 1, forwards[0], group[0])
             for module, forward in zip(group[1:], forwards[1:]):
@@ -105,6 +108,9 @@ class ScheduleExecutor:
             for module in group:
                 if isinstance(module.__dict__.get("forward"), (_StageForward, _FoldedForward)):
                     del module.forward
+                    if id(module) in self.own_forwards:
+                        module.forward = self.own_forwards[id(module)]
+        self.own_forwards = {}
         self.stages.clear()
         for config, value in self.caches:
             config.use_cache = value

@@ -53,6 +53,25 @@ def test_a_dropped_scheduled_model_is_freed_at_once(name: str) -> None:
         gc.enable()
 
 
+def test_a_forward_set_on_the_instance_comes_back_on_removal() -> None:
+    """accelerate (and users' patches) put a ``forward`` on the module instance: removing the schedule gives that
+    one back, not the class's."""
+    import types
+
+    model = M.LoopModel()
+    block = model.blocks[1]
+    patched = types.MethodType(lambda self, *args, **kwargs: type(self).forward(self, *args, **kwargs), block)
+    block.forward = patched
+    schedule = M.schedule(M.revolve(4), M.chain(4, [[f"blocks.{i}"] for i in range(4)]))
+    apply_schedule(model, schedule)
+    assert block.__dict__["forward"] is not patched
+    reference = run_step(M.LoopModel(), torch.ones(2, 6), lambda out: out.sum())
+    assert_same_step(reference, run_step(model, torch.ones(2, 6), lambda out: out.sum()))
+    remove_schedule(model)
+    assert block.__dict__["forward"] is patched
+    assert "forward" not in model.blocks[0].__dict__
+
+
 def test_schedule_for_another_length_is_refused() -> None:
     with pytest.raises(ScheduleMismatchError, match=r"3 stages but the model has 4 children"):
         CheckpointedSequential(M.mlp(depth=2), M.schedule(M.store_all(3), M.chain(3)))
