@@ -224,11 +224,10 @@ def check_estimate(ctx: Context) -> Iterator[CheckResult]:
     # optimizer state nor batch is not the step's (cuBLAS's workspace): the estimate runs no kernel and does
     # not model it (docs/estimate.md).
     state = [t for s in optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    grads = (p.grad for p in model.parameters() if p.grad is not None)  # (not kept: zero_grad must free them)
     known = {t.untyped_storage().data_ptr(): round_size(t.untyped_storage().nbytes())
-             for t in [*model.parameters(), *grads, *model.buffers(), *state, *batch] if t.is_cuda}
+             for t in [*model.parameters(), *grads, *model.buffers(), *state, *batch]}
     unknown = torch.cuda.memory_allocated(device) - before - sum(known.values())
-    del grads  # the next step's zero_grad must free them, as in training
     torch.cuda.reset_peak_memory_stats(device)
     train_step(model, optimizer, batch)
     sync(device)

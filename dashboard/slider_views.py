@@ -28,6 +28,7 @@ from dashboard.figures_schedule import planner_data, planner_layout
 from dashboard.measured import MeasuredRun, same_schedule
 from dashboard.planning import SLIDER_STEPS, PlannerModel, prediction_frame, with_option_columns
 from memprof.units import format_bytes
+from planner.model.weights import streamed_step
 
 #: The most operations the views of one chain hold, all schedules together (about 0.22 KiB of JSON each): a
 #: 50-stage chain's views hold 12,400 (2.8 MiB), a 100-stage chain's 26,200 (5.5 MiB); a 200-stage chain's would
@@ -108,7 +109,7 @@ def schedule_view(model: PlannerModel, schedule: planner.Schedule,
     prediction = planner.simulate(model.chain, schedule)
     frame = with_option_columns(prediction_frame(prediction), prediction, model.chain)
     chain_peak, makespan = int(prediction.peak_bytes), float(prediction.makespan_ms)
-    step = schedule.step if schedule.streamed_weights else model.step  # streamed state is in host memory
+    step = streamed_step(model.chain, schedule.streamed_weights)  # streamed weights' state is in host memory
     if step is None:
         peak = chain_peak
         peak_text = f"predicted peak {format_bytes(peak)}"
