@@ -16,15 +16,15 @@ tokens, AdamW. The checks, in this order (each one's targets are :data:`benchmar
    memprof wrote.
 3. ``link``: pinned copy bandwidths each way (``planner.measure_transfer_bandwidth``): the offload schedules'
    link.
-4. ``planner``: a profiled run (4 steps, ops recorded in one) gives the chain ``transformer.h``; every algorithm of
+4. ``planner``: a profiled run (14 steps, ops recorded in one; the last ones steady, whose phase times scale the
+   layers' times: ``planner.discovery.time_scale``) gives the chain ``transformer.h``; every algorithm of
    ``planner.solvers.dispatch.ALGORITHMS`` is solved halfway between rotor's minimum and store-all's peak (store-all at its
    own peak, an algorithm infeasible there at its own minimum; offload, and offload with weight streaming, at
    their minimum, where they must move something; one with no schedule at any budget is ``skipped``); each is
    applied and measured (``planner.measure.runs.measure_schedule``, 3 steps, the first excluded): its whole-step peak
-   against the prediction; then, still applied and with no profiler, the wall time of forward + backward
-   synchronised with the device (median of 3 steps) against the predicted makespan. On CUDA the profiled run's
-   own step time (``Comparison.measured_step_ms``, host clock between hook events) does not wait for the
-   kernels; it is in the note.
+   against the prediction; then (``measure_schedule`` too), still applied and with no profiler, the wall time of
+   forward + backward synchronised with the device (median of 3 steps) against the predicted makespan; the note
+   says how the chain scaled the layers' recorded times.
 5. ``snapshot``: three steps of a small-batch GPT-2 under ``MemoryProfiler(snapshot_on_oom=True)``, then a
    1 PiB allocation: the snapshot it writes is imported and opened through the dashboard's data layer
    (``dashboard.data.TraceStore``), its step peaks against the profiler's own.
@@ -101,6 +101,9 @@ SIZES = {
     # a smoke run on a CPU: seconds
     "tiny": Size("tiny", 2, 64, 4, 512, 64, 32, 4),
 }
+#: Steps of the run the chain is built from: the detail policy's first 10 keep their hooks, the steady ones after
+#: them time the step without them.
+CHAIN_STEPS = 14
 SNAPSHOT_BATCH, SNAPSHOT_SEQ = 2, 128  # the snapshot records every allocation's stack: a small step keeps it small
 
 
@@ -483,26 +486,17 @@ def schedule_note(schedule: Any) -> str:
     return "; ".join(parts)
 
 
-def compute_seconds(model: nn.Module, optimizer: torch.optim.Optimizer, make_batch: Callable[[int], tuple],
-                    batch_size: int, device: torch.device, steps: int = 3) -> float:
-    """Median wall time of forward + backward (the optimizer step untimed, as the makespan leaves it out),
-    synchronised with the device, over ``steps`` steps after one untimed; no profiler attached."""
-    times = []
-    for index in range(steps + 1):
-        batch = make_batch(batch_size)
-        optimizer.zero_grad(set_to_none=True)
-        sync(device)
-        started = time.perf_counter()
-        lm_loss(model, batch).backward()
-        sync(device)
-        if index:
-            times.append(time.perf_counter() - started)
-        optimizer.step()
-    return statistics.median(times)
+def time_scale_note(schedule: Any) -> str:
+    """How the schedule's chain scaled the layers' recorded times (``planner.discovery.time_scale``)."""
+    from planner.discovery.time_scale import TimeScale
+
+    chain = getattr(schedule, "chain", None)
+    return TimeScale.from_json(chain.source.get("time_scale") if chain is not None else None).describe()
 
 
-def plan_results(algorithm: str, schedule: Any, comparison: Any, seconds: float) -> list[CheckResult]:
-    """The peak row and the time row of one measured schedule (``seconds``: its :func:`compute_seconds`)."""
+def plan_results(algorithm: str, schedule: Any, comparison: Any) -> list[CheckResult]:
+    """The peak row and the time row of one measured schedule (``comparison`` from ``measure_schedule``: its
+    step time timed without the profiler)."""
     predicted, measured = comparison.predicted_peak_bytes, comparison.measured_peak_bytes
     note = schedule_note(schedule)
     peak = CheckResult(f"plan.{algorithm}.peak", f"{algorithm}: measured whole-step peak vs predicted",
@@ -510,14 +504,13 @@ def plan_results(algorithm: str, schedule: Any, comparison: Any, seconds: float)
                        "within 5% + 1 MiB", judged(within(measured, predicted, rel=PLAN_PEAK_REL,
                                                           abs_bytes=PLAN_PEAK_ABS)), note)
     overlap = algorithm in ("offload", STREAM)
-    ms, makespan = seconds * 1e3, comparison.predicted_makespan_ms
+    ms, makespan = comparison.measured_step_ms, comparison.predicted_makespan_ms
     time_row = CheckResult(f"plan.{algorithm}.time", f"{algorithm}: measured step time vs predicted makespan",
                            f"{ms:.1f} ms", f"{makespan:.1f} ms", percent((ms - makespan) / makespan),
                            "within 10%" if overlap else "reported",
                            judged(within(ms, makespan, rel=OVERLAP_TIME_REL)) if overlap else INFO,
                            "forward + backward, synchronised wall clock, median of 3 steps without the profiler; "
-                           f"the profiled run's own clock (first forward event to the end of backward): "
-                           f"{comparison.measured_step_ms:.1f} ms ({percent(comparison.time_error)})")
+                           f"{time_scale_note(schedule)}")
     return [peak, time_row]
 
 
@@ -537,7 +530,9 @@ def check_planner(ctx: Context) -> Iterator[CheckResult]:
     out = ctx.scratch / "planner"
     with MemoryProfiler(model, optimizer, out_dir=out, run_id="profiled", print_period=0, background=False,
                         ops=True) as profiler:
-        for _ in range(4):  # the chain is costed from iterations 2-3: 0 warms up, 1 records the ops (slower)
+        # the chain is costed from iterations 2-9 (0 warms up, 1 records the ops), their times scaled to those of
+        # the steady iterations after them (planner.discovery.time_scale)
+        for _ in range(CHAIN_STEPS):
             train_step(model, optimizer, make_batch(size.batch))
             profiler.record_stats()
     trace = load_trace(profiler.run_dir)
@@ -565,7 +560,6 @@ def check_planner(ctx: Context) -> Iterator[CheckResult]:
             _, comparison = measure_schedule(model, make_batch, schedule, out, steps=3, batch_size=size.batch,
                                              run_id=f"measured-{algorithm}", source_run=trace.run_id, loss=lm_loss,
                                              optimizer=optimizer)
-            seconds = compute_seconds(model, optimizer, make_batch, size.batch, device)  # still installed
         except Exception as exc:  # noqa: BLE001 -- one algorithm's failure is its row; the others still run
             traceback.print_exc()
             yield CheckResult(f"plan.{algorithm}.peak", what, target="within 5% + 1 MiB", status=ERROR,
@@ -574,7 +568,7 @@ def check_planner(ctx: Context) -> Iterator[CheckResult]:
         finally:
             remove_schedule(model)
             release(device)
-        yield from plan_results(algorithm, schedule, comparison, seconds)
+        yield from plan_results(algorithm, schedule, comparison)
 
 
 # --------------------------------------------------------------------------- 5. the snapshot

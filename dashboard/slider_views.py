@@ -14,7 +14,7 @@ past that is answered by the server as before (:func:`dashboard.callbacks_planne
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +28,7 @@ from dashboard.figures_schedule import planner_data, planner_layout
 from dashboard.measured import MeasuredRun, same_schedule
 from dashboard.planning import SLIDER_STEPS, PlannerModel, prediction_frame, with_option_columns
 from memprof.units import format_bytes
+from planner.discovery.time_scale import TimeScale
 from planner.model.weights import streamed_step
 
 #: The most operations the views of one chain hold, all schedules together (about 0.22 KiB of JSON each): a
@@ -116,7 +117,8 @@ def schedule_view(model: PlannerModel, schedule: planner.Schedule,
     else:
         peak = step.step_peak_bytes(chain_peak)
         peak_text = f"predicted step peak {format_bytes(peak)} (the chain's own {format_bytes(chain_peak)})"
-    makespan_text = f"predicted makespan {makespan:.3f} ms" + _against_store_all(model, makespan)
+    makespan_text = (f"predicted makespan {makespan:.3f} ms" + _against_store_all(model, makespan)
+                     + time_basis_text(model.chain.source.get("time_scale")))
     if measured:
         compared = [c.comparison for c in measured]
         peak_text += "; measured " + ", ".join(f"{format_bytes(c.measured_peak_bytes)} ({c.peak_error:+.1%})"
@@ -139,6 +141,12 @@ def _against_store_all(model: PlannerModel, makespan: float) -> str:
         return ""
     base = float(store_all["makespan_ms"].iloc[0])
     return f" ({makespan / base - 1:+.1%} over store-all's {base:.3f} ms)"
+
+
+def time_basis_text(scale: Mapping[str, Any] | None) -> str:
+    """What the layer times the makespan adds up were scaled by (``planner.discovery.time_scale``), or ``""``."""
+    found = TimeScale.from_json(scale)
+    return "" if found.basis == "none" else "; " + found.describe()
 
 
 def pareto_at(model: PlannerModel, view: ScheduleView, budget_bytes: int) -> Figure:

@@ -104,6 +104,9 @@ class HookRecorder:
         # own pre-hook, and that allocation belongs to the module's forward (memprof/capture/distributed.py).
         self.first_pre_hooks: set[int] = set()
         self._casts = AutocastCasts()
+        # Called at each of the root's forward marks and at the backward's end, as they are made (the device's
+        # clock there: memprof/capture/phase_clock.py).
+        self.stamp: Callable[[], None] = _nothing
 
     # ----------------------------------------------------------------- attach / detach
     def attach(self) -> None:
@@ -205,12 +208,14 @@ class HookRecorder:
     def _root_forward_pre(self, module: nn.Module, args: Any, kwargs: dict[str, Any]) -> None:
         self._forward_pre(0, module, (*args, *kwargs.values()) if kwargs else args)
         if self.enabled and not _compiling():
+            self.stamp()
             self._casts.begin()
 
     def _root_forward_post(self, module: nn.Module, args: Any, output: Any) -> None:
         self._forward_post(0, module, args, output)
         if not self.enabled or _compiling():
             return
+        self.stamp()
         # autocast's casts of weights that the forward saved for backward (memprof/capture/weight_copies.py)
         found = self._casts.end(output)
         if found:
@@ -338,6 +343,7 @@ class HookRecorder:
         self._backward_active = False
         if self.enabled:
             self.marks.append((time_ns(), Mark.BWD_END, -1, ()))
+            self.stamp()
             if self.guard is not None:
                 self.guard(-1, Mark.BWD_END)
 
@@ -394,6 +400,10 @@ class HookRecorder:
 _compiling: Callable[[], bool] = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
 
 _grad_enabled = torch.is_grad_enabled
+
+
+def _nothing() -> None:
+    pass
 
 
 def _note_free(sink: list[tuple[int, int]], ptr: int) -> None:

@@ -22,7 +22,8 @@ from torch import nn
 from memprof.analysis.detail import DEFAULT_EVERY, DEFAULT_FIRST, DEFAULT_PEAK_RISE, DetailPolicy
 from memprof.analysis.iteration import IterationProcessor, root_forward_ran
 from memprof.analysis.layers import subtree_bytes
-from memprof.analysis.records import CAT, CarriedState, IterationRecord, LiveBlock, Mark, RunSpec
+from memprof.analysis.phase_times import META_KEY as PHASES_KEY
+from memprof.analysis.records import CAT, CarriedState, IterationRecord, LiveBlock, Mark, MarkRow, RunSpec
 from memprof.capture.dispatch_cost import selective_overhead_us
 from memprof.capture.distributed import DistributedWatch
 from memprof.capture.eager_pass import EagerPass, unwrap_compiled
@@ -32,6 +33,7 @@ from memprof.capture.kv_cache import CacheWatcher
 from memprof.capture.oom_snapshot import OomSnapshot
 from memprof.capture.op_recorder import OpPass
 from memprof.capture.optimizers import unwrap_optimizer
+from memprof.capture.phase_clock import PhaseClock
 from memprof.capture.sinks import BackgroundSink, InlineSink, Outcome
 from memprof.capture.stacks import STACK_MIN_BYTES, StackCapture
 from memprof.capture.steady import DEFAULT_STEADY, SteadyHooks
@@ -48,6 +50,8 @@ from memprof.units import format_bytes
 # Models a live profiler is attached to; a second profiler on the same model is refused.
 _ATTACHED: weakref.WeakSet[nn.Module] = weakref.WeakSet()
 _CUDA_BLOCK_BYTES = 512  # the CUDA caching allocator rounds every block up to this
+#: A live run's ``meta.json`` gets the phase times so far every this many iterations (and all at close).
+PHASE_META_EVERY = 50
 
 
 def _default_run_id(model: nn.Module) -> str:
@@ -246,6 +250,10 @@ class MemoryProfiler:
         self._hooked = [wrapper, *self._modules[1:]] if wrapper is not None else self._modules
         self._recorder = HookRecorder(self._hooked, self._params, self.optimizer)
         self._recorder.watch_inputs = not self._cuda
+        # each iteration's forward and backward time, for the planner (not an estimate's: its clock is virtual)
+        self._phases = PhaseClock(self._cuda) if allocation_stream is None else None
+        if self._phases is not None:
+            self._recorder.stamp = self._phases.stamp
         # DDP's buckets and FSDP2's unsharded parameters (before the baseline, which holds the buckets made so far)
         # (a function of the device, not a bound method: the watch must not hold the profiler in a reference cycle,
         # which would keep the model's tensors alive until a garbage collection)
@@ -418,6 +426,8 @@ class MemoryProfiler:
                                  detail=detail, template=template)
         self._handle(self._sink.submit(record))
         self._steady.after(record)
+        if self._phases is not None:
+            self._time_phases(drained.marks, steady=template is not None)
         if self.iteration == 0 and not root_forward_ran(record) and len(events) and self._failure is None:
             self._warn_root_silent(record)
         forward = Mark.FWD_ENTER  # (looked up once: an Enum member's lookup is a call, and there are ~200 marks)
@@ -429,6 +439,17 @@ class MemoryProfiler:
         self._iteration_start_ns = now_ns()
         if self._stacks is not None:
             self._stacks.begin(self.iteration)
+
+    def _time_phases(self, marks: list[MarkRow], steady: bool) -> None:
+        """Keeps the iteration's phase times; every :data:`PHASE_META_EVERY` iterations into ``meta.json``
+        too, so that a planner reading the live run finds them."""
+        assert self._phases is not None
+        self._phases.end_iteration(self.iteration, marks, steady)
+        self._phases.poll()
+        if self.iteration % PHASE_META_EVERY == PHASE_META_EVERY - 1 and self._phases.resolved:
+            self._meta[PHASES_KEY] = self._phases.to_meta()
+            with contextlib.suppress(OSError):  # close() reports a meta.json it cannot write
+                write_meta(self.run_dir, self._meta, durable=False)
 
     def _steady_allowed(self) -> bool:
         """Whether the submodules' hooks may come off now: not where every module call must be seen."""
@@ -526,6 +547,8 @@ class MemoryProfiler:
             except OSError as exc:
                 self._write_error = self._write_error or str(exc)
             status = "failed" if self._failure else "closed"
+            if self._phases is not None and (phases := self._phases.finish())["iterations"]:
+                self._meta[PHASES_KEY] = phases
             self._meta.update(self._eager.meta())
             self._meta.update(status=status, iterations=self.iteration, epochs=self.epoch,
                               processing=self._sink.mode,

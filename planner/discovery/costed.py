@@ -18,7 +18,8 @@ from memprof.trace import Trace
 #: and a long run's thousand detailed iterations are not all read.
 MEDIAN_ITERATIONS = 32
 #: The keys of ``meta.json`` that building a chain reads.
-META_READ: tuple[str, ...] = ("model", "eager_iterations", "failure", "selective_overhead_us_per_op", "transfer")
+META_READ: tuple[str, ...] = ("model", "eager_iterations", "failure", "selective_overhead_us_per_op", "transfer",
+                               "phase_times")
 
 
 def usable_iterations(trace: Trace) -> list[int]:

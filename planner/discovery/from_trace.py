@@ -4,7 +4,8 @@ The chain is found in the module tree by :mod:`planner.discovery.chain_finder`; 
 default the one whose step can save the most memory (the widest range between its minimum feasible and
 store-all budgets, the loss stage's chunked options counted: :mod:`planner.discovery.chain_ranking`) is kept.
 Costs are medians over the recorded iterations (the first is dropped when there are more, since it includes
-one-off allocations and warm-up), over the latest iterations that kept their detail; the step around the chain
+one-off allocations and warm-up), over the latest iterations that kept their detail, their times scaled to the
+step without the profiler's hooks (:mod:`planner.discovery.time_scale`); the step around the chain
 (:mod:`planner.discovery.step_costs`) comes from the last complete detailed iteration's timeline (from its last
 micro-batch on when it accumulated gradients: :mod:`planner.discovery.accumulation`).
 """
@@ -47,6 +48,7 @@ from planner.discovery.loss_options import (
     with_loss_options,
 )
 from planner.discovery.option_builder import RECOMPUTE_COSTS, ops_of_stage, with_options
+from planner.discovery.time_scale import NO_SCALE, TimeScale, time_scale
 from planner.errors import ChainError, NotAChainError
 from planner.model.chain import Chain, Stage
 from planner.model.transfer import TransferCosts
@@ -94,9 +96,12 @@ def _candidates(trace: Trace, tree: ModuleTree, container: str | None) -> list[C
     return [Candidate(container, runs[0])]
 
 
-def _medians(trace: Trace) -> pd.DataFrame:
+def _medians(trace: Trace, scale: TimeScale) -> pd.DataFrame:
     layers = trace.read("layers", columns=["iteration", "module", *_COST_COLUMNS], iterations=median_iterations(trace))
-    return layers.groupby("module")[_COST_COLUMNS].median()
+    costs = layers.groupby("module")[_COST_COLUMNS].median()
+    costs["forward_ms"] *= scale.forward
+    costs["backward_ms"] *= scale.backward
+    return costs
 
 
 def _timeline(trace: Trace) -> step_costs.Timeline:
@@ -128,7 +133,8 @@ def _stages(candidate: Candidate, costs: pd.DataFrame, fresh_grads: bool, freed:
 
 
 def _build(trace: Trace, tree: ModuleTree, candidate: Candidate, costs: pd.DataFrame, timeline: step_costs.Timeline,
-           auto: bool, fuse: bool = True, weights: Mapping[str, int] | None = None) -> Chain:
+           auto: bool, fuse: bool = True, weights: Mapping[str, int] | None = None,
+           scale: TimeScale = NO_SCALE) -> Chain:
     input_bytes = int(costs.loc[candidate.groups[0][0]].input_bytes)
     outputs = {m: int(costs.loc[m].output_bytes) for m in candidate.modules}
     readers = frozenset(candidate.groups[c - 1][0] for e in carried_edges(tree, candidate.groups) for c in e.consumers)
@@ -152,12 +158,14 @@ def _build(trace: Trace, tree: ModuleTree, candidate: Candidate, costs: pd.DataF
         weights = weights or {}
         stages, loss = with_existing_grads(stages, loss, timeline, candidate.groups, input_bytes,
                                            embedding_weights(tree, weights), largest_after(tree, weights, candidate.groups))
+        # the loss stage is timed on the timeline (the host's clock of a hooked iteration), like the layers
+        loss = replace(loss, forward_ms=loss.forward_ms * scale.forward, backward_ms=loss.backward_ms * scale.backward)
     return Chain(
         name=candidate.parent or trace.meta.get("model", "model"),
         input_bytes=input_bytes,
         stages=(*stages, loss),
         source={"run_id": trace.run_id, "container": candidate.parent, "auto": auto,
-                "modules": [list(g) for g in candidate.groups],
+                "modules": [list(g) for g in candidate.groups], "time_scale": scale.to_json(),
                 **({"articulation_points": list(articulation_points(candidate.groups, carried_edges(
                     tree, candidate.groups)))} if carried else {})},
         step=step,
@@ -227,10 +235,11 @@ def chain_from_trace(trace: Trace, container: str | None = None, checkpoints: Se
     if checkpoints is not None and container is not None:
         raise NotAChainError("give either a container or the checkpoints, not both")
     found = [named_candidate(tree, list(checkpoints))] if checkpoints is not None else _candidates(trace, tree, container)
-    costs, timeline = _medians(trace), _timeline(trace)
+    scale = time_scale(trace, median_iterations(trace))
+    costs, timeline = _medians(trace, scale), _timeline(trace)
     weights = module_weights(trace, usable_iterations(trace)[-1:])
     chains = [_build(trace, tree, candidate, costs, timeline, container is None and checkpoints is None,
-                     fuse=checkpoints is None, weights=weights) for candidate in found]
+                     fuse=checkpoints is None, weights=weights, scale=scale) for candidate in found]
     loss_options = _loss_options(trace, tree, costs, loss_chunks)
     if len(chains) == 1:
         return loss_options(_with_op_options(trace, chains[0], recompute_cost, selective_overhead_us))

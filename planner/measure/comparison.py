@@ -8,15 +8,23 @@ pandas (through the trace reader), not torch.
 from __future__ import annotations
 
 import math
+import statistics
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from memprof.analysis.phase_times import phase_times_from_meta
+from memprof.errors import CorruptTraceError
 from memprof.phases import Phase
 
 if TYPE_CHECKING:
     from memprof.trace import Trace
     from planner.model.schedule import Schedule
     from planner.simulation.simulator import Prediction
+
+
+#: ``meta.json``'s key for the steps a measured run timed without the profiler (milliseconds of each).
+TIMED_KEY = "timed_step_ms"
 
 
 def relative_error(predicted: float, measured: float) -> float:
@@ -42,8 +50,9 @@ class Comparison:
         predicted_chain_peak_bytes: the simulator's peak of the chain alone (activations, gradients,
             overheads).
         predicted_makespan_ms: the simulator's makespan (sum of the operations' times).
-        measured_step_ms: median measured time from the first forward event to the end of backward (the
-            optimizer step excluded, like the makespan).
+        measured_step_ms: median measured time of the forward and the backward (the optimizer step excluded,
+            like the makespan), measured as close to the step without a profiler as the run allows
+            (:func:`compute_ms`; :func:`planner.measure.runs.measure_schedule` times steps without it).
         predicted_step_peak_bytes: the predicted peak of the whole training step; ``None`` for a chain
             without step costs.
         measured_step_peak_bytes: the highest allocated memory of a whole step, as the allocator saw it
@@ -116,12 +125,24 @@ def activation_peak_bytes(trace: Trace, skip_first: bool = True) -> int:
 
 
 def compute_ms(trace: Trace, skip_first: bool = True) -> float:
-    """Median time from the first forward enter to the end of backward, per iteration.
+    """Median time of an iteration's forward and backward.
 
-    An iteration that accumulated gradients is timed from its last micro-batch's forward (the root's last
-    forward enter): one micro-batch's forward and backward, what a schedule's makespan predicts.
-    NaN when no iteration has both (e.g. no ``backward end`` event).
+    From the steps timed without the profiler after a measured run (``meta.json``'s :data:`TIMED_KEY`,
+    written by :func:`planner.measure.runs.measure_schedule`) when there are some; else from the run's steady
+    iterations' phase times (:mod:`memprof.analysis.phase_times`: the
+    submodules' hooks off, on the device's clock), else from the first forward enter to the end of backward
+    of each iteration (the host's clock, hooks on). An iteration that accumulated gradients is timed from its
+    last micro-batch's forward (the root's last forward enter): one micro-batch's forward and backward, what a
+    schedule's makespan predicts. NaN when no iteration has both (e.g. no ``backward end`` event).
     """
+    timed = timed_step_ms(trace.meta)
+    if timed:
+        return float(statistics.median(timed))
+    first = int(trace.iterations.iteration.min()) if skip_first and len(trace.iterations) > 1 else -1
+    steady = [t.forward_ms + t.backward_ms for t in phase_times_from_meta(trace.meta)[1]
+              if t.steady and t.iteration != first]
+    if steady:
+        return float(statistics.median(steady))
     events = trace.read("events", columns=["iteration", "time_ns", "phase", "module", "event"])
     if skip_first and events.iteration.nunique() > 1:
         events = events[events.iteration != events.iteration.min()]
@@ -132,6 +153,20 @@ def compute_ms(trace: Trace, skip_first: bool = True) -> float:
     starts.update(last)
     ends = events[(events.phase == "backward") & (events.event == "end")].groupby("iteration").time_ns.max()
     return float(((ends - starts) / 1e6).median())
+
+
+def timed_step_ms(meta: Mapping[str, Any]) -> list[float]:
+    """The forward-and-backward milliseconds of the steps timed without the profiler after a measured run.
+
+    Raises:
+        CorruptTraceError: ``meta.json``'s :data:`TIMED_KEY` is not a list of times.
+    """
+    raw = meta.get(TIMED_KEY) or []
+    if not isinstance(raw, list) or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < math.inf for v in raw):
+        raise CorruptTraceError(f"meta.json's {TIMED_KEY} must be a list of milliseconds >= 0, found {raw!r}; "
+                                "remove the key to compare with the profiled run's own clock")
+    return [float(v) for v in raw]
 
 
 def compare(schedule: Schedule, trace: Trace, prediction: Prediction | None = None) -> Comparison:

@@ -7,6 +7,7 @@ timeline over the predicted one. :func:`planner.measure.comparison.compare` read
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,8 @@ import torch
 from torch import nn
 
 from memprof import MemoryProfiler, Trace, load_trace
-from planner.measure.comparison import Comparison, compare
+from memprof.trace.format.writer import write_meta
+from planner.measure.comparison import TIMED_KEY, Comparison, compare
 from planner.model.schedule import Schedule
 
 
@@ -23,8 +25,13 @@ def measure_schedule(model: nn.Module, make_batch: Callable[[int], Any], schedul
                      container: str | None = None, steps: int = 4, batch_size: int = 8,
                      run_id: str | None = None, source_run: str | None = None,
                      loss: Callable[[nn.Module, Any], torch.Tensor] | None = None,
-                     optimizer: torch.optim.Optimizer | None = None) -> tuple[Trace, Comparison]:
+                     optimizer: torch.optim.Optimizer | None = None,
+                     timed_steps: int = 3) -> tuple[Trace, Comparison]:
     """Applies ``schedule`` to ``model`` (in place), profiles a few training steps and compares them.
+
+    The peaks are the profiled steps'; the step time is timed without the profiler, over ``timed_steps`` more
+    steps (the profiler's hooks slow the forward down: the predicted makespan is the step's without them,
+    :mod:`planner.discovery.time_scale`).
 
     Args:
         model: the model the chain was found in.
@@ -39,10 +46,17 @@ def measure_schedule(model: nn.Module, make_batch: Callable[[int], Any], schedul
         loss: ``loss(model, batch)`` returns the step's loss (default: cross-entropy of ``model(inputs)``).
         optimizer: the optimizer to step (default: SGD); use the one the chain was profiled with, so the
             measured step holds the same optimizer state as the predicted one.
+        timed_steps: steps timed without the profiler after the profiled ones (their median is the
+            comparison's ``measured_step_ms``; their times go into the run's ``meta.json``, key
+            ``timed_step_ms``); 0: the profiled run's own clock
+            (:func:`planner.measure.comparison.compute_ms`).
     """
     from planner.executor import apply_schedule
 
+    if isinstance(timed_steps, bool) or not isinstance(timed_steps, int) or timed_steps < 0:
+        raise ValueError(f"timed_steps must be a whole number >= 0, found {timed_steps!r}")
     optimizer = optimizer or torch.optim.SGD(model.parameters(), lr=1e-3)
+    step_loss = loss or _cross_entropy
     apply_schedule(model, schedule, container, optimizer=optimizer)
     meta = {"schedule": schedule.to_dict(), "source_run": source_run, "container": container}
     # Inline processing: in a run of a few timed steps the background worker's start-up (about 0.4 s of
@@ -52,11 +66,35 @@ def measure_schedule(model: nn.Module, make_batch: Callable[[int], Any], schedul
         for _ in range(steps):
             batch = make_batch(batch_size)  # one batch alive at a time, as with a data loader
             optimizer.zero_grad(set_to_none=True)
-            (loss or _cross_entropy)(model, batch).backward()
+            step_loss(model, batch).backward()
             optimizer.step()
             prof.record_stats()
+    if timed_steps:
+        # kept in the run's meta.json: the dashboard's comparison of the run on disk is this one
+        timed = [round(_timed_step_ms(model, make_batch(batch_size), step_loss, optimizer), 4)
+                 for _ in range(timed_steps)]
+        write_meta(prof.run_dir, {**load_trace(prof.run_dir).meta, TIMED_KEY: timed})
     trace = load_trace(prof.run_dir)
     return trace, compare(schedule, trace)
+
+
+def _timed_step_ms(model: nn.Module, batch: Any, loss: Callable[[nn.Module, Any], torch.Tensor],
+                   optimizer: torch.optim.Optimizer) -> float:
+    """One training step; the milliseconds of its forward and backward (waiting for the device's kernels),
+    the optimizer's step left out as the makespan leaves it."""
+    optimizer.zero_grad(set_to_none=True)
+    _synchronize()
+    started = time.perf_counter()
+    loss(model, batch).backward()
+    _synchronize()
+    elapsed_ms = (time.perf_counter() - started) * 1e3
+    optimizer.step()
+    return elapsed_ms
+
+
+def _synchronize() -> None:
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
 
 
 def _cross_entropy(model: nn.Module, batch: Any) -> torch.Tensor:

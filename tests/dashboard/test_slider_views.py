@@ -133,3 +133,20 @@ def test_a_streaming_schedule_shows_the_step_it_runs(store):
     resident = model.step.step_peak_bytes(int(schedule.predicted_peak_bytes or 0))
     assert resident > schedule.predicted_step_peak_bytes
     assert f"predicted step peak {format_bytes(resident)}" not in shown
+
+
+def test_the_makespan_says_how_the_layer_times_were_scaled(store):
+    """A chain costed from a run that went steady predicts the step without the profiler's hooks: the view says
+    by how much the recorded layer times were scaled, and says nothing for times as recorded."""
+    from dataclasses import replace
+
+    from dashboard.slider_views import schedule_view, time_basis_text
+    from planner.discovery.time_scale import TimeScale
+
+    model = planner_model(store, "mlp", None)
+    scale = TimeScale(forward=0.5, backward=0.9, basis="steady", clock="host", iterations=3)
+    scaled = model_of_chain(replace(model.chain, source={**model.chain.source, "time_scale": scale.to_json()}))
+    schedule = scaled.front.schedule_at(scaled.max_budget_bytes)
+    text = schedule_view(scaled, schedule).makespan_text
+    assert text.endswith("; layer times scaled to 3 steady iterations (hooks off): forward x0.50, backward x0.90")
+    assert time_basis_text(None) == "" == time_basis_text(TimeScale().to_json())

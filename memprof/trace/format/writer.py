@@ -45,10 +45,10 @@ from memprof.trace.format.compaction import (
 STACKS_TABLES: tuple[str, ...] = (STACKS,)
 
 
-def write_meta(run_dir: Path, meta: Mapping[str, Any]) -> None:
-    """Writes ``meta.json`` atomically."""
-    # fsynced: rewritten at open and close only, so the cost is paid twice per run, not per iteration
-    write_atomically(run_dir / META_FILE, json.dumps(dict(meta), indent=2, sort_keys=True) + "\n", durable=True)
+def write_meta(run_dir: Path, meta: Mapping[str, Any], durable: bool = True) -> None:
+    """Writes ``meta.json`` atomically; fsynced unless ``durable`` is false (a live run's periodic update,
+    which the next one or the close replaces: its cost stays off the training step)."""
+    write_atomically(run_dir / META_FILE, json.dumps(dict(meta), indent=2, sort_keys=True) + "\n", durable=durable)
 
 
 def rows_to_table(table: str, rows: Sequence[Mapping[str, Any]]) -> pa.Table:
