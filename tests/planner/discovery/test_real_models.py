@@ -160,8 +160,8 @@ def test_minimum_budget_saves_what_was_predicted(profiled, tmp_path) -> None:
         probe = ScheduleProbe(model, schedule)
         try:
             _, comparison = measure_schedule(model, real.make_batch, schedule, tmp_path / name, steps=3,
-                                             batch_size=BATCH, loss=real.loss, optimizer=optimizer)
-            probe.assert_ran(steps=3)
+                                             batch_size=BATCH, loss=real.loss, optimizer=optimizer, timed_steps=1)
+            probe.assert_ran(steps=3 + 1)  # the profiled steps and the one timed without the profiler
         finally:
             remove_schedule(model)
             probe.remove()
