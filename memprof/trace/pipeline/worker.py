@@ -37,8 +37,10 @@ from memprof.analysis.iteration import IterationProcessor, ProcessedIteration
 from memprof.trace.format.writer import TraceWriter, write_iterations
 from memprof.trace.pipeline.journal import JOURNAL_DIR, JournalReader, read_spec, read_state, write_state
 
-#: Iterations written together as one Parquet part per table: parts cost mostly per file, not per row.
-FLUSH_ITERATIONS = 16
+#: Iterations written together as one Parquet part per table: parts cost mostly per file, not per row (on the
+#: saved transformer journal, 64 instead of 16 cut the flush's CPU from 0.24 to 0.17 ms a record). A worker idle
+#: for :data:`_IDLE_S` writes what it has, so a run of slow steps is not left unwritten for 64 of them.
+FLUSH_ITERATIONS = 64
 _IDLE_S = 0.5  # with no wake-up for this long, the worker processes what is journaled, else writes what it has
 _WAKE = "wake-ups (select, pipe)"
 
