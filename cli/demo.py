@@ -91,6 +91,12 @@ class Progress:
             print(line, file=sys.stderr, flush=True)
 
 
+#: Profiled iterations per model: the detail policy's first 10 run with every hook, the steady ones after them time
+#: the step without the submodules' hooks, which the chain's stage times are scaled to
+#: (:mod:`planner.discovery.time_scale`).
+PROFILED_ITERATIONS = 14
+
+
 def profile_model(spec: DemoModel, out_dir: Path, tag: str, iterations: int) -> Path:
     """Profiles a few training iterations of one embedded model; returns the run directory."""
     import torch
@@ -278,8 +284,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Adds ``memprof demo`` to the ``memprof`` command."""
     parser = subparsers.add_parser("demo", help="profile embedded models, plan, measure, then serve the dashboard")
     parser.add_argument("--out", default="traces", help="folder for the traces (default: traces/)")
-    parser.add_argument("--iterations", type=whole_number(1), default=4,
-                        help="profiled iterations per model (default 4)")
+    parser.add_argument("--iterations", type=whole_number(1), default=PROFILED_ITERATIONS,
+                        help=f"profiled iterations per model (default {PROFILED_ITERATIONS}: past the detail "
+                             "policy's first 10, the steady ones time the step without the hooks)")
     parser.add_argument("--no-serve", action="store_true", help="stop before serving the dashboard")
     parser.add_argument("--no-measure", action="store_true", help="plan only; do not execute schedules")
     parser.add_argument("--host", default=DEFAULT_HOST, help=f"interface for the dashboard (default {DEFAULT_HOST})")
