@@ -23,6 +23,7 @@ from memprof.analysis.marks_walk import MarksCache
 from memprof.analysis.micro_batches import micro_batches
 from memprof.analysis.records import CarriedState, IterationRecord, LiveBlock, Mark, RunSpec
 from memprof.analysis.summary import summary_sweep
+from memprof.analysis.summary_memo import SummaryMemo
 from memprof.analysis.sweep import sweep
 from memprof.analysis.template import Placed, apply_template
 from memprof.analysis.template_summary import template_summary
@@ -99,6 +100,7 @@ class IterationProcessor:
         self._parents = spec.parents
         self._empty_events = EVENTS_SCHEMA.empty_table()
         self._marks = MarksCache(self._parents)
+        self._summaries = SummaryMemo()  # consecutive steady iterations' attribution, reused where it repeats
         # The last iteration when it kept no detail, with the state before it: should the next one fail,
         # it is analysed again with its detail (the step before an out-of-memory error is the one to see).
         self._previous: tuple[CarriedState, IterationRecord] | None = None
@@ -186,7 +188,7 @@ class IterationProcessor:
             found = summary_sweep(record.events, record.marks, record.observations, record.frees, *args)
             marks, source = len(record.marks), OWN_HOOKS
         else:
-            found = template_summary(record, *args)
+            found = template_summary(record, *args, memo=self._summaries)
             marks, source = len(template.marks), template.iteration
         if found is None or spec.detail.new_peak(int(found.total.max()), state.detailed_peak_bytes):
             return None

@@ -193,27 +193,119 @@ def summarise(events: AllocationEvents, facts: MarksFacts, seen: Sightings, carr
     with), where the caller has them."""
     if not facts.forward_modules <= known_modules.keys():
         return None
+    found = resolve(events, seen, carried, paired, order)
+    if found is None:
+        return None
+    attributed = attribute(facts, seen, found)
+    return None if attributed is None else attributed.summary(found, next_block_id)
+
+
+class Resolved(NamedTuple):
+    """What the addresses of an iteration's events and sightings resolve to (:func:`resolve`).
+
+    Attributes:
+        ptrs, sizes: the events' addresses and sizes (negative: a free), in time order.
+        carried_table: the carried blocks (columns: id, address, bytes, category).
+        resolver: which block an address is after a number of events.
+        paired: the events' :func:`memprof.analysis.template.pairing`.
+        blocks: the block each sighting is (-1: none).
+        freed_carried: per event, the carried block it frees (-1: none).
+    """
+
+    ptrs: np.ndarray
+    sizes: np.ndarray
+    carried_table: np.ndarray
+    resolver: _Resolver
+    paired: np.ndarray
+    blocks: np.ndarray
+    freed_carried: np.ndarray
+
+
+def resolve(events: AllocationEvents, seen: Sightings, carried: Sequence[LiveBlock], paired: np.ndarray | None = None,
+            order: np.ndarray | None = None) -> Resolved | None:
+    """The blocks the events' and sightings' addresses are; ``None`` where an allocation came at an address where
+    a block was alive (its free was lost: the sweep decides)."""
     ptrs, sizes = np.asarray(events.ptr, dtype=np.int64), np.asarray(events.size_bytes, dtype=np.int64)
-    made = sizes > 0
-    n_carried = len(carried)
-    carried_table = block_table(carried)  # (columns: id, address, bytes, category)
-    resolver = _Resolver(ptrs, made, carried_table[:, 1], order)
+    carried_table = block_table(carried)
+    resolver = _Resolver(ptrs, sizes > 0, carried_table[:, 1], order)
     paired = pairing(ptrs, sizes, resolver.order) if paired is None else paired
-    if _lost_frees(resolver, made) or bool((carried_table[:, 3] < 0).any()):
+    if _lost_frees(resolver, resolver.made):
+        return None
+    return Resolved(ptrs, sizes, carried_table, resolver, paired, _sighted_blocks(resolver, seen),
+                    _carried_frees(resolver, ptrs, paired))
+
+
+class Attribution(NamedTuple):
+    """What :func:`summarise` finds of an iteration before it lists the blocks alive at its end.
+
+    Attributes:
+        total, at_peak, peak_phase, peak_module, num_allocations, micro_batches: as in :class:`Summary`.
+        categories: each block's category (the carried ones first, then the iteration's allocations).
+        block: the block each change makes or frees, per event that changes anything.
+        made: whether each of those changes is an allocation.
+    """
+
+    total: np.ndarray
+    at_peak: np.ndarray
+    peak_phase: int
+    peak_module: int
+    num_allocations: int
+    micro_batches: int
+    categories: np.ndarray
+    block: np.ndarray
+    made: np.ndarray
+
+    def summary(self, resolved: Resolved, next_block_id: int) -> Summary:
+        """The :class:`Summary` of the iteration ``resolved`` describes, with the blocks alive at its end (their
+        ids from ``next_block_id``)."""
+        made = resolved.resolver.made
+        return Summary(total=self.total, at_peak=self.at_peak, peak_phase=self.peak_phase,
+                       peak_module=self.peak_module, num_allocations=self.num_allocations,
+                       micro_batches=self.micro_batches,
+                       live=_live(resolved.carried_table, self.categories, self.block, self.made, resolved.ptrs[made],
+                                  resolved.sizes[made], next_block_id),
+                       next_block_id=next_block_id + self.num_allocations)
+
+
+def _sighted_blocks(resolver: _Resolver, seen: Sightings) -> np.ndarray:
+    """The block each sighting is (-1: none; the carried blocks first, then the iteration's allocations)."""
+    n_carried = resolver.carried
+    blocks = np.where(seen.positions >= 0, n_carried + seen.positions, -1)
+    unknown = seen.positions < 0
+    if unknown.any():
+        blocks[unknown] = resolver.blocks(seen.ptrs[unknown], seen.bounds[unknown])
+    return blocks
+
+
+def _carried_frees(resolver: _Resolver, ptrs: np.ndarray, paired: np.ndarray) -> np.ndarray:
+    """Per event, the carried block it frees (the first event at a carried block's address, a free that pairs
+    with no allocation of the iteration), else -1."""
+    out = np.full(len(paired), -1, dtype=np.int64)
+    first = ~resolver.made & (paired < 0) & resolver.first
+    if first.any():
+        out[first] = resolver.carried_block(ptrs[first])
+    return out
+
+
+def attribute(facts: MarksFacts, seen: Sightings, resolved: Resolved) -> Attribution | None:
+    """:func:`summarise`'s attribution of an iteration whose addresses are ``resolved``; ``None`` where it
+    declines (a carried block of no category, a sighting that would make a block or says ``other``)."""
+    carried_table, resolver, sizes, paired = resolved.carried_table, resolved.resolver, resolved.sizes, resolved.paired
+    made = resolver.made
+    n_carried = len(carried_table)
+    if bool((carried_table[:, 3] < 0).any()):
         return None
     n_made = len(resolver.position) and int(resolver.position[-1]) + 1
     ranks = np.full(n_carried + n_made, _UNSEEN, dtype=np.int64)
     ranks[:n_carried] = _RANK_OF_CATEGORY[carried_table[:, 3]]
-    if not _seen(ranks, resolver, seen, n_carried):
+    if not _seen(ranks, seen, resolved.blocks):
         return None
     _forward_rule(ranks, facts, made, paired, n_carried)
     # the changes: every event but a free of an address not alive (a carried block is freed by the first event
     # at its address; a free after a free frees nothing)
     block = np.where(made, n_carried + resolver.position, n_carried + paired)
     unpaired = ~made & (paired < 0)
-    block[unpaired] = -1
-    carried_free = unpaired & resolver.first
-    block[carried_free] = resolver.carried_block(ptrs[carried_free])
+    block[unpaired] = resolved.freed_carried[unpaired]
     kept = block >= 0
     block = block[kept]
     all_sizes = np.concatenate([carried_table[:, 2], sizes[made]])
@@ -232,10 +324,8 @@ def summarise(events: AllocationEvents, facts: MarksFacts, seen: Sightings, carr
         j = int(np.searchsorted(facts.bounds, int(np.flatnonzero(kept)[k - 1]), side="right")) - 1
         if j >= 0:
             phase, module = int(facts.phases[j]), int(facts.modules[j])
-    return Summary(total=total, at_peak=at_peak, peak_phase=phase, peak_module=module,
-                   num_allocations=n_made, micro_batches=facts.micro_batches,
-                   live=_live(carried_table, categories, block, made[kept], ptrs[made], sizes[made], next_block_id),
-                   next_block_id=next_block_id + n_made)
+    return Attribution(total=total, at_peak=at_peak, peak_phase=phase, peak_module=module, num_allocations=n_made,
+                       micro_batches=facts.micro_batches, categories=categories, block=block, made=made[kept])
 
 
 def _lost_frees(resolver: _Resolver, made: np.ndarray) -> bool:
@@ -248,18 +338,14 @@ def _lost_frees(resolver: _Resolver, made: np.ndarray) -> bool:
     return bool((resolver.carried_block(resolver.by_address[opening]) >= 0).any())
 
 
-def _seen(ranks: np.ndarray, resolver: _Resolver, seen: Sightings, n_carried: int) -> bool:
-    """Lowers each block's rank to that of every role its storages were seen in; ``False`` where a sighting would
-    make a block (a model input made before profiling) or says ``other`` (the forward's rule would then depend
-    on the order of the sightings)."""
+def _seen(ranks: np.ndarray, seen: Sightings, blocks: np.ndarray) -> bool:
+    """Lowers each block's rank to that of every role its storages were seen in (``blocks``: which block each
+    sighting is); ``False`` where a sighting would make a block (a model input made before profiling) or says
+    ``other`` (the forward's rule would then depend on the order of the sightings)."""
     if not len(seen.codes):
         return True
     if bool((seen.codes == OTHER).any()):
         return False
-    blocks = np.where(seen.positions >= 0, n_carried + seen.positions, -1)
-    unknown = seen.positions < 0
-    if unknown.any():
-        blocks[unknown] = resolver.blocks(seen.ptrs[unknown], seen.bounds[unknown])
     if bool((seen.inputs & (blocks < 0)).any()):
         return False
     found = blocks >= 0

@@ -21,6 +21,7 @@ from memprof.analysis.attribution import _MARK_ROLES, INPUTS
 from memprof.analysis.marks_walk import MarksCache
 from memprof.analysis.records import IterationRecord, LiveBlock, Mark
 from memprof.analysis.summary import Sightings, Summary, hook_sightings, summarise, with_frees
+from memprof.analysis.summary_memo import SummaryMemo
 from memprof.analysis.sweep import in_time_order
 from memprof.analysis.template import placement
 
@@ -30,9 +31,11 @@ _ROLE_OF_KIND = np.array([-1 if (role := _MARK_ROLES.get(kind)) is None or role 
 
 
 def template_summary(record: IterationRecord, carried: Sequence[LiveBlock], next_block_id: int,
-                     known_modules: Any, cache: MarksCache) -> Summary | None:
+                     known_modules: Any, cache: MarksCache, memo: SummaryMemo | None = None) -> Summary | None:
     """:func:`memprof.analysis.summary.summary_sweep` of a steady record's placed marks, from its template;
-    ``None`` where it does not repeat it, or the summary declines (then the record is analysed the usual way)."""
+    ``None`` where it does not repeat it, or the summary declines (then the record is analysed the usual way).
+    ``memo``: the previous steady record's attribution, reused where nothing it depends on differs
+    (:mod:`memprof.analysis.summary_memo`)."""
     template = record.template
     if template is None or record.failed or any(m[1] == Mark.BUCKETS_REBUILT for m in record.marks):
         return None
@@ -65,5 +68,6 @@ def template_summary(record: IterationRecord, carried: Sequence[LiveBlock], next
         codes=np.concatenate([own.codes, roles[seen], observed[:, 1]]),
         inputs=np.concatenate([own.inputs, np.zeros(len(seen) + len(observed), dtype=bool)]))
     # (the events' pairing is the template's, where no old storage's free is among them: placement checked it)
-    return summarise(events, facts, sightings, carried, next_block_id, known_modules,
-                     None if record.frees else template.pairing, order)
+    return (memo.summarise if memo is not None else summarise)(
+        events, facts, sightings, carried, next_block_id, known_modules, None if record.frees else template.pairing,
+        order)
