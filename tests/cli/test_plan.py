@@ -264,3 +264,17 @@ def test_plan_bad_link_options_are_one_line(tmp_path: Path, capsys: pytest.Captu
     assert main(["plan", str(TOY), "--budget", "90MiB", "--algorithm", "offload", *extra, "--out", str(out)]) == 2
     assert message in one_line_error(capsys)
     assert not out.exists()
+
+
+def test_plan_of_a_run_with_malformed_phase_times_is_a_one_line_error(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(EXAMPLE_RUN, run)
+    meta = json.loads((run / "meta.json").read_text())
+    (run / "meta.json").write_text(json.dumps({**meta, "phase_times": {"clock": "sundial", "iterations": []}}))
+    out = tmp_path / "schedule.json"
+    assert main(["plan", str(run), "--budget", "1GiB", "--out", str(out)]) == 2
+    one_line_error(capsys, "memprof plan: error:", "phase_times", "remove the key")
+    assert not out.exists()
