@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -12,6 +15,20 @@ from memprof import MemoryProfiler, Trace, load_trace
 
 CATEGORIES = ["weights", "buffers", "weight_grads", "feature_maps", "weight_copies", "grads", "optimizer_state",
               "comm_buffers", "inputs", "other"]
+
+
+@contextlib.contextmanager
+def without_collector() -> Iterator[None]:
+    """Collects the garbage earlier tests left, then keeps the cycle collector off: tests that compare allocation
+    sequences byte for byte (one iteration against the next, or against torch.profiler's) would otherwise see an
+    earlier test's tensors freed wherever a collection happens to run (a threshold of 1 made them fail, before
+    memprof's phase clock too)."""
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 def profile_steps(model: nn.Module, make_batch, out_dir: Path, steps: int = 3, batch_size: int = 8,

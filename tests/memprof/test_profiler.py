@@ -13,7 +13,7 @@ from torch import nn
 from examples import zoo
 from memprof import MemoryProfiler, ProfilerError, load_trace
 from memprof.estimation.cuda_allocator import round_size
-from tests.memprof.helpers import CATEGORIES, forward_exit, profile_steps
+from tests.memprof.helpers import CATEGORIES, forward_exit, profile_steps, without_collector
 
 
 def _layer(trace, iteration: int, module: str):
@@ -191,11 +191,12 @@ def test_allocated_bytes_are_the_allocators(tmp_path, name):
         zoo.train_step(model, optimizer, batch, set_to_none=False)
 
     step()  # gradients exist: the step allocates only transient memory
-    expected = _peak_of(_memory_events(step))
-    with MemoryProfiler(model, optimizer, out_dir=tmp_path, print_period=0) as profiler:
-        for _ in range(2):
-            step()
-            profiler.record_stats()
+    with without_collector():
+        expected = _peak_of(_memory_events(step))
+        with MemoryProfiler(model, optimizer, out_dir=tmp_path, print_period=0) as profiler:
+            for _ in range(2):
+                step()
+                profiler.record_stats()
     trace = load_trace(profiler.run_dir)
     start = trace.events[trace.events.event == "start"].allocated_bytes.to_numpy()
     measured = trace.iterations.peak_allocated_bytes.to_numpy() - start

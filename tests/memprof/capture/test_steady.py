@@ -17,6 +17,7 @@ from torch import nn
 from examples import zoo
 from memprof import MemoryProfiler, load_trace
 from memprof.errors import ProfilerError
+from tests.memprof.helpers import without_collector
 
 STEPS = 9
 # what may differ: times, and whose marks attributed an iteration
@@ -61,7 +62,7 @@ def _train(make: Maker, out_dir: Path, steady: bool, hooks_seen: list[int] | Non
     model, batch = make()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     submodule = next(m for m in model.modules() if m is not model and any(True for _ in m.parameters()))
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), without_collector():
         warnings.simplefilter("ignore")
         with MemoryProfiler(model, optimizer, out_dir=out_dir, print_period=0, steady=steady, detail_first=2,
                             detail_every=0, **options) as profiler:
