@@ -4,9 +4,9 @@ Consecutive steady iterations of a training loop repeat their template: the same
 pairing of frees with allocations (:func:`memprof.analysis.template.placement` checks both), the same marks. What
 :func:`memprof.analysis.summary.summarise` makes of an iteration then depends on the addresses only through what
 they resolve to: which block each storage seen in a role is, and which carried block each free of an older
-storage frees. :class:`SummaryMemo` resolves those (the resolver's sort is the one :func:`summarise` would make)
-and, where they, the carried blocks' sizes and categories, the sightings' roles and the marks' facts equal the
-previous iteration's, reuses its attribution: the step's curve, the categories at its peak, each block's
+storage frees. :func:`summarise` resolves those first (:func:`memprof.analysis.summary.resolve`); where they,
+the carried blocks' sizes and categories, the sightings' roles and the marks' facts equal the previous
+iteration's, a :class:`SummaryMemo` reuses its attribution: the step's curve, the categories at its peak, each block's
 category. Only the blocks alive at the end, whose ids and addresses are the iteration's own, are listed again.
 On the saved journals of three bench models (150 steady records), 147 were answered so.
 ``tests/memprof/analysis/test_summary_memo.py`` holds it to :func:`summarise` record by record. Torch-free.
@@ -14,20 +14,19 @@ On the saved journals of three bench models (150 steady records), 147 were answe
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from memprof.analysis.marks_walk import MarksFacts
-from memprof.analysis.records import AllocationEvents, LiveBlock
-from memprof.analysis.summary import Attribution, Resolved, Sightings, Summary, attribute, resolve
+from memprof.analysis.summary import Attribution, Resolved, Sightings, attribute
 
 __all__ = ["SummaryMemo"]
 
 
 class SummaryMemo:
-    """:func:`memprof.analysis.summary.summarise` with the last attribution remembered (see the module)."""
+    """:func:`memprof.analysis.summary.attribute` with the last attribution remembered (see the module); given to
+    :func:`memprof.analysis.summary.summarise` as its ``memo``."""
 
     def __init__(self) -> None:
         self._key: tuple[Any, ...] | None = None
@@ -35,24 +34,17 @@ class SummaryMemo:
         #: iterations answered from the previous one's attribution, and those attributed afresh
         self.hits = self.misses = 0
 
-    def summarise(self, events: AllocationEvents, facts: MarksFacts, seen: Sightings, carried: Sequence[LiveBlock],
-                  next_block_id: int, known_modules: Any, paired: np.ndarray | None = None,
-                  order: np.ndarray | None = None) -> Summary | None:
-        """:func:`memprof.analysis.summary.summarise` (same arguments, same answer)."""
-        if not facts.forward_modules <= known_modules.keys():
-            return None
-        resolved = resolve(events, seen, carried, paired, order)
-        if resolved is None:
-            return None
+    def attribute(self, facts: MarksFacts, seen: Sightings, resolved: Resolved) -> Attribution | None:
+        """:func:`memprof.analysis.summary.attribute` (same arguments, same answer), the previous one's where
+        everything it reads is equal."""
         key = _key(facts, seen, resolved)
         if self._found is not None and self._key is not None and _same(key, self._key):
             self.hits += 1
-            found: Attribution | None = self._found
-        else:
-            self.misses += 1
-            found = attribute(facts, seen, resolved)
-            self._key, self._found = (key, found) if found is not None else (None, None)
-        return None if found is None else found.summary(resolved, next_block_id)
+            return self._found
+        self.misses += 1
+        found = attribute(facts, seen, resolved)
+        self._key, self._found = (key, found) if found is not None else (None, None)
+        return found
 
 
 def _key(facts: MarksFacts, seen: Sightings, resolved: Resolved) -> tuple[Any, ...]:

@@ -68,6 +68,5 @@ def template_summary(record: IterationRecord, carried: Sequence[LiveBlock], next
         codes=np.concatenate([own.codes, roles[seen], observed[:, 1]]),
         inputs=np.concatenate([own.inputs, np.zeros(len(seen) + len(observed), dtype=bool)]))
     # (the events' pairing is the template's, where no old storage's free is among them: placement checked it)
-    return (memo.summarise if memo is not None else summarise)(
-        events, facts, sightings, carried, next_block_id, known_modules, None if record.frees else template.pairing,
-        order)
+    return summarise(events, facts, sightings, carried, next_block_id, known_modules,
+                     None if record.frees else template.pairing, order, memo)
