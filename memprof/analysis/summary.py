@@ -24,9 +24,9 @@ not placed yet. Torch-free.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -35,9 +35,6 @@ from memprof.analysis.marks_walk import MarksCache, MarksFacts
 from memprof.analysis.records import AllocationEvents, BlockTable, LiveBlock, Mark, block_table
 from memprof.analysis.sweep import in_time_order
 from memprof.analysis.template import pairing
-
-if TYPE_CHECKING:
-    from memprof.analysis.summary_memo import SummaryMemo
 
 _UNSEEN = len(_RANK)  # the rank of a block no role was seen for yet (below every category's)
 _CATEGORY_OF_RANK = np.array([c for c, _ in sorted(_RANK.items(), key=lambda item: item[1])] + [OTHER], dtype=np.int64)
@@ -189,18 +186,20 @@ def summary_sweep(events: AllocationEvents, marks: Sequence[Any], observations: 
 
 def summarise(events: AllocationEvents, facts: MarksFacts, seen: Sightings, carried: Sequence[LiveBlock],
               next_block_id: int, known_modules: Any, paired: np.ndarray | None = None,
-              order: np.ndarray | None = None, memo: SummaryMemo | None = None) -> Summary | None:
+              order: np.ndarray | None = None,
+              attribute_with: Callable[[MarksFacts, Sightings, Resolved], Attribution | None] | None = None
+              ) -> Summary | None:
     """:func:`summary_sweep` from time-ordered events, the marks' facts and the sightings (a steady iteration's come
     from its template: :func:`memprof.analysis.template_summary.template_summary`); ``paired``: the events'
     :func:`memprof.analysis.template.pairing`, and ``order`` the events by address then time (the sort it was made
-    with), where the caller has them; ``memo``: the previous iteration's attribution, reused where it repeats
-    (:mod:`memprof.analysis.summary_memo`)."""
+    with), where the caller has them; ``attribute_with``: what attributes it instead of :func:`attribute` (a
+    :class:`memprof.analysis.summary_memo.SummaryMemo`'s, which reuses the previous iteration's where it repeats)."""
     if not facts.forward_modules <= known_modules.keys():
         return None
     found = resolve(events, seen, carried, paired, order)
     if found is None:
         return None
-    attributed = (memo.attribute if memo is not None else attribute)(facts, seen, found)
+    attributed = (attribute_with or attribute)(facts, seen, found)
     return None if attributed is None else attributed.summary(found, next_block_id)
 
 

@@ -25,8 +25,8 @@ __all__ = ["SummaryMemo"]
 
 
 class SummaryMemo:
-    """:func:`memprof.analysis.summary.attribute` with the last attribution remembered (see the module); given to
-    :func:`memprof.analysis.summary.summarise` as its ``memo``."""
+    """:func:`memprof.analysis.summary.attribute` with the last attribution remembered (see the module); its
+    :meth:`attribute` is :func:`memprof.analysis.summary.summarise`'s ``attribute_with``."""
 
     def __init__(self) -> None:
         self._key: tuple[Any, ...] | None = None

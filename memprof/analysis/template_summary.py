@@ -69,4 +69,4 @@ def template_summary(record: IterationRecord, carried: Sequence[LiveBlock], next
         inputs=np.concatenate([own.inputs, np.zeros(len(seen) + len(observed), dtype=bool)]))
     # (the events' pairing is the template's, where no old storage's free is among them: placement checked it)
     return summarise(events, facts, sightings, carried, next_block_id, known_modules,
-                     None if record.frees else template.pairing, order, memo)
+                     None if record.frees else template.pairing, order, memo.attribute if memo is not None else None)
