@@ -246,6 +246,8 @@ class Attribution(NamedTuple):
         categories: each block's category (the carried ones first, then the iteration's allocations).
         block: the block each change makes or frees, per event that changes anything.
         made: whether each of those changes is an allocation.
+        kept: the carried blocks alive at the end.
+        alive: the iteration's allocations alive at the end, by position.
     """
 
     total: np.ndarray
@@ -257,6 +259,8 @@ class Attribution(NamedTuple):
     categories: np.ndarray
     block: np.ndarray
     made: np.ndarray
+    kept: np.ndarray
+    alive: np.ndarray
 
     def summary(self, resolved: Resolved, next_block_id: int) -> Summary:
         """The :class:`Summary` of the iteration ``resolved`` describes, with the blocks alive at its end (their
@@ -265,8 +269,8 @@ class Attribution(NamedTuple):
         return Summary(total=self.total, at_peak=self.at_peak, peak_phase=self.peak_phase,
                        peak_module=self.peak_module, num_allocations=self.num_allocations,
                        micro_batches=self.micro_batches,
-                       live=_live(resolved.carried_table, self.categories, self.block, self.made, resolved.ptrs[made],
-                                  resolved.sizes[made], next_block_id),
+                       live=_live(resolved.carried_table, self, resolved.ptrs[made], resolved.sizes[made],
+                                  next_block_id),
                        next_block_id=next_block_id + self.num_allocations)
 
 
@@ -327,8 +331,11 @@ def attribute(facts: MarksFacts, seen: Sightings, resolved: Resolved) -> Attribu
         j = int(np.searchsorted(facts.bounds, int(np.flatnonzero(kept)[k - 1]), side="right")) - 1
         if j >= 0:
             phase, module = int(facts.phases[j]), int(facts.modules[j])
+    freed = np.zeros(len(categories), dtype=bool)
+    freed[block[~made[kept]]] = True
     return Attribution(total=total, at_peak=at_peak, peak_phase=phase, peak_module=module, num_allocations=n_made,
-                       micro_batches=facts.micro_batches, categories=categories, block=block, made=made[kept])
+                       micro_batches=facts.micro_batches, categories=categories, block=block, made=made[kept],
+                       kept=np.flatnonzero(~freed[:n_carried]), alive=np.flatnonzero(~freed[n_carried:]))
 
 
 def _lost_frees(resolver: _Resolver, made: np.ndarray) -> bool:
@@ -373,19 +380,15 @@ def _forward_rule(ranks: np.ndarray, facts: MarksFacts, made: np.ndarray, paired
     np.minimum.at(ranks, n_carried + np.flatnonzero(alive), _RANK[FEATURE])
 
 
-def _live(carried: np.ndarray, categories: np.ndarray, block: np.ndarray, allocated: np.ndarray,
-          made_ptrs: np.ndarray, made_sizes: np.ndarray, next_block_id: int) -> BlockTable:
+def _live(carried: np.ndarray, attributed: Attribution, made_ptrs: np.ndarray, made_sizes: np.ndarray,
+          next_block_id: int) -> BlockTable:
     """The blocks alive at the end, in the sweep's order: the carried ones left, then the new ones as made."""
-    n_carried = len(carried)
-    freed = np.zeros(len(categories), dtype=bool)
-    freed[block[~allocated]] = True
-    kept = np.flatnonzero(~freed[:n_carried])
-    alive = np.flatnonzero(~freed[n_carried:])
+    kept, alive, categories = attributed.kept, attributed.alive, attributed.categories
     table = np.empty((len(kept) + len(alive), 4), dtype=np.int64)
     table[:len(kept), :3] = carried[kept, :3]
     table[len(kept):, 0] = next_block_id + alive
     table[len(kept):, 1] = made_ptrs[alive]
     table[len(kept):, 2] = made_sizes[alive]
     table[:len(kept), 3] = categories[kept]
-    table[len(kept):, 3] = categories[n_carried + alive]
+    table[len(kept):, 3] = categories[len(carried) + alive]
     return BlockTable(table)

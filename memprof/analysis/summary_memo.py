@@ -16,8 +16,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from memprof.analysis.marks_walk import MarksFacts
 from memprof.analysis.summary import Attribution, Resolved, Sightings, attribute
 
@@ -48,12 +46,12 @@ class SummaryMemo:
 
 
 def _key(facts: MarksFacts, seen: Sightings, resolved: Resolved) -> tuple[Any, ...]:
-    """Everything :func:`attribute` reads, with the addresses replaced by what they resolve to."""
-    return (facts, resolved.sizes, resolved.paired, resolved.carried_table[:, 2:], seen.positions, seen.codes,
-            seen.inputs, resolved.blocks, resolved.freed_carried)
+    """Everything :func:`attribute` reads, with the addresses replaced by what they resolve to: each array as its
+    shape and bytes (all int64 or bool), which compare at memory speed."""
+    arrays = (resolved.sizes, resolved.paired, resolved.carried_table[:, 2:], seen.positions, seen.codes, seen.inputs,
+              resolved.blocks, resolved.freed_carried)
+    return (facts, *((a.shape, a.dtype.char, a.tobytes()) for a in arrays))
 
 
 def _same(key: tuple[Any, ...], other: tuple[Any, ...]) -> bool:
-    facts, *arrays = key
-    theirs, *their_arrays = other
-    return facts is theirs and all(a.shape == b.shape and np.array_equal(a, b) for a, b in zip(arrays, their_arrays))
+    return key[0] is other[0] and key[1:] == other[1:]

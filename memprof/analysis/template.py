@@ -32,13 +32,11 @@ from memprof.analysis.records import (
     Storage,
 )
 from memprof.analysis.sweep import in_time_order
+from memprof.analysis.template_plan import OLDER, ROOT_INPUT, TemplatePlan, plan_of
 from memprof.categories import Category
 
-#: A storage found as an address older than the iteration (a parameter, a cached tensor).
-OLDER = -1
-#: ``ROOT_INPUT - k``: the k-th storage of the model's latest forward-enter mark.
-ROOT_INPUT = -2
 _FORWARD_ENTER = int(Mark.FWD_ENTER)
+
 #: The observations of the hooks a steady iteration goes without (the gradients', the optimizer's state): the
 #: template carries them (the others, the model's inputs and autocast's weight copies, it makes itself).
 TEMPLATED = frozenset({CAT[Category.WEIGHT_GRADS], CAT[Category.OPTIMIZER_STATE]})
@@ -51,9 +49,13 @@ def pairing(ptrs: np.ndarray, sizes: np.ndarray, order: np.ndarray | None = None
     from before the iteration, an address not alive) -1. Vectorised; :func:`pairing_reference` is the walk.
     ``order``: the events by address, then time, where the caller has sorted them already.
     """
-    ptrs, count = np.asarray(ptrs, dtype=np.int64), len(sizes)
     made = np.asarray(sizes) > 0
-    position = np.cumsum(made) - 1
+    return _pairing(np.asarray(ptrs, dtype=np.int64), made, np.cumsum(made) - 1, order)
+
+
+def _pairing(ptrs: np.ndarray, made: np.ndarray, position: np.ndarray, order: np.ndarray | None) -> np.ndarray:
+    """:func:`pairing` from the events' allocation mask and positions (a template's plan holds them)."""
+    count = len(ptrs)
     out = np.where(made, position, -1)
     if order is None:
         order = np.argsort(ptrs, kind="stable")  # by address, then time
@@ -190,63 +192,49 @@ class Placement(NamedTuple):
 
 
 def placement(template: MarkTemplate, record: IterationRecord, events: AllocationEvents,
-              order: np.ndarray | None = None) -> Placement | None:
+              order: np.ndarray | None = None, plan: TemplatePlan | None = None) -> Placement | None:
     """Places the template's marks among ``events`` (the record's, in time order), or ``None`` where the iteration
     does not repeat the template: other sizes, another pairing of frees with allocations, other own marks, own marks
     elsewhere among the events, no moment left between the events around a mark, or missing model inputs.
-    ``order``: the events by address, then time (:func:`pairing`'s), where the caller has sorted them already."""
+    ``order``: the events by address, then time (:func:`pairing`'s), where the caller has sorted them already;
+    ``plan``: the template's for these events (:func:`memprof.analysis.template_plan.plan_of`'s, by default)."""
     count = len(events)
     if count != len(template.sizes) and not (record.failed and count < len(template.sizes)):
         return None
+    plan = plan if plan is not None else plan_of(template, count)
     if not (np.array_equal(events.size_bytes, template.sizes[:count])
-            and np.array_equal(pairing(events.ptr, events.size_bytes, order), template.pairing[:count])):
+            and np.array_equal(_pairing(np.asarray(events.ptr, dtype=np.int64), plan.made, plan.position, order),
+                               template.pairing[:count])):
         return None
-    kinds, modules, bounds, widths = (template.marks[:, c] for c in range(4))
-    placed = int(np.searchsorted(bounds > count, True)) if len(bounds) and bounds[-1] > count else len(bounds)
-    kinds, modules, bounds, widths = kinds[:placed], modules[:placed], bounds[:placed], widths[:placed]
-    own_rows = np.flatnonzero(modules <= 0)  # (:func:`synthesized`'s rule)
-    marks = record.marks
+    own_rows, marks = plan.own_rows, record.marks
     if len(own_rows) != len(marks):
         return None
     own_times = np.fromiter((m[0] for m in marks), dtype=np.int64, count=len(marks))
-    if not (np.array_equal(np.fromiter((m[1] for m in marks), dtype=np.int64, count=len(marks)), kinds[own_rows])
+    if not (np.array_equal(np.fromiter((m[1] for m in marks), dtype=np.int64, count=len(marks)), plan.kinds[own_rows])
             and np.array_equal(np.fromiter((m[2] for m in marks), dtype=np.int64, count=len(marks)),
-                               modules[own_rows])
-            and np.array_equal(np.searchsorted(events.time_ns, own_times, side="right"), bounds[own_rows])):
+                               plan.modules[own_rows])
+            and np.array_equal(np.searchsorted(events.time_ns, own_times, side="right"), plan.bounds[own_rows])):
         return None
     times = np.asarray(events.time_ns, dtype=np.int64)
-    before = np.where(bounds > 0, times[np.maximum(bounds - 1, 0)] if count else 0, record.start_ns)
+    before = np.where(plan.has_before, times[plan.before] if count else 0, record.start_ns)
     before[own_rows] = own_times
-    moments = np.maximum.accumulate(before) if placed else before
+    moments = np.maximum.accumulate(before) if plan.placed else before
     last = np.concatenate([[0], moments[:-1]])
-    own = np.full(placed, -1, dtype=np.int64)
-    own[own_rows] = np.arange(len(own_rows))
-    next_event = times[np.minimum(bounds, count - 1)] if count else bounds
-    if bool((before[own_rows] < last[own_rows]).any()) or bool(((own < 0) & (bounds < count)
-                                                                    & (moments >= next_event)).any()):
+    if bool((before[own_rows] < last[own_rows]).any()) or (
+            count and bool((plan.checked & (moments >= times[plan.after])).any())):
         return None
-    ptrs = _storage_ptrs(template, marks, events, own, widths)
-    return None if ptrs is None else Placement(placed, moments, own, ptrs)
+    ptrs = _storage_ptrs(plan, marks, events)
+    return None if ptrs is None else Placement(plan.placed, moments, plan.own, ptrs)
 
 
-def _storage_ptrs(template: MarkTemplate, marks: Sequence[MarkRow], events: AllocationEvents, own: np.ndarray,
-                  widths: np.ndarray) -> np.ndarray | None:
+def _storage_ptrs(plan: TemplatePlan, marks: Sequence[MarkRow], events: AllocationEvents) -> np.ndarray | None:
     """The addresses of the placed submodule marks' storages; ``None`` where a model input is missing."""
-    storages = template.storages[:int(widths.sum())]
-    codes, ptrs = storages[:, 0], storages[:, 1].copy()
-    mark_of = np.repeat(np.arange(len(widths)), widths)
-    ptrs[own[mark_of] >= 0] = 0
-    made = codes >= 0
-    ptrs[made] = np.asarray(events.ptr)[np.asarray(events.size_bytes) > 0][codes[made]]
-    roots = np.flatnonzero((codes <= ROOT_INPUT) & (own[mark_of] < 0))
-    if len(roots):
-        enters = np.array([m[1] == _FORWARD_ENTER and m[2] == 0 for m in marks], dtype=bool)
-        latest = np.maximum.accumulate(np.where((own >= 0) & enters[np.maximum(own, 0)], own, -1))
-        for row in roots.tolist():  # the k-th storage of the model's latest forward enter: its inputs
-            enter, k = int(latest[mark_of[row]]), ROOT_INPUT - int(codes[row])
-            if enter < 0 or k >= len(marks[enter][3]):
-                return None
-            ptrs[row] = marks[enter][3][k][0]
+    ptrs = plan.storage_ptrs.copy()
+    ptrs[plan.found_rows] = np.asarray(events.ptr)[plan.allocations][plan.found_positions]
+    for row, enter, k in zip(plan.root_rows.tolist(), plan.root_enters.tolist(), plan.root_inputs.tolist()):
+        if enter < 0 or k >= len(marks[enter][3]):  # the k-th storage of the model's latest forward enter
+            return None
+        ptrs[row] = marks[enter][3][k][0]
     return ptrs
 
 
