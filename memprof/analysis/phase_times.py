@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from memprof.errors import CorruptTraceError
@@ -63,8 +63,9 @@ def phase_times_to_meta(clock: str, times: Sequence[PhaseTime]) -> dict[str, Any
     """``meta.json``'s ``phase_times`` value for ``times`` measured with ``clock`` (one of :data:`CLOCKS`)."""
     if clock not in CLOCKS:
         raise ValueError(f"clock must be one of {CLOCKS}, found {clock!r}")
-    rows = [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in asdict(t).items()}
-            for t in sorted(times, key=lambda t: t.iteration)]
+    rows = [{"iteration": t.iteration, "steady": t.steady, "host_forward_ms": round(t.host_forward_ms, 4),
+             "host_backward_ms": round(t.host_backward_ms, 4), "forward_ms": round(t.forward_ms, 4),
+             "backward_ms": round(t.backward_ms, 4)} for t in sorted(times, key=lambda t: t.iteration)]
     return {"clock": clock, "iterations": rows}
 
 
