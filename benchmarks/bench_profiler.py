@@ -38,6 +38,7 @@ import contextlib
 import ctypes
 import datetime as _dt
 import gc
+import math
 import os
 import platform
 import resource
@@ -55,6 +56,7 @@ from torch import nn
 
 from examples import zoo
 from memprof import MemoryProfiler
+from memprof.capture import sinks
 from memprof.capture.sinks import MAX_PENDING
 from memprof.errors import CorruptTraceError
 from memprof.trace.pipeline.journal import read_state
@@ -66,6 +68,9 @@ RESULTS_PATH = Path(__file__).parent / "results" / "profiler_overhead.md"
 TARGET_WALL, TARGET_CPU = 1.05, 1.25
 DEFAULT_THREADS = torch.get_num_threads()  # torch's own choice, read before anything sets it
 ERROR_CHARS = 120  # a failing tool's cell shows this much of its error
+#: Uncounted steps after each start: past the worker's start-up, the detailed first iterations and the judgement
+#: of the worker (memprof.capture.sinks: 16 records settle, 32 are judged), so the timed steps are a long run's.
+WARMUP_STEPS = 80
 
 
 @dataclass(frozen=True)
@@ -152,6 +157,9 @@ class Memprof(Tool):
         pid = getattr(sink, "pid", None)
         if pid is None or profiler is None:
             return
+        if sink.mode != "background":  # its records went to the training thread: the worker has exited
+            self._warm_cpu_s, self._children_s = 0.0, _children_cpu_s()
+            return
         # let the worker finish the warm-up's records (it gathers a few before it wakes) and write them, then read
         # its CPU: the parts of the warm-up's detailed iterations are the warm-up's, not the timed steps' (with
         # 10-step blocks their flush would otherwise fall among the timed steps)
@@ -203,6 +211,23 @@ class MemprofInline(Memprof):
 
     name = "memprof (inline)"
     background = False
+
+
+class MemprofWorkerOnly(Memprof):
+    """memprof with its background worker kept however far training waits for it (the default hands the records
+    to the training thread once training waited half the worker's CPU: ``memprof.capture.sinks.INLINE_WAIT_SHARE``)."""
+
+    name = "memprof (worker only)"
+
+    def start(self, model: nn.Module, optimizer: torch.optim.Optimizer, workdir: Path) -> None:
+        self._share, sinks.INLINE_WAIT_SHARE = sinks.INLINE_WAIT_SHARE, math.inf
+        super().start(model, optimizer, workdir)
+
+    def stop(self) -> None:
+        try:
+            super().stop()
+        finally:
+            sinks.INLINE_WAIT_SHARE = self._share
 
 
 class MemprofEveryHook(Memprof):
@@ -288,7 +313,7 @@ class TorchProfiler(Tool):
 
 TOOLS: tuple[type[Tool], ...] = (Tool, Memprof, MemprofEveryHook, MemprofInline, MemTrackerTool, TorchProfiler)
 #: Variants measured on request (``--tools``): the worker's scheduling priority, against the default's (SCHED_IDLE).
-EXTRA_TOOLS: tuple[type[Tool], ...] = (MemprofNice0, MemprofNice10, MemprofNice19)
+EXTRA_TOOLS: tuple[type[Tool], ...] = (MemprofWorkerOnly, MemprofNice0, MemprofNice10, MemprofNice19)
 
 
 # --------------------------------------------------------------------------- measuring
@@ -667,8 +692,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=8,
                         help="rounds (default 8: the cnn's single-round ratios spread over 0.1x on this machine)")
     parser.add_argument("--steps", type=int, default=10, help="timed steps per configuration per round")
-    parser.add_argument("--warmup", type=int, default=10,
-                        help="uncounted steps after each start (default 10: past memprof's worker start-up)")
+    parser.add_argument("--warmup", type=int, default=WARMUP_STEPS,
+                        help=f"uncounted steps after each start (default {WARMUP_STEPS}: past memprof's worker "
+                             "start-up, its detailed first iterations and its judgement of the worker)")
     parser.add_argument("--models", default=",".join(m.name for m in MODELS),
                         help="comma-separated subset of: " + ", ".join(m.name for m in MODELS))
     parser.add_argument("--threads", default="1,0",

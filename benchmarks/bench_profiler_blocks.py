@@ -28,6 +28,7 @@ from benchmarks.bench_profiler import (
     EXTRA_TOOLS,
     MODELS,
     TOOLS,
+    WARMUP_STEPS,
     Lane,
     Memprof,
     Tool,
@@ -99,7 +100,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--model", default="transformer", choices=[m.name for m in MODELS])
     parser.add_argument("--blocks", type=int, default=16)
     parser.add_argument("--steps", type=int, default=40, help="timed steps per configuration per block")
-    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=WARMUP_STEPS)
     parser.add_argument("--threads", type=int, default=0, help="intra-op threads (0: torch's default)")
     parser.add_argument("--tools", default=Memprof.name,
                         help="comma-separated memprof variants of bench_profiler, and the controls "

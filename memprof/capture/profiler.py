@@ -553,6 +553,8 @@ class MemoryProfiler:
             self._meta.update(status=status, iterations=self.iteration, epochs=self.epoch,
                               processing=self._sink.mode,
                               detail={**self.detail.to_json(), "iterations": sorted(self._detailed)})
+            if (switched := getattr(self._sink, "switched", None)) is not None:
+                self._meta["processing_switch"] = switched  # the worker fell behind: inline from this iteration on
             if self._failure:
                 self._meta["failure"] = self._failure
             if self._write_error:

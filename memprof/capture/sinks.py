@@ -1,10 +1,15 @@
 """Where ``record_stats()`` sends an iteration's record: processed inline, or by a background worker.
 
-:class:`InlineSink` analyses and writes on the training thread (a few ms per step). :class:`BackgroundSink`
-only journals the raw record (a fraction of a ms) and lets :mod:`memprof.trace.pipeline.worker`, a separate process
-so that it never competes for the GIL, do the rest. Should the worker stop, or a record fail to reach
-the disk, the sink takes over inline from the worker's last saved state, so no completed iteration is
-lost and attribution stays exact.
+:class:`BackgroundSink` only journals the raw record (a fraction of a ms) and lets
+:mod:`memprof.trace.pipeline.worker`, a separate process so that it never competes for the GIL, do the rest, on
+a core training leaves idle. Where training leaves none (torch's intra-op threads on every core, as on a CPU
+run with torch's default threads), the worker runs only while training waits for it, and a second process's
+journal reads, pipe and cold caches cost more than the analysis on the training thread: once training waited
+at least :data:`INLINE_WAIT_SHARE` of the worker's CPU over :data:`JUDGE_RECORDS` records, the worker finishes
+what is journaled and stops, and the records go on to a :class:`memprof.capture.inline_sinks.JournaledSink`
+(journaled, analysed at once, written in batches). Should the worker stop, or a record fail to reach the
+disk, the sink takes over inline from the worker's last saved state, so no completed iteration is lost and
+attribution stays exact.
 """
 
 from __future__ import annotations
@@ -15,14 +20,15 @@ import select
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
+import time
 from pathlib import Path
 from typing import IO, Any, NamedTuple
 
 from memprof.analysis.iteration import IterationProcessor
 from memprof.analysis.records import CarriedState, IterationRecord, RunSpec
+from memprof.capture.inline_sinks import DeadSink, InlineSink, JournaledSink, Outcome
 from memprof.errors import CorruptTraceError
-from memprof.trace.format.writer import TraceWriter, write_iterations
+from memprof.trace.format.writer import TraceWriter
 from memprof.trace.pipeline.journal import (
     JOURNAL_DIR,
     JournalReader,
@@ -32,6 +38,8 @@ from memprof.trace.pipeline.journal import (
     write_state,
 )
 
+__all__ = ["MAX_PENDING", "WAKE_RECORDS", "BackgroundSink", "InlineSink", "JournaledSink", "Outcome"]
+
 #: Records the worker may fall behind by before ``record_stats()`` waits for it (bounds disk and close time).
 MAX_PENDING = 16
 #: The worker is woken (one line on its stdin) once this many records wait, or at once when a report or a failure
@@ -39,63 +47,17 @@ MAX_PENDING = 16
 #: a wake-up costs both processes a pipe write, a read and a scheduler switch.
 WAKE_RECORDS = 8
 _STALL_S = 120.0  # a worker silent this long while owing answers is taken for hung
+#: The worker is judged over this many records it answered, once it answered :data:`SETTLE_RECORDS` (its start and
+#: the detailed first iterations say nothing of a steady record's cost).
+JUDGE_RECORDS = 32
+SETTLE_RECORDS = 16
+#: Training waited for the worker at least this share of the worker's CPU over a judged window: the worker runs in
+#: time training would otherwise use, and the records are processed on the training thread from then on
+#: (docs/benchmarks.md, section 1: on this project's 2-core machine at torch's default threads training waited
+#: 0.5 ms a step for a worker's 0.6 ms). ``float("inf")``: never.
+INLINE_WAIT_SHARE = 0.5
 # Answers are short lines: a small read size keeps os.read from allocating (and faulting in) 64 KiB each step.
 _READ_BYTES = 4096
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What the training process learns about one processed iteration.
-
-    Attributes:
-        iteration: its number.
-        report: its console report, when one was due.
-        failure: post-mortem details, when it failed.
-        write_error: why its parts could not be written, if they could not.
-        detailed: the iterations whose detail was kept with it (itself, and the one before a failure).
-        not_repeated: it ran without the submodules' hooks and did not repeat its template
-            (:mod:`memprof.capture.steady` puts the hooks back).
-    """
-
-    iteration: int
-    report: str | None = None
-    failure: dict[str, Any] | None = None
-    write_error: str | None = None
-    detailed: tuple[int, ...] = ()
-    not_repeated: bool = False
-
-
-class InlineSink:
-    """Processes and writes each record on the calling thread.
-
-    Args:
-        processor: analyses the records, carrying state between them.
-        writer: writes the parts.
-    """
-
-    mode = "inline"
-
-    def __init__(self, processor: IterationProcessor, writer: TraceWriter) -> None:
-        self.processor, self.writer = processor, writer
-
-    def submit(self, record: IterationRecord) -> list[Outcome]:
-        """Processes ``record`` now."""
-        processed = self.processor.process(record)
-        error = None
-        try:
-            write_iterations(self.writer, [processed])
-        except OSError as exc:
-            error = str(exc)
-        return [Outcome(record.iteration, processed.report, processed.failure, error, processed.detailed,
-                        processed.not_repeated)]
-
-    def allocated_bytes(self) -> int:
-        """Bytes alive at the end of the last processed iteration."""
-        return self.processor.state.allocated_bytes
-
-    def finish(self) -> list[Outcome]:
-        """Nothing is pending inline."""
-        return []
 
 
 def _worker_env() -> dict[str, str]:
@@ -145,6 +107,11 @@ class BackgroundSink:
         self.stopped: str | None = None
         #: What the worker's CPU went to, per stage, once it ended (``memprof.trace.pipeline.worker.Stages``).
         self.worker_stats: dict[str, Any] | None = None
+        #: Why and when the records went to the training thread, once the worker fell behind (``meta.json``).
+        self.switched: dict[str, Any] | None = None
+        self._worker_cpu_s = 0.0  # the worker's CPU seconds, as its last answers said
+        self._judged_from: tuple[int, float] | None = None  # records answered and worker CPU at the window's start
+        self._waited_s = 0.0  # training's waits for the worker since then
 
     def _start(self) -> _Worker:
         # Its own process group keeps a terminal's Ctrl-C away from it; the training process's session keeps it in
@@ -202,8 +169,63 @@ class BackgroundSink:
         now = record.failed or (self._spec.print_period > 0 and record.iteration % self._spec.print_period == 0)
         if now or record.iteration - self._told >= WAKE_RECORDS:
             outcomes += self._wake(record.iteration)
-        while self._inline is None and self._submitted - self._answered > MAX_PENDING:
+        if self._inline is None and self._submitted - self._answered > MAX_PENDING:
+            started = time.perf_counter()
+            while self._inline is None and self._submitted - self._answered > MAX_PENDING:
+                outcomes += self._read(block=True)
+            self._waited_s += time.perf_counter() - started
+        if self._inline is None and self._answered >= SETTLE_RECORDS:
+            outcomes += self._judge(record.iteration)
+        return outcomes
+
+    def _judge(self, iteration: int) -> list[Outcome]:
+        """Hands the records to the training thread once training waited :data:`INLINE_WAIT_SHARE` of the worker's
+        CPU over a window of :data:`JUDGE_RECORDS` answered records."""
+        if self._judged_from is None:
+            self._judged_from, self._waited_s = (self._answered, self._worker_cpu_s), 0.0
+            return []
+        answered, cpu_s = self._judged_from
+        records, worker_s = self._answered - answered, self._worker_cpu_s - cpu_s
+        if records < JUDGE_RECORDS:
+            return []
+        self._judged_from = None
+        if worker_s <= 0 or self._waited_s < INLINE_WAIT_SHARE * worker_s:
+            return []
+        self.switched = {"iteration": iteration + 1, "records": records,
+                         "worker_cpu_ms": round(1e3 * worker_s, 2), "waited_ms": round(1e3 * self._waited_s, 2)}
+        return self._go_inline()
+
+    def _go_inline(self) -> list[Outcome]:
+        """The worker processes what is journaled and exits; the records after it are journaled, analysed and
+        written in batches on the training thread (:class:`JournaledSink`), from the state it saved."""
+        outcomes = self._end_worker()
+        if self._inline is not None:  # it failed on the way out, and was taken over
+            return outcomes
+        try:
+            state = read_state(self.journal_dir)
+        except (OSError, CorruptTraceError) as exc:
+            return outcomes + self._take_over(f"its saved state is unreadable ({exc})")
+        if state.last_iteration != self._last:  # it exited cleanly: everything journaled is written
+            return outcomes + self._take_over(f"it wrote through iteration {state.last_iteration}, not {self._last}")
+        self._inline = JournaledSink(IterationProcessor(self._spec, state), TraceWriter(self.run_dir), self._journal,
+                                     self.journal_dir)
+        return outcomes
+
+    def _end_worker(self) -> list[Outcome]:
+        """Has the worker process every journaled record and exit; waits for it (taking over if it failed)."""
+        worker, outcomes = self._running(), []
+        self._told = self._last  # "end": the worker processes every journaled record before it exits
+        try:
+            worker.stdin.write(b"end\n")
+            worker.stdin.close()
+        except OSError:
+            pass
+        while self._inline is None and not self._eof:
             outcomes += self._read(block=True)
+        if self._inline is None and (worker.process.wait() != 0 or self._error):
+            # it answered everything but failed before its last batch was written: redo that inline
+            outcomes += self._take_over(self._why_stopped())
+        self._reap()
         return outcomes
 
     def _wake(self, through: int) -> list[Outcome]:
@@ -221,19 +243,9 @@ class BackgroundSink:
         """Waits for the worker to process every record, stops it and removes the journal."""
         outcomes: list[Outcome] = []
         if self._inline is None and self._proc is not None:
-            worker = self._proc
-            self._told = self._last  # "end": the worker processes every journaled record before it exits
-            try:
-                worker.stdin.write(b"end\n")
-                worker.stdin.close()
-            except OSError:
-                pass
-            while self._inline is None and not self._eof:
-                outcomes += self._read(block=True)
-            if self._inline is None and (worker.process.wait() != 0 or self._error):
-                # it answered everything but failed before its last batch was written: redo that inline
-                outcomes += self._take_over(self._why_stopped())
-            self._reap()
+            outcomes += self._end_worker()
+        if self._inline is not None:  # what a journaled sink has batched is written before the journal goes
+            outcomes += self._inline.finish()
         self._journal.close()
         shutil.rmtree(self.journal_dir, ignore_errors=True)
         return outcomes
@@ -270,6 +282,7 @@ class BackgroundSink:
                 else:
                     self._answered += 1
                     self._reported = int(message["done"])
+                    self._worker_cpu_s = float(message.get("cpu_s", self._worker_cpu_s))
                     outcomes.append(Outcome(self._reported, message.get("report"), message.get("failure"),
                                             detailed=tuple(message.get("detailed", ())),
                                             not_repeated=bool(message.get("not_repeated", False))))
@@ -304,7 +317,7 @@ class BackgroundSink:
         except (OSError, CorruptTraceError) as exc:
             if reason is not None:
                 self.stopped = f"{reason}; its saved state is unreadable too ({exc}), so memprof stops recording"
-            self._inline = _Dead()
+            self._inline = DeadSink()
             return []
         self._inline = InlineSink(IterationProcessor(self._spec, state), TraceWriter(self.run_dir))
         outcomes: list[Outcome] = []
@@ -323,13 +336,3 @@ class BackgroundSink:
         if record is not None:
             outcomes += self._inline.submit(record)
         return outcomes
-
-
-class _Dead(InlineSink):
-    """Stands in when nothing can be processed any more: records are dropped."""
-
-    def __init__(self) -> None:  # noqa: D107 - nothing to set up
-        pass
-
-    def submit(self, record: IterationRecord) -> list[Outcome]:
-        return []

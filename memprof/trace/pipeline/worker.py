@@ -136,8 +136,10 @@ class _Worker:
         return done
 
     def answer(self) -> None:
-        """Sends the answers of the records processed so far, in one write (one read for the training process)."""
+        """Sends the answers of the records processed so far, in one write (one read for the training process);
+        the last carries the worker's CPU seconds so far (``cpu_s``: the training process weighs its waits by it)."""
         if self.answers:
+            self.answers[-1]["cpu_s"] = time.process_time()
             _send_all(self.answers)
             self.answers = []
             self.stages.lap("answers")

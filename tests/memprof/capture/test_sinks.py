@@ -165,3 +165,76 @@ def test_a_worker_that_fails_is_replaced_by_inline_processing(tmp_path):
     trace = load_trace(profiler.run_dir)
     assert trace.meta["processing"] == "inline"
     _check(trace, 4)
+
+
+def _switching(monkeypatch) -> None:
+    """The worker judged over 4 answered records after the first 4, and always found behind."""
+    monkeypatch.setattr(sinks, "SETTLE_RECORDS", 4)
+    monkeypatch.setattr(sinks, "JUDGE_RECORDS", 4)
+    monkeypatch.setattr(sinks, "INLINE_WAIT_SHARE", 0.0)
+
+
+def test_a_worker_training_waits_for_hands_the_records_to_the_training_thread(tmp_path, monkeypatch):
+    traces = {}
+    for switching in (False, True):
+        _switching(monkeypatch)
+        if not switching:
+            monkeypatch.setattr(sinks, "INLINE_WAIT_SHARE", float("inf"))  # a worker never found behind
+        model, optimizer = _model()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with MemoryProfiler(model, optimizer, out_dir=tmp_path, print_period=0) as profiler:
+                for _ in range(30):
+                    _train(profiler, model, optimizer, 1)
+                    time.sleep(0.002)  # (the worker answers on time: the windows are judged)
+                assert profiler._sink.mode == ("inline" if switching else "background")
+        assert not _memprof_warnings(caught)  # a switch is no failure
+        traces[switching] = trace = load_trace(profiler.run_dir)
+        assert not (profiler.run_dir / JOURNAL_DIR).exists()
+        _check(trace, 30)
+    switched = traces[True].meta["processing_switch"]
+    assert traces[True].meta["processing"] == "inline" and "processing_switch" not in traces[False].meta
+    assert 8 <= switched["iteration"] < 30 and switched["records"] >= 4 and switched["worker_cpu_ms"] > 0
+    exact = ["iteration", "peak_allocated_bytes", "allocated_bytes", "num_allocations", "peak_module", *CATEGORIES]
+    assert traces[True].iterations[exact].equals(traces[False].iterations[exact])
+
+
+def test_a_run_killed_after_its_records_went_to_the_training_thread_is_finished_by_the_reader(tmp_path, monkeypatch):
+    _switching(monkeypatch)
+    model, optimizer = _model()
+    profiler = MemoryProfiler(model, optimizer, out_dir=tmp_path, print_period=0)
+    try:
+        steps = 0
+        while profiler._sink.mode == "background" and steps < 60:
+            _train(profiler, model, optimizer, 1)
+            steps += 1
+        _train(profiler, model, optimizer, 11)  # some analysed and not written, some not analysed yet
+        sink = profiler._sink._inline
+        assert isinstance(sink, sinks.JournaledSink) and sink.waiting and sink.batch
+        trace = load_trace(profiler.run_dir)  # as a killed run's: the reader finishes the journal
+        assert trace.meta["status"] == "running"
+        _check(trace, steps + 11)
+    finally:
+        profiler.close()
+
+
+def test_the_worker_is_judged_by_the_share_of_its_cpu_training_waited_for(monkeypatch):
+    sink = sinks.BackgroundSink.__new__(sinks.BackgroundSink)
+    went: list[int] = []
+    monkeypatch.setattr(sink, "_go_inline", lambda: went.append(sink._answered) or [])
+    sink.switched, sink._judged_from, sink._waited_s = None, None, 0.0
+    sink._answered, sink._worker_cpu_s = sinks.SETTLE_RECORDS, 1.0
+    assert sink._judge(20) == [] and sink._judged_from == (sinks.SETTLE_RECORDS, 1.0)  # a window opens
+    sink._answered += sinks.JUDGE_RECORDS - 1
+    sink._worker_cpu_s, sink._waited_s = 1.02, 0.015
+    assert sink._judge(40) == [] and went == []  # not a whole window yet
+    sink._answered += 1
+    sink._waited_s = 0.0099  # under half of the worker's 20 ms: it stays, and a new window opens
+    assert sink._judge(41) == [] and went == [] and sink.switched is None
+    assert sink._judge(42) == [] and sink._judged_from == (sink._answered, 1.02)
+    sink._answered += sinks.JUDGE_RECORDS
+    sink._worker_cpu_s, sink._waited_s = 1.04, 0.012  # training waited 12 ms of the worker's 20 ms
+    sink._judge(70)
+    assert went == [sink._answered]
+    assert sink.switched == {"iteration": 71, "records": sinks.JUDGE_RECORDS, "worker_cpu_ms": 20.0,
+                             "waited_ms": 12.0}
