@@ -7,7 +7,7 @@ run with torch's default threads), the worker runs only while training waits for
 journal reads, pipe and cold caches cost more than the analysis on the training thread: once training waited
 at least :data:`INLINE_WAIT_SHARE` of the worker's CPU over :data:`JUDGE_RECORDS` records, the worker finishes
 what is journaled and stops, and the records go on to a :class:`memprof.capture.inline_sinks.JournaledSink`
-(journaled, analysed at once, written in batches). Should the worker stop, or a record fail to reach the
+(journaled, analysed in gathers, written in batches). Should the worker stop, or a record fail to reach the
 disk, the sink takes over inline from the worker's last saved state, so no completed iteration is lost and
 attribution stays exact.
 """
