@@ -56,7 +56,7 @@ from torch import nn
 
 from examples import zoo
 from memprof import MemoryProfiler
-from memprof.capture import sinks
+from memprof.capture import worker_judge
 from memprof.capture.sinks import MAX_PENDING
 from memprof.errors import CorruptTraceError
 from memprof.trace.pipeline.journal import read_state
@@ -69,7 +69,7 @@ TARGET_WALL, TARGET_CPU = 1.05, 1.25
 DEFAULT_THREADS = torch.get_num_threads()  # torch's own choice, read before anything sets it
 ERROR_CHARS = 120  # a failing tool's cell shows this much of its error
 #: Uncounted steps after each start: past the worker's start-up, the detailed first iterations and the judgement
-#: of the worker (memprof.capture.sinks: 16 records settle, 32 are judged), so the timed steps are a long run's.
+#: of the worker (memprof.capture.worker_judge: 16 records settle, 32 are judged), so the timed steps are a long run's.
 WARMUP_STEPS = 80
 
 
@@ -215,19 +215,19 @@ class MemprofInline(Memprof):
 
 class MemprofWorkerOnly(Memprof):
     """memprof with its background worker kept however far training waits for it (the default hands the records
-    to the training thread once training waited half the worker's CPU: ``memprof.capture.sinks.INLINE_WAIT_SHARE``)."""
+    to the training thread once training waited half the worker's CPU: ``memprof.capture.worker_judge.INLINE_WAIT_SHARE``)."""
 
     name = "memprof (worker only)"
 
     def start(self, model: nn.Module, optimizer: torch.optim.Optimizer, workdir: Path) -> None:
-        self._share, sinks.INLINE_WAIT_SHARE = sinks.INLINE_WAIT_SHARE, math.inf
+        self._share, worker_judge.INLINE_WAIT_SHARE = worker_judge.INLINE_WAIT_SHARE, math.inf
         super().start(model, optimizer, workdir)
 
     def stop(self) -> None:
         try:
             super().stop()
         finally:
-            sinks.INLINE_WAIT_SHARE = self._share
+            worker_judge.INLINE_WAIT_SHARE = self._share
 
 
 class MemprofEveryHook(Memprof):

@@ -554,7 +554,7 @@ class MemoryProfiler:
                               processing=self._sink.mode,
                               detail={**self.detail.to_json(), "iterations": sorted(self._detailed)})
             if (switched := getattr(self._sink, "switched", None)) is not None:
-                self._meta["processing_switch"] = switched  # the worker fell behind: inline from this iteration on
+                self._meta["processing_switch"] = switched.to_meta()  # the records went to the training thread
             if self._failure:
                 self._meta["failure"] = self._failure
             if self._write_error:

@@ -5,8 +5,7 @@
 a core training leaves idle. Where training leaves none (torch's intra-op threads on every core, as on a CPU
 run with torch's default threads), the worker runs only while training waits for it, and a second process's
 journal reads, pipe and cold caches cost more than the analysis on the training thread: once training waited
-at least :data:`INLINE_WAIT_SHARE` of the worker's CPU over :data:`JUDGE_RECORDS` records, the worker finishes
-what is journaled and stops, and the records go on to a :class:`memprof.capture.inline_sinks.JournaledSink`
+long enough for it (:mod:`memprof.capture.worker_judge`), the worker finishes what is journaled and stops, and the records go on to a :class:`memprof.capture.inline_sinks.JournaledSink`
 (journaled, analysed in gathers, written in batches). Should the worker stop, or a record fail to reach the
 disk, the sink takes over inline from the worker's last saved state, so no completed iteration is lost and
 attribution stays exact.
@@ -27,6 +26,7 @@ from typing import IO, Any, NamedTuple
 from memprof.analysis.iteration import IterationProcessor
 from memprof.analysis.records import CarriedState, IterationRecord, RunSpec
 from memprof.capture.inline_sinks import DeadSink, InlineSink, JournaledSink, Outcome
+from memprof.capture.worker_judge import Switch, WorkerJudge
 from memprof.errors import CorruptTraceError
 from memprof.trace.format.writer import TraceWriter
 from memprof.trace.pipeline.journal import (
@@ -38,7 +38,7 @@ from memprof.trace.pipeline.journal import (
     write_state,
 )
 
-__all__ = ["MAX_PENDING", "WAKE_RECORDS", "BackgroundSink", "InlineSink", "JournaledSink", "Outcome"]
+__all__ = ["MAX_PENDING", "WAKE_RECORDS", "BackgroundSink", "InlineSink", "JournaledSink", "Outcome", "Switch"]
 
 #: Records the worker may fall behind by before ``record_stats()`` waits for it (bounds disk and close time).
 MAX_PENDING = 16
@@ -47,15 +47,6 @@ MAX_PENDING = 16
 #: a wake-up costs both processes a pipe write, a read and a scheduler switch.
 WAKE_RECORDS = 8
 _STALL_S = 120.0  # a worker silent this long while owing answers is taken for hung
-#: The worker is judged over this many records it answered, once it answered :data:`SETTLE_RECORDS` (its start and
-#: the detailed first iterations say nothing of a steady record's cost).
-JUDGE_RECORDS = 32
-SETTLE_RECORDS = 16
-#: Training waited for the worker at least this share of the worker's CPU over a judged window: the worker runs in
-#: time training would otherwise use, and the records are processed on the training thread from then on
-#: (docs/benchmarks.md, section 1: on this project's 2-core machine at torch's default threads training waited
-#: 0.5 ms a step for a worker's 0.6 ms). ``float("inf")``: never.
-INLINE_WAIT_SHARE = 0.5
 # Answers are short lines: a small read size keeps os.read from allocating (and faulting in) 64 KiB each step.
 _READ_BYTES = 4096
 
@@ -107,11 +98,10 @@ class BackgroundSink:
         self.stopped: str | None = None
         #: What the worker's CPU went to, per stage, once it ended (``memprof.trace.pipeline.worker.Stages``).
         self.worker_stats: dict[str, Any] | None = None
-        #: Why and when the records went to the training thread, once the worker fell behind (``meta.json``).
-        self.switched: dict[str, Any] | None = None
+        #: Why and when the records went to the training thread, once training waited for the worker.
+        self.switched: Switch | None = None
         self._worker_cpu_s = 0.0  # the worker's CPU seconds, as its last answers said
-        self._judged_from: tuple[int, float] | None = None  # records answered and worker CPU at the window's start
-        self._waited_s = 0.0  # training's waits for the worker since then
+        self._judge = WorkerJudge()
 
     def _start(self) -> _Worker:
         # Its own process group keeps a terminal's Ctrl-C away from it; the training process's session keeps it in
@@ -173,27 +163,12 @@ class BackgroundSink:
             started = time.perf_counter()
             while self._inline is None and self._submitted - self._answered > MAX_PENDING:
                 outcomes += self._read(block=True)
-            self._waited_s += time.perf_counter() - started
-        if self._inline is None and self._answered >= SETTLE_RECORDS:
-            outcomes += self._judge(record.iteration)
+            self._judge.waited(time.perf_counter() - started)
+        if self._inline is None and (switch := self._judge.verdict(self._answered, self._worker_cpu_s,
+                                                                   record.iteration)) is not None:
+            self.switched = switch
+            outcomes += self._go_inline()
         return outcomes
-
-    def _judge(self, iteration: int) -> list[Outcome]:
-        """Hands the records to the training thread once training waited :data:`INLINE_WAIT_SHARE` of the worker's
-        CPU over a window of :data:`JUDGE_RECORDS` answered records."""
-        if self._judged_from is None:
-            self._judged_from, self._waited_s = (self._answered, self._worker_cpu_s), 0.0
-            return []
-        answered, cpu_s = self._judged_from
-        records, worker_s = self._answered - answered, self._worker_cpu_s - cpu_s
-        if records < JUDGE_RECORDS:
-            return []
-        self._judged_from = None
-        if worker_s <= 0 or self._waited_s < INLINE_WAIT_SHARE * worker_s:
-            return []
-        self.switched = {"iteration": iteration + 1, "records": records,
-                         "worker_cpu_ms": round(1e3 * worker_s, 2), "waited_ms": round(1e3 * self._waited_s, 2)}
-        return self._go_inline()
 
     def _go_inline(self) -> list[Outcome]:
         """The worker processes what is journaled and exits; the records after it are journaled, analysed and

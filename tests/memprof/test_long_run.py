@@ -12,7 +12,7 @@ import torch
 
 from examples import zoo
 from memprof import MemoryProfiler, load_trace
-from memprof.capture import sinks
+from memprof.capture import worker_judge
 from memprof.trace.reader import read_meta
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
@@ -35,8 +35,8 @@ def _caught_up(profiler: MemoryProfiler) -> None:
 @pytest.mark.parametrize("worker", [True, False], ids=["worker", "records-on-the-training-thread"])
 def test_the_profilers_memory_stays_flat_over_a_long_run(tmp_path, monkeypatch, worker):
     """Both ways a long run's records are processed: by the worker (kept however far training waits for it),
-    and on the training thread (where the worker is found behind: memprof.capture.sinks)."""
-    monkeypatch.setattr(sinks, "INLINE_WAIT_SHARE", math.inf if worker else 0.0)
+    and on the training thread (where the worker is found behind: memprof.capture.worker_judge)."""
+    monkeypatch.setattr(worker_judge, "INLINE_WAIT_SHARE", math.inf if worker else 0.0)
     torch.manual_seed(0)
     torch.set_num_threads(1)
     model, make_batch = zoo.mlp(blocks=2, width=32)

@@ -13,7 +13,7 @@ from torch import nn
 
 from examples import zoo
 from memprof import MemoryProfiler, load_trace
-from memprof.capture import sinks
+from memprof.capture import sinks, worker_judge
 from memprof.trace.pipeline.journal import JOURNAL_DIR, STATE_FILE
 from memprof.trace.reader import read_meta, table_parts
 from tests.memprof.helpers import CATEGORIES, TINY_MLP_WEIGHT_BYTES, assert_exact_model_bytes
@@ -169,9 +169,9 @@ def test_a_worker_that_fails_is_replaced_by_inline_processing(tmp_path):
 
 def _switching(monkeypatch) -> None:
     """The worker judged over 4 answered records after the first 4, and always found behind."""
-    monkeypatch.setattr(sinks, "SETTLE_RECORDS", 4)
-    monkeypatch.setattr(sinks, "JUDGE_RECORDS", 4)
-    monkeypatch.setattr(sinks, "INLINE_WAIT_SHARE", 0.0)
+    monkeypatch.setattr(worker_judge, "SETTLE_RECORDS", 4)
+    monkeypatch.setattr(worker_judge, "JUDGE_RECORDS", 4)
+    monkeypatch.setattr(worker_judge, "INLINE_WAIT_SHARE", 0.0)
 
 
 def test_a_worker_training_waits_for_hands_the_records_to_the_training_thread(tmp_path, monkeypatch):
@@ -179,7 +179,7 @@ def test_a_worker_training_waits_for_hands_the_records_to_the_training_thread(tm
     for switching in (False, True):
         _switching(monkeypatch)
         if not switching:
-            monkeypatch.setattr(sinks, "INLINE_WAIT_SHARE", float("inf"))  # a worker never found behind
+            monkeypatch.setattr(worker_judge, "INLINE_WAIT_SHARE", float("inf"))  # a worker never found behind
         model, optimizer = _model()
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -216,25 +216,3 @@ def test_a_run_killed_after_its_records_went_to_the_training_thread_is_finished_
         _check(trace, steps + 11)
     finally:
         profiler.close()
-
-
-def test_the_worker_is_judged_by_the_share_of_its_cpu_training_waited_for(monkeypatch):
-    sink = sinks.BackgroundSink.__new__(sinks.BackgroundSink)
-    went: list[int] = []
-    monkeypatch.setattr(sink, "_go_inline", lambda: went.append(sink._answered) or [])
-    sink.switched, sink._judged_from, sink._waited_s = None, None, 0.0
-    sink._answered, sink._worker_cpu_s = sinks.SETTLE_RECORDS, 1.0
-    assert sink._judge(20) == [] and sink._judged_from == (sinks.SETTLE_RECORDS, 1.0)  # a window opens
-    sink._answered += sinks.JUDGE_RECORDS - 1
-    sink._worker_cpu_s, sink._waited_s = 1.02, 0.015
-    assert sink._judge(40) == [] and went == []  # not a whole window yet
-    sink._answered += 1
-    sink._waited_s = 0.0099  # under half of the worker's 20 ms: it stays, and a new window opens
-    assert sink._judge(41) == [] and went == [] and sink.switched is None
-    assert sink._judge(42) == [] and sink._judged_from == (sink._answered, 1.02)
-    sink._answered += sinks.JUDGE_RECORDS
-    sink._worker_cpu_s, sink._waited_s = 1.04, 0.012  # training waited 12 ms of the worker's 20 ms
-    sink._judge(70)
-    assert went == [sink._answered]
-    assert sink.switched == {"iteration": 71, "records": sinks.JUDGE_RECORDS, "worker_cpu_ms": 20.0,
-                             "waited_ms": 12.0}
