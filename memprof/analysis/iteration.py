@@ -140,7 +140,7 @@ class IterationProcessor:
                  report: bool = True) -> tuple[ProcessedIteration, CarriedState]:
         """One iteration's rows from the state before it (a pure function of both), and the state after it."""
         spec = self.spec
-        report_due = report and spec.print_period > 0 and record.iteration % spec.print_period == 0
+        report_due = report and spec.report_due(record.iteration)
         detail = forced or record.detail or record.failed or spec.detail.scheduled(record.iteration)
         if not (detail or report_due or spec.use_truth):
             summarised = self._summarised(state, record)

@@ -264,6 +264,15 @@ class RunSpec:
         """Parent module index of each module (-1 for the root)."""
         return [info.parent for info in self.infos]
 
+    def report_due(self, iteration: int) -> bool:
+        """Whether ``iteration`` prints the console report."""
+        return self.print_period > 0 and iteration % self.print_period == 0
+
+    def answer_now(self, record: IterationRecord) -> bool:
+        """Whether ``record`` must be analysed at once rather than with the next few: its report is due, or it
+        failed (the post-mortem)."""
+        return record.failed or self.report_due(record.iteration)
+
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (see :meth:`from_json`)."""
         return {"names": list(self.names), "infos": [asdict(i) for i in self.infos],

@@ -178,30 +178,29 @@ class Placement(NamedTuple):
     """Where a steady iteration's template marks fall among its own events (:func:`placement`).
 
     Attributes:
-        placed: the template's marks placed (all, but for a failed iteration's, those before its end).
+        plan: the template's arrays for these events (the marks placed: all, but for a failed iteration's, those
+            before its end; each own mark's index in the record's marks, -1 for a submodule mark).
         moments: each placed mark's moment: an own mark's own, a submodule mark's that of the event before its
             place (or of the mark before it, when later).
-        own: each own mark's index in the record's marks (-1: a submodule mark).
         ptrs: the address of each storage of the placed submodule marks (entries of own marks' storages: 0).
     """
 
-    placed: int
+    plan: TemplatePlan
     moments: np.ndarray
-    own: np.ndarray
     ptrs: np.ndarray
 
 
 def placement(template: MarkTemplate, record: IterationRecord, events: AllocationEvents,
-              order: np.ndarray | None = None, plan: TemplatePlan | None = None) -> Placement | None:
+              order: np.ndarray | None = None) -> Placement | None:
     """Places the template's marks among ``events`` (the record's, in time order), or ``None`` where the iteration
     does not repeat the template: other sizes, another pairing of frees with allocations, other own marks, own marks
     elsewhere among the events, no moment left between the events around a mark, or missing model inputs.
-    ``order``: the events by address, then time (:func:`pairing`'s), where the caller has sorted them already;
-    ``plan``: the template's for these events (:func:`memprof.analysis.template_plan.plan_of`'s, by default)."""
+    ``order``: the events by address, then time (:func:`pairing`'s), where the caller has sorted them already.
+    What it reads of the template alone comes from its plan (:func:`memprof.analysis.template_plan.plan_of`)."""
     count = len(events)
     if count != len(template.sizes) and not (record.failed and count < len(template.sizes)):
         return None
-    plan = plan if plan is not None else plan_of(template, count)
+    plan = plan_of(template, count)
     if not (np.array_equal(events.size_bytes, template.sizes[:count])
             and np.array_equal(_pairing(np.asarray(events.ptr, dtype=np.int64), plan.made, plan.position, order),
                                template.pairing[:count])):
@@ -224,7 +223,7 @@ def placement(template: MarkTemplate, record: IterationRecord, events: Allocatio
             count and bool((plan.checked & (moments >= times[plan.after])).any())):
         return None
     ptrs = _storage_ptrs(plan, marks, events)
-    return None if ptrs is None else Placement(plan.placed, moments, plan.own, ptrs)
+    return None if ptrs is None else Placement(plan, moments, ptrs)
 
 
 def _storage_ptrs(plan: TemplatePlan, marks: Sequence[MarkRow], events: AllocationEvents) -> np.ndarray | None:
@@ -258,8 +257,8 @@ def apply_template(template: MarkTemplate, record: IterationRecord) -> Placed | 
     nbytes = template.storages[:, 2].tolist()
     ptrs = found.ptrs.tolist()
     start = 0
-    for (kind, module, _, width), moment, own in zip(template.marks[:found.placed].tolist(), found.moments.tolist(),
-                                                     found.own.tolist()):
+    for (kind, module, _, width), moment, own in zip(template.marks[:found.plan.placed].tolist(),
+                                                     found.moments.tolist(), found.plan.own.tolist()):
         if own >= 0:
             out.append(record.marks[own])
         else:

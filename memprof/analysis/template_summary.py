@@ -23,7 +23,6 @@ from memprof.analysis.summary import Sightings, Summary, hook_sightings, summari
 from memprof.analysis.summary_memo import SummaryMemo
 from memprof.analysis.sweep import in_time_order
 from memprof.analysis.template import placement
-from memprof.analysis.template_plan import plan_of
 
 
 def template_summary(record: IterationRecord, carried: Sequence[LiveBlock], next_block_id: int,
@@ -39,13 +38,10 @@ def template_summary(record: IterationRecord, carried: Sequence[LiveBlock], next
     # one sort of the addresses for both the pairing placement checks and the summary's resolver (the events the
     # summary reads are these unless old storages died among them)
     order = None if record.frees else np.argsort(np.asarray(events.ptr, dtype=np.int64), kind="stable")
-    count = len(events)
-    if count != len(template.sizes):
-        return None
-    plan = plan_of(template, count)  # what it reads of the template alone, worked out once per template
-    found = placement(template, record, events, order, plan)
+    found = placement(template, record, events, order)
     if found is None:
         return None
+    plan, count = found.plan, len(events)  # (what it reads of the template alone, worked out once per template)
     real_times = np.asarray(events.time_ns, dtype=np.int64)
     events = with_frees(events, record.frees)
     times = np.asarray(events.time_ns, dtype=np.int64)

@@ -115,9 +115,8 @@ class JournaledSink(InlineSink):
             flushed = self._flush()
             return [*outcomes, Outcome(record.iteration - 1, write_error=flushed or str(exc)), *super().submit(record)]
         self.waiting.append(record)
-        spec = self.processor.spec
-        due = record.failed or (spec.print_period > 0 and record.iteration % spec.print_period == 0)
-        return self._analyse_waiting() if due or len(self.waiting) >= GATHER_RECORDS else []
+        now = self.processor.spec.answer_now(record)
+        return self._analyse_waiting() if now or len(self.waiting) >= GATHER_RECORDS else []
 
     def _analyse_waiting(self) -> list[Outcome]:
         outcomes = []

@@ -156,8 +156,7 @@ class BackgroundSink:
         self._submitted += 1
         self._last = record.iteration
         # the worker is woken once a few records wait, unless something is to be shown now
-        now = record.failed or (self._spec.print_period > 0 and record.iteration % self._spec.print_period == 0)
-        if now or record.iteration - self._told >= WAKE_RECORDS:
+        if self._spec.answer_now(record) or record.iteration - self._told >= WAKE_RECORDS:
             outcomes += self._wake(record.iteration)
         if self._inline is None and self._submitted - self._answered > MAX_PENDING:
             started = time.perf_counter()
