@@ -1,9 +1,12 @@
 """Profiler overhead: the step time of a CPU training loop with each memory profiler, over none.
 
-Run ``python -m benchmarks.bench_profiler [--repeats N] [--steps N] [--threads 1,0]``. For each model, one
-model and optimizer per configuration (same seed, same batch) trains in rounds; each round runs every
-configuration in turn, in an order rotated from round to round, so that noise from the machine (other
-processes, frequency changes) falls on all of them alike. Each round runs every thread setting (``--threads``:
+Run ``python -m benchmarks.bench_profiler [--repeats N] [--steps N] [--threads 1,0] [--pairing steps]``. For
+each model, one model and optimizer per configuration (same seed, same batch) trains in rounds; each round runs
+every tool in turn, in an order rotated from round to round. With ``--pairing steps`` (the default) a tool's
+timed steps alternate one for one with the baseline's, which trains on a thread of its own that no profiler
+watches (:mod:`benchmarks.step_thread`), so that noise from the machine (other processes, frequency changes,
+slow spells lasting tens of seconds) falls on both sides of every ratio alike; with ``--pairing blocks`` the
+baseline runs a block of its own in the rotation. Each round runs every thread setting (``--threads``:
 1 intra-op thread and torch's default, by default), so the two are measured side by side in one run. A
 configuration's tool is started at the beginning of its block of steps and stopped at its end, because memprof
 and ``torch.profiler`` share PyTorch's one profiler session and cannot be on at the same time. Warm-up steps
@@ -42,11 +45,12 @@ import math
 import os
 import platform
 import resource
+import signal
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -54,6 +58,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from benchmarks.step_thread import StepThread
 from examples import zoo
 from memprof import MemoryProfiler
 from memprof.capture import worker_judge
@@ -100,6 +105,8 @@ class Tool:
     """No profiler: the baseline. Subclasses attach a profiler between ``start`` and ``stop``."""
 
     name = "baseline"
+    #: uncounted steps after each start where fewer than ``--warmup`` will do (``None``: ``--warmup``)
+    warmup_steps: int | None = None
 
     def start(self, model: nn.Module, optimizer: torch.optim.Optimizer, workdir: Path) -> None:
         """Attaches the tool before a block of steps."""
@@ -116,6 +123,12 @@ class Tool:
     def child_cpu_ms(self) -> float | None:
         """CPU ms of the tool's child process from the end of the warm-up to the stop (``None``: none measured)."""
         return None
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """While the baseline steps between this tool's (``--pairing steps``): holds what the tool runs beside
+        training (memprof's worker), so it runs only in the tool's own steps, as it would in a run of its own."""
+        yield
 
     def worker_stats(self) -> dict | None:
         """The last block's worker stats (:class:`memprof.trace.pipeline.worker.Stages`), where there is a worker."""
@@ -182,6 +195,21 @@ class Memprof(Tool):
 
     def worker_stats(self) -> dict | None:
         return getattr(self._sink, "worker_stats", None)
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        sink = self._sink
+        pid = getattr(sink, "pid", None) if getattr(sink, "mode", None) == "background" else None
+        if pid is None:
+            yield
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
 
 
 def _wait_for_flush(journal_dir: Path, through: int, timeout_s: float = 5.0) -> None:
@@ -291,6 +319,9 @@ class TorchProfiler(Tool):
     """``torch.profiler.profile`` with every memory option on, ``prof.step()`` after every step."""
 
     name = "torch.profiler"
+    #: it has no start-up to get past, and every warm-up step's events are processed at its stop (with 80, over a
+    #: minute per block here)
+    warmup_steps = 10
 
     def __init__(self) -> None:
         self._profiler: torch.profiler.profile | None = None
@@ -311,9 +342,17 @@ class TorchProfiler(Tool):
             profiler.key_averages()  # events are parsed lazily: count that processing here
 
 
+class SecondBaseline(Tool):
+    """No profiler, on a model instance of its own: how far two bare lanes differ (memory layout, the machine's
+    noise), the measurement's own error."""
+
+    name = "baseline 2"
+
+
 TOOLS: tuple[type[Tool], ...] = (Tool, Memprof, MemprofEveryHook, MemprofInline, MemTrackerTool, TorchProfiler)
-#: Variants measured on request (``--tools``): the worker's scheduling priority, against the default's (SCHED_IDLE).
-EXTRA_TOOLS: tuple[type[Tool], ...] = (MemprofWorkerOnly, MemprofNice0, MemprofNice10, MemprofNice19)
+#: Measured on request (``--tools``): the worker's scheduling priority, against the default's (SCHED_IDLE); the worker
+#: kept however far training waits; a second baseline (the control).
+EXTRA_TOOLS: tuple[type[Tool], ...] = (MemprofWorkerOnly, MemprofNice0, MemprofNice10, MemprofNice19, SecondBaseline)
 
 
 # --------------------------------------------------------------------------- measuring
@@ -342,6 +381,10 @@ class Lane:
     child_cpu_ms: list[float] = field(default_factory=list)  # per step, of the tool's child processes
     child_start_ms: list[float] = field(default_factory=list)  # CPU of the child's start, once per block
     stats: list[dict] = field(default_factory=list)  # the worker's own account, one per block
+    #: ``--pairing steps``: per round, the baseline's steps interleaved one for one with this lane's timed steps
+    #: (wall, CPU), which its ratios are taken against instead of the baseline's own block
+    paired_wall_ms: list[list[float]] = field(default_factory=list)
+    paired_cpu_ms: list[list[float]] = field(default_factory=list)
     error: str | None = None
 
 
@@ -357,26 +400,75 @@ def _ms_since(start_s: float) -> float:
     return (time.perf_counter() - start_s) * 1e3
 
 
-def _timed_steps(lane: Lane, warmup: int, steps: int) -> tuple[list[float], list[float]]:
+def _step(lane: Lane) -> tuple[float, float, float]:
+    """One training step and the tool's call: wall ms, process CPU ms (all threads), and the call's wall ms."""
+    cpu_start_s, start_s = time.process_time(), time.perf_counter()
+    zoo.train_step(lane.model, lane.optimizer, lane.batch)
+    call_s = time.perf_counter()
+    lane.tool.after_step()
+    return _ms_since(start_s), (time.process_time() - cpu_start_s) * 1e3, _ms_since(call_s)
+
+
+Timed = tuple[list[float], list[float], tuple[list[float], list[float]] | None]
+
+
+def _timed_steps(lane: Lane, warmup: int, steps: int) -> Timed:
+    """``--pairing blocks``: the lane's steps alone."""
     wall_ms, cpu_ms = [], []
     for i in range(warmup + steps):
         if i == warmup:
             lane.tool.after_warmup()
-        cpu_start_s, start_s = time.process_time(), time.perf_counter()
-        zoo.train_step(lane.model, lane.optimizer, lane.batch)
-        call_s = time.perf_counter()
-        lane.tool.after_step()
+        wall, cpu, call = _step(lane)
         if i >= warmup:
-            wall_ms.append(_ms_since(start_s))
-            cpu_ms.append((time.process_time() - cpu_start_s) * 1e3)
-            lane.call_ms.append(_ms_since(call_s))
-    return wall_ms, cpu_ms
+            wall_ms.append(wall)
+            cpu_ms.append(cpu)
+            lane.call_ms.append(call)
+    return wall_ms, cpu_ms, None
 
 
-def run_block(lane: Lane, warmup: int, steps: int, workdir: Path) -> None:
-    """One round of one configuration; a failure is kept as the lane's error, never raised."""
+#: ``--pairing steps``: the baseline's uncounted steps before each block's interleaved ones.
+PAIRED_BASE_WARMUP = 5
+
+
+def paired_steps(lane: Lane, warmup: int, steps: int, *, base: Lane, other: StepThread) -> Timed:
+    """``--pairing steps``: the lane's timed steps interleaved one for one with the baseline's, which run on
+    ``other`` (unseen by a profiler on this thread); who goes first alternates. The baseline's wall and CPU per
+    step come back with the lane's."""
+    threads = torch.get_num_threads()
+    other.call(lambda: torch.set_num_threads(threads))  # (torch's intra-op setting is read per thread)
+    for _ in range(warmup):
+        _step(lane)
+    lane.tool.after_warmup()
+    with lane.tool.held():
+        for _ in range(PAIRED_BASE_WARMUP):
+            other.call(partial(_step, base))
+    wall_ms, cpu_ms, base_wall, base_cpu = [], [], [], []
+    for i in range(steps):
+        if i % 2:
+            with lane.tool.held():
+                theirs = other.call(partial(_step, base))
+            wall, cpu, call = _step(lane)
+        else:
+            wall, cpu, call = _step(lane)
+            with lane.tool.held():
+                theirs = other.call(partial(_step, base))
+        wall_ms.append(wall)
+        cpu_ms.append(cpu)
+        lane.call_ms.append(call)
+        base_wall.append(theirs[0])
+        base_cpu.append(theirs[1])
+        base.call_ms.append(theirs[2])
+    return wall_ms, cpu_ms, (base_wall, base_cpu)
+
+
+def run_block(lane: Lane, warmup: int, steps: int, workdir: Path,
+              timed: Callable[[Lane, int, int], Timed] = _timed_steps) -> None:
+    """One round of one configuration; a failure is kept as the lane's error, never raised. ``timed`` runs its
+    steps (:func:`paired_steps` interleaves them with the baseline's)."""
     if lane.error is not None:
         return
+    if lane.tool.warmup_steps is not None:
+        warmup = min(warmup, lane.tool.warmup_steps)
     gc.collect()  # every block starts from the same garbage-collector state
     started = False
     children_s = _children_cpu_s()
@@ -385,16 +477,16 @@ def run_block(lane: Lane, warmup: int, steps: int, workdir: Path) -> None:
         lane.tool.start(lane.model, lane.optimizer, workdir)
         started = True
         lane.start_ms.append(_ms_since(start_s))
-        wall_ms, cpu_ms = _timed_steps(lane, warmup, steps)
+        wall_ms, cpu_ms, paired = timed(lane, warmup, steps)
         stop_s = time.perf_counter()
         started = False
         lane.tool.stop()
         lane.stop_ms.append(_ms_since(stop_s))
         stats = lane.tool.worker_stats()
         start_ms = 1e3 * float(stats["cpu_s"].get("start", 0.0)) if stats else 0.0
-        timed = lane.tool.child_cpu_ms()
-        if timed is not None:  # the worker's CPU from the end of the warm-up on, over the timed steps
-            child_ms = timed / steps
+        timed_child = lane.tool.child_cpu_ms()
+        if timed_child is not None:  # the worker's CPU from the end of the warm-up on, over the timed steps
+            child_ms = timed_child / steps
         else:  # no measure at the warm-up's end: all of it but its start, spread over every step
             child_ms = ((_children_cpu_s() - children_s) * 1e3 - start_ms) / (warmup + steps)
         lane.child_cpu_ms.append(child_ms)
@@ -403,6 +495,9 @@ def run_block(lane: Lane, warmup: int, steps: int, workdir: Path) -> None:
             lane.stats.append(stats)
         lane.wall_ms.append(wall_ms)
         lane.cpu_ms.append([t + child_ms for t in cpu_ms])
+        if paired is not None:
+            lane.paired_wall_ms.append(paired[0])
+            lane.paired_cpu_ms.append(paired[1])
     except Exception as exc:  # noqa: BLE001 - a tool that fails on a model is a result, not a crash
         lane.error = f"{type(exc).__name__}: {exc}".splitlines()[0][:ERROR_CHARS]
         if started:
@@ -421,20 +516,65 @@ def _stop_quietly(tool: Tool) -> None:
         tool.stop()
 
 
+@contextlib.contextmanager
+def swapped_instances(lane: Lane, base: Lane, swap: bool) -> Iterator[None]:
+    """With ``swap``, ``lane`` and ``base`` trade model, optimizer and batch for the block: two instances of one
+    model step at persistently different speeds (where their tensors happen to lie; 3% on the transformer here),
+    which trading them every other round cancels out of the ratios."""
+    if not swap:
+        yield
+        return
+    fields = ("model", "optimizer", "batch")
+    mine, theirs = (tuple(getattr(x, name) for name in fields) for x in (lane, base))
+    for name, a, b in zip(fields, theirs, mine):
+        setattr(lane, name, a)
+        setattr(base, name, b)
+    try:
+        yield
+    finally:
+        for name, a, b in zip(fields, mine, theirs):
+            setattr(lane, name, a)
+            setattr(base, name, b)
+
+
+#: How a tool's steps are compared with the baseline's: interleaved one for one in the same block (``steps``,
+#: the default), or in blocks of their own run back to back (``blocks``).
+PAIRINGS = ("steps", "blocks")
+
+
 def run_all(specs: Sequence[ModelSpec], repeats: int, warmup: int, steps: int,
-            tools: Sequence[type[Tool]] = TOOLS, threads: Sequence[int] = (1,)) -> dict[tuple[str, int], list[Lane]]:
-    """Runs every round; each round visits every thread setting and model, its tools in a rotated order."""
+            tools: Sequence[type[Tool]] = TOOLS, threads: Sequence[int] = (1,),
+            pairing: str = "steps") -> dict[tuple[str, int], list[Lane]]:
+    """Runs every round; each round visits every thread setting and model, its tools in a rotated order.
+
+    ``pairing="steps"``: each tool's block interleaves its timed steps with the baseline's (:func:`paired_steps`;
+    the baseline keeps every block's steps too); ``"blocks"``: the baseline runs a block of its own in the
+    rotation."""
+    if pairing not in PAIRINGS:
+        raise ValueError(f"pairing must be one of {PAIRINGS}, found {pairing!r}")
     lanes = {(spec.name, n): [make_lane(spec, tool_type(), n) for tool_type in tools]
              for n in threads for spec in specs}
-    with tempfile.TemporaryDirectory(prefix="memprof-bench-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="memprof-bench-") as tmp, StepThread() as other:
         for r in range(repeats):
             for n in threads:
                 torch.set_num_threads(n)
                 for spec in specs:
                     row = lanes[spec.name, n]
-                    shift = r % len(row)
-                    for lane in row[shift:] + row[:shift]:
-                        run_block(lane, warmup, steps, Path(tmp) / f"{spec.name}-{n}")
+                    workdir = Path(tmp) / f"{spec.name}-{n}"
+                    if pairing == "blocks":
+                        shift = r % len(row)
+                        for lane in row[shift:] + row[:shift]:
+                            run_block(lane, warmup, steps, workdir)
+                        continue
+                    base, tools_row = row[0], row[1:]
+                    shift = r % max(len(tools_row), 1)
+                    for lane in tools_row[shift:] + tools_row[:shift]:
+                        blocks = len(lane.paired_wall_ms)
+                        with swapped_instances(lane, base, swap=r % 2 == 1):
+                            run_block(lane, warmup, steps, workdir, partial(paired_steps, base=base, other=other))
+                        if len(lane.paired_wall_ms) > blocks:  # (the baseline's own figures: all its steps)
+                            base.wall_ms.append(lane.paired_wall_ms[-1])
+                            base.cpu_ms.append(lane.paired_cpu_ms[-1])
             print(f"round {r + 1}/{repeats} done", file=sys.stderr, flush=True)
     return lanes
 
@@ -455,16 +595,24 @@ def _pooled(lane: Lane, measure: str) -> list[float]:
     return [t for block in getattr(lane, measure) for t in block]
 
 
+def _theirs(lane: Lane, base: Lane, measure: str) -> list[list[float]]:
+    """What ``lane``'s blocks compare with, per round: the baseline's steps interleaved with them where they were
+    (``--pairing steps``), else the baseline's block of the same round."""
+    wall = measure in (WALL, WALL_MEAN)
+    paired = lane.paired_wall_ms if wall else lane.paired_cpu_ms
+    return paired or getattr(base, WALL if wall else CPU)
+
+
 def _ratio(lane: Lane, base: Lane, measure: str) -> float:
     if measure == WALL_MEAN:
         return _median(_round_ratios(lane, base, measure))
-    return _median(_pooled(lane, measure)) / _median(_pooled(base, measure))
+    return _median(_pooled(lane, measure)) / _median([t for block in _theirs(lane, base, measure) for t in block])
 
 
 def _round_ratios(lane: Lane, base: Lane, measure: str) -> list[float]:
-    if measure == WALL_MEAN:  # each round's blocks ran back to back: their means compare like for like
-        return [statistics.fmean(mine) / statistics.fmean(theirs) for mine, theirs in zip(lane.wall_ms, base.wall_ms)]
-    pairs = zip(getattr(lane, measure), getattr(base, measure))
+    pairs = zip(getattr(lane, WALL if measure == WALL_MEAN else measure), _theirs(lane, base, measure))
+    if measure == WALL_MEAN:  # each round's steps ran side by side: their means compare like for like
+        return [statistics.fmean(mine) / statistics.fmean(theirs) for mine, theirs in pairs]
     return [_median(mine) / _median(theirs) for mine, theirs in pairs]
 
 
@@ -600,6 +748,24 @@ def target_lines(lanes: Lanes) -> list[str]:
     return lines or ["- (memprof did not run at torch's default threads)"]
 
 
+PAIRING_TEXT = {
+    "steps": "Pairing: steps (`--pairing steps`). In every round each tool's block (its start, the uncounted warm-up, "
+             "its timed steps, its stop) interleaves its timed steps one for one with the baseline's, who goes first "
+             "alternating; the baseline trains its own model instance on a thread of its own, which neither "
+             "profiler watches (both sit in the profiler slot of the thread that started them), and every other "
+             "round the two trade model instances (two instances of one model step at persistently different "
+             "speeds: the transformer's by 3% here). The two sides of a "
+             "ratio so see the machine in the same state, 30-60 ms apart: on this shared machine a bare run's "
+             "40-step means wander between 29 and 47 ms over tens of seconds, far more than the few percent being "
+             "measured. A background worker still running in the timed steps (memprof's worker-only lane) is "
+             "held (SIGSTOP) while the baseline steps and let go (SIGCONT) before the tool's next step, so it "
+             "finds only the idle moments of its own lane's steps, as in a run of its own.",
+    "blocks": "Pairing: blocks (`--pairing blocks`). In every round each configuration, the baseline included, runs "
+              "a block of its own (start, uncounted warm-up, timed steps, stop), in an order rotated from round "
+              "to round.",
+}
+
+
 def _cpu_name() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -629,6 +795,13 @@ def command_line() -> str:
     return " ".join([str(python), "-m", "benchmarks.bench_profiler", *sys.argv[1:]])
 
 
+def _warmups(lanes: Lanes, warmup: int) -> str:
+    """``80 warm-up steps`` and the tools that take fewer (``torch.profiler: 10``)."""
+    fewer = sorted({(lane.tool.name, lane.tool.warmup_steps) for row in lanes.values() for lane in row
+                    if lane.tool.warmup_steps is not None and lane.tool.warmup_steps < warmup})
+    return f"{warmup} warm-up steps" + "".join(f", {name}: {steps}" for name, steps in fewer)
+
+
 def render(lanes: Lanes, args: argparse.Namespace, elapsed_s: float) -> str:
     """The whole Markdown report."""
     now = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -637,8 +810,9 @@ def render(lanes: Lanes, args: argparse.Namespace, elapsed_s: float) -> str:
         f"- Date: {now}", f"- Machine: {machine_line()}", f"- Command: `{command_line()}`",
         f"- Load average (1, 5, 15 min) at the start: {args.load_start}; at the end: {load_average()}",
         f"- malloc: {args.malloc_line}",
-        f"- Rounds: {args.repeats} x {args.steps} timed steps per configuration ({args.warmup} warm-up steps "
+        f"- Rounds: {args.repeats} x {args.steps} timed steps per configuration ({_warmups(lanes, args.warmup)} "
         f"after each start not counted); Adam; wall time of the benchmark {elapsed_s:.0f} s", "",
+        PAIRING_TEXT[args.pairing], "",
         "Each cell is the median step time with the tool divided by the median without it (pooled over "
         "all rounds); in brackets the smallest and largest ratio of a single round's medians.", "",
         "## Wall clock", "",
@@ -708,6 +882,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tools", default=",".join(t.name for t in TOOLS),
                         help="comma-separated subset of: " + ", ".join(t.name for t in TOOLS + EXTRA_TOOLS)
                              + " (the baseline always runs)")
+    parser.add_argument("--pairing", choices=PAIRINGS, default="steps",
+                        help="steps (default): each tool's timed steps interleaved one for one with the baseline's "
+                             "(on a thread of its own), so both see the machine in the same state; blocks: the "
+                             "baseline's steps in a block of their own in the round's rotation")
     parser.add_argument("--out", type=Path, default=RESULTS_PATH, help="where the Markdown report is written")
     parser.add_argument("--no-write", action="store_true", help="print only")
     args = parser.parse_args(argv)
@@ -745,7 +923,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args.malloc_line = steady_malloc() if args.malloc == "steady" else "glibc's own thresholds"
     args.load_start = load_average()
     start_s = time.perf_counter()
-    lanes = run_all(specs, args.repeats, args.warmup, args.steps, tools, args.thread_settings)
+    lanes = run_all(specs, args.repeats, args.warmup, args.steps, tools, args.thread_settings, args.pairing)
     report = render(lanes, args, time.perf_counter() - start_s)
     print(report)
     if not args.no_write:

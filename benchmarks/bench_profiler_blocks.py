@@ -31,18 +31,13 @@ from benchmarks.bench_profiler import (
     WARMUP_STEPS,
     Lane,
     Memprof,
+    SecondBaseline,
     Tool,
     make_lane,
     run_block,
     steady_malloc,
 )
 from memprof.capture.native.stream import NativeAllocationStream
-
-
-class SecondBaseline(Tool):
-    """No profiler, on a model instance of its own: how far two bare lanes differ (memory layout, noise)."""
-
-    name = "baseline 2"
 
 
 class ReporterOnly(Tool):
