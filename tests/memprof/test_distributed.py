@@ -70,13 +70,22 @@ def _free_port() -> int:
 
 
 _GLOO_TEARDOWN = "terminate called without an active exception"
+# Ends a rank's script once it has done its work and written its results, without the interpreter's teardown: the
+# C++ static destructors run there, and gloo's threads can race them (a rank aborts with SIGABRT, "terminate called
+# without an active exception"; twice in a row in one fresh-clone CI run on 2026-11-28, an FSDP2 test).
+_EPILOGUE = """
+import os as _os, sys as _sys
+_sys.stdout.flush()
+_sys.stderr.flush()
+_os._exit(0)
+"""
 
 
 def run_two_ranks(tmp_path: Path, source: str, *args: str) -> None:
     """Writes ``source`` to ``tmp_path/train.py`` and runs it on two gloo ranks with ``args``; raises with the
-    ranks' output when it fails."""
+    ranks' output when it fails. The script ends without the interpreter's teardown (``_EPILOGUE``)."""
     script = tmp_path / "train.py"
-    script.write_text(source)
+    script.write_text(source + _EPILOGUE)
     done = _launch(tmp_path, script, args)
     if done.returncode != 0 and _GLOO_TEARDOWN in done.stderr:
         # a rank aborted as its process tore down (SIGABRT, "terminate called without an active exception": a
