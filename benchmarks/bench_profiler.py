@@ -436,22 +436,21 @@ def paired_steps(lane: Lane, warmup: int, steps: int, *, base: Lane, other: Step
     step come back with the lane's."""
     threads = torch.get_num_threads()
     other.call(lambda: torch.set_num_threads(threads))  # (torch's intra-op setting is read per thread)
+
+    def base_step() -> tuple[float, float, float]:
+        with lane.tool.held():
+            return other.call(partial(_step, base))
+
     for _ in range(warmup):
         _step(lane)
     lane.tool.after_warmup()
-    with lane.tool.held():
-        for _ in range(PAIRED_BASE_WARMUP):
-            other.call(partial(_step, base))
+    for _ in range(PAIRED_BASE_WARMUP):
+        base_step()
     wall_ms, cpu_ms, base_wall, base_cpu = [], [], [], []
     for i in range(steps):
-        if i % 2:
-            with lane.tool.held():
-                theirs = other.call(partial(_step, base))
-            wall, cpu, call = _step(lane)
-        else:
-            wall, cpu, call = _step(lane)
-            with lane.tool.held():
-                theirs = other.call(partial(_step, base))
+        theirs = base_step() if i % 2 else None
+        wall, cpu, call = _step(lane)
+        theirs = theirs or base_step()
         wall_ms.append(wall)
         cpu_ms.append(cpu)
         lane.call_ms.append(call)
