@@ -536,6 +536,15 @@ def swapped_instances(lane: Lane, base: Lane, swap: bool) -> Iterator[None]:
             setattr(base, name, b)
 
 
+def traded_threads(first: StepThread, second: StepThread, round_index: int) -> tuple[StepThread, StepThread]:
+    """The threads a round's tool and baseline step on: ``first`` and ``second`` trade places every other pair of
+    rounds, so that with :func:`swapped_instances` each tool meets every instance on every thread every four
+    rounds. Two threads of one process step one model at persistently different speeds (each has its own OpenMP
+    team and malloc arena; two bare lanes read 1.05x apart on the transformer with the baseline always on the
+    second thread), which the trade cancels out of the ratios."""
+    return (first, second) if round_index // 2 % 2 == 0 else (second, first)
+
+
 #: How a tool's steps are compared with the baseline's: interleaved one for one in the same block (``steps``,
 #: the default), or in blocks of their own run back to back (``blocks``).
 PAIRINGS = ("steps", "blocks")
@@ -553,10 +562,13 @@ def run_all(specs: Sequence[ModelSpec], repeats: int, warmup: int, steps: int,
         raise ValueError(f"pairing must be one of {PAIRINGS}, found {pairing!r}")
     lanes = {(spec.name, n): [make_lane(spec, tool_type(), n) for tool_type in tools]
              for n in threads for spec in specs}
-    with tempfile.TemporaryDirectory(prefix="memprof-bench-") as tmp, StepThread() as other:
+    with (tempfile.TemporaryDirectory(prefix="memprof-bench-") as tmp, StepThread("steps-a") as first,
+          StepThread("steps-b") as second):
         for r in range(repeats):
             for n in threads:
                 torch.set_num_threads(n)
+                for helper in (first, second):  # (torch's intra-op setting is read per thread)
+                    helper.call(partial(torch.set_num_threads, n))
                 for spec in specs:
                     row = lanes[spec.name, n]
                     workdir = Path(tmp) / f"{spec.name}-{n}"
@@ -567,10 +579,12 @@ def run_all(specs: Sequence[ModelSpec], repeats: int, warmup: int, steps: int,
                         continue
                     base, tools_row = row[0], row[1:]
                     shift = r % max(len(tools_row), 1)
+                    mine, theirs = traded_threads(first, second, r)
                     for lane in tools_row[shift:] + tools_row[:shift]:
                         blocks = len(lane.paired_wall_ms)
                         with swapped_instances(lane, base, swap=r % 2 == 1):
-                            run_block(lane, warmup, steps, workdir, partial(paired_steps, base=base, other=other))
+                            mine.call(partial(run_block, lane, warmup, steps, workdir,
+                                              partial(paired_steps, base=base, other=theirs)))
                         if len(lane.paired_wall_ms) > blocks:  # (the baseline's own figures: all its steps)
                             base.wall_ms.append(lane.paired_wall_ms[-1])
                             base.cpu_ms.append(lane.paired_cpu_ms[-1])

@@ -146,3 +146,30 @@ def test_the_report_names_the_tools_that_warm_up_for_fewer_steps() -> None:
                            for tool in (bp.Tool(), bp.Memprof(), bp.TorchProfiler())]}
     assert bp._warmups(lanes, 80) == "80 warm-up steps, torch.profiler: 10"
     assert bp._warmups(lanes, 5) == "5 warm-up steps"
+
+
+def test_the_tool_and_the_baseline_trade_threads_every_other_pair_of_rounds() -> None:
+    with StepThread("a") as first, StepThread("b") as second:
+        assert [bp.traded_threads(first, second, r) for r in range(5)] == [
+            (first, second), (first, second), (second, first), (second, first), (first, second)]
+    log: list[tuple[str, int | None]] = []
+
+    class Logged(Recording):
+        def __init__(self) -> None:
+            super().__init__(self.name, log)
+
+    class Tool(Logged):
+        name = "tool"
+
+    class Base(Logged):
+        name = "base"
+
+    lanes = bp.run_all([TINY], repeats=4, warmup=0, steps=2, tools=(Base, Tool), threads=(1,))
+    assert all(lane.error is None for lane in lanes["tiny", 1])
+    starts = [thread for name, thread in log if name == "tool start"]
+    steps = [thread for name, thread in log if name == "base"]
+    main = threading.get_ident()
+    assert len(starts) == 4 and main not in starts  # the main thread only orchestrates
+    assert starts[0] == starts[1] != starts[2] == starts[3]
+    assert main not in steps and len(set(steps)) == 2
+    assert {thread for name, thread in log if name == "tool"} == set(starts)
