@@ -134,6 +134,11 @@ class Tool:
         """The last block's worker stats (:class:`memprof.trace.pipeline.worker.Stages`), where there is a worker."""
         return None
 
+    def switched_at(self) -> int | None:
+        """The first iteration of the last block whose record the training thread processed instead of memprof's
+        worker (:class:`memprof.capture.worker_judge.Switch`); ``None``: no switch."""
+        return None
+
 
 class Memprof(Tool):
     """memprof's ``MemoryProfiler``, with ``record_stats()`` after every step."""
@@ -195,6 +200,10 @@ class Memprof(Tool):
 
     def worker_stats(self) -> dict | None:
         return getattr(self._sink, "worker_stats", None)
+
+    def switched_at(self) -> int | None:
+        switch = getattr(self._sink, "switched", None)
+        return None if switch is None else switch.iteration
 
     @contextlib.contextmanager
     def held(self) -> Iterator[None]:
@@ -381,6 +390,7 @@ class Lane:
     child_cpu_ms: list[float] = field(default_factory=list)  # per step, of the tool's child processes
     child_start_ms: list[float] = field(default_factory=list)  # CPU of the child's start, once per block
     stats: list[dict] = field(default_factory=list)  # the worker's own account, one per block
+    switched_at: list[int | None] = field(default_factory=list)  # per block: where the records left the worker
     #: ``--pairing steps``: per round, the baseline's steps interleaved one for one with this lane's timed steps
     #: (wall, CPU), which its ratios are taken against instead of the baseline's own block
     paired_wall_ms: list[list[float]] = field(default_factory=list)
@@ -492,6 +502,7 @@ def run_block(lane: Lane, warmup: int, steps: int, workdir: Path,
         lane.child_start_ms.append(start_ms)
         if stats:
             lane.stats.append(stats)
+            lane.switched_at.append(lane.tool.switched_at())
         lane.wall_ms.append(wall_ms)
         lane.cpu_ms.append([t + child_ms for t in cpu_ms])
         if paired is not None:
@@ -734,7 +745,17 @@ def worker_table(lanes: Lanes) -> list[str]:
     lines.append("| **all but the start** | " + " | ".join(totals) + " |")
     lines.append("| start, once per run (CPU ms) | " + " | ".join(starts) + " |")
     lines.append("| records (detailed) / gathers / flushes | " + " | ".join(counts_row) + " |")
+    lines.append("| blocks whose records went to the training thread (from iteration) | "
+                 + " | ".join(switch_cell(lane.switched_at) for _, lane in found) + " |")
     return lines
+
+
+def switch_cell(switched_at: Sequence[int | None]) -> str:
+    """``"3 of 8 (51-59)"``: the blocks where memprof's judge handed the records to the training thread, and the
+    iterations it did so from."""
+    at = sorted(i for i in switched_at if i is not None)
+    where = "" if not at else f" ({at[0]})" if at[0] == at[-1] else f" ({at[0]}-{at[-1]})"
+    return f"{len(at)} of {len(switched_at)}{where}"
 
 
 def target_lines(lanes: Lanes) -> list[str]:
@@ -752,10 +773,12 @@ def target_lines(lanes: Lanes) -> list[str]:
                                        (WALL_MEAN, TARGET_WALL, "wall (every step)"), (CPU, TARGET_CPU, "CPU")):
             ratio = float("inf") if lane.error else _ratio(lane, row[0], measure)
             ok = ratio <= target
-            text = f"{label} {ratio:.2f}x (target {target:.2f}x: {'met' if ok else 'missed'}"
-            if torch_lane is not None and torch_lane.error is None:
-                theirs = _ratio(torch_lane, row[0], measure)
-                text += f"; torch.profiler {theirs:.2f}x: {'at or below' if ratio <= theirs else 'above'} it"
+            theirs = _ratio(torch_lane, row[0], measure) if torch_lane is not None and torch_lane.error is None \
+                else None
+            digits = 3 if theirs is not None and f"{ratio:.2f}" == f"{theirs:.2f}" else 2  # (a tie that is not one)
+            text = f"{label} {ratio:.{digits}f}x (target {target:.2f}x: {'met' if ok else 'missed'}"
+            if theirs is not None:
+                text += f"; torch.profiler {theirs:.{digits}f}x: {'at or below' if ratio <= theirs else 'above'} it"
             verdicts.append(text + ")")
         lines.append(f"- {name}, {threads_label(threads)} threads: " + "; ".join(verdicts))
     return lines or ["- (memprof did not run at torch's default threads)"]
@@ -767,7 +790,9 @@ PAIRING_TEXT = {
              "alternating; the baseline trains its own model instance on a thread of its own, which neither "
              "profiler watches (both sit in the profiler slot of the thread that started them), and every other "
              "round the two trade model instances (two instances of one model step at persistently different "
-             "speeds: the transformer's by 3% here). The two sides of a "
+             "speeds: the transformer's by 3% here), and every other pair of rounds the two threads they step on "
+             "(the main thread only orchestrates: two threads of one process stepped one model 5% apart). The two "
+             "sides of a "
              "ratio so see the machine in the same state, 30-60 ms apart: on this shared machine a bare run's "
              "40-step means wander between 29 and 47 ms over tens of seconds, far more than the few percent being "
              "measured. A background worker still running in the timed steps (memprof's worker-only lane) is "

@@ -40,6 +40,7 @@ def test_the_stage_table_is_per_record_and_the_start_per_run() -> None:
     assert "| **all but the start** | **4.00** |" in table
     assert "| start, once per run (CPU ms) | 400 |" in table
     assert "| records (detailed) / gathers / flushes | 40 (20) / 6 / 4 |" in table
+    assert "| blocks whose records went to the training thread (from iteration) | 0 of 0 |" in table
     # two memprof lanes of one model: a column each, named by the tool
     other = [{"cpu_s": {"analysis": 0.12, "start": 0.4}, "counts": {"records": 20}}]
     lanes["cnn", 1].append(_lane(bp.MemprofEveryHook(), [12.0], [13.0], 1, other))
@@ -57,6 +58,14 @@ def test_the_targets_are_judged_at_torchs_default_threads_against_torch_profiler
     assert "wall (every step) 1.04x (target 1.05x: met; torch.profiler 1.06x: at or below it)" in line
     assert "CPU 1.30x (target 1.25x: missed; torch.profiler 1.20x: above it)" in line
     assert bp.target_lines({("cnn", n + 1): lanes["cnn", n]}) == ["- (memprof did not run at torch's default threads)"]
+    lanes["cnn", n][2].cpu_ms = [[130.2]]  # equal to the hundredth: the verdict's digits shown
+    assert "CPU 1.300x (target 1.25x: missed; torch.profiler 1.302x: at or below it)" in bp.target_lines(lanes)[0]
+
+
+def test_the_switch_cell_counts_the_blocks_whose_records_left_the_worker() -> None:
+    assert bp.switch_cell([None, 59, None, 51]) == "2 of 4 (51-59)"
+    assert bp.switch_cell([59, None]) == "1 of 2 (59)"
+    assert bp.switch_cell([None, None]) == "0 of 2"
 
 
 def test_every_step_counts_the_rare_long_steps_that_the_median_leaves_out() -> None:
