@@ -5,7 +5,10 @@ each model, one model and optimizer per configuration (same seed, same batch) tr
 every tool in turn, in an order rotated from round to round. With ``--pairing steps`` (the default) a tool's
 timed steps alternate one for one with the baseline's, which trains on a thread of its own that no profiler
 watches (:mod:`benchmarks.step_thread`), so that noise from the machine (other processes, frequency changes,
-slow spells lasting tens of seconds) falls on both sides of every ratio alike; with ``--pairing blocks`` the
+slow spells lasting tens of seconds) falls on both sides of every ratio alike; the two trade model instances
+every other round (:func:`swapped_instances`), step on threads started for the block (:func:`run_paired_block`),
+the main thread only orchestrating, and ``baseline 2`` (a second bare lane) reads the measurement's own error; with
+``--pairing blocks`` the
 baseline runs a block of its own in the rotation. Each round runs every thread setting (``--threads``:
 1 intra-op thread and torch's default, by default), so the two are measured side by side in one run. A
 configuration's tool is started at the beginning of its block of steps and stopped at its end, because memprof
@@ -440,33 +443,38 @@ def _timed_steps(lane: Lane, warmup: int, steps: int) -> Timed:
 PAIRED_BASE_WARMUP = 5
 
 
-def paired_steps(lane: Lane, warmup: int, steps: int, *, base: Lane, other: StepThread) -> Timed:
-    """``--pairing steps``: the lane's timed steps interleaved one for one with the baseline's, which run on
-    ``other`` (unseen by a profiler on this thread); who goes first alternates. The baseline's wall and CPU per
-    step come back with the lane's."""
+def paired_steps(lane: Lane, warmup: int, steps: int, *, base: Lane) -> Timed:
+    """``--pairing steps``: the lane's timed steps interleaved one for one with the baseline's; who goes first
+    alternates. The baseline's wall and CPU per step come back with the lane's.
+
+    The baseline steps on a thread started after the tool's warm-up, which no profiler watches: memprof's reporter
+    and torch.profiler's operator events sit in the profiler slot of the thread that started them, and
+    torch.profiler's Python tracer (``with_stack``) sets itself on the threads that exist when it starts (a thread
+    started before it had its Python calls traced too, 20 of them beside the tool's 5 in a check)."""
     threads = torch.get_num_threads()
-    other.call(lambda: torch.set_num_threads(threads))  # (torch's intra-op setting is read per thread)
-
-    def base_step() -> tuple[float, float, float]:
-        with lane.tool.held():
-            return other.call(partial(_step, base))
-
     for _ in range(warmup):
         _step(lane)
     lane.tool.after_warmup()
-    for _ in range(PAIRED_BASE_WARMUP):
-        base_step()
-    wall_ms, cpu_ms, base_wall, base_cpu = [], [], [], []
-    for i in range(steps):
-        theirs = base_step() if i % 2 else None
-        wall, cpu, call = _step(lane)
-        theirs = theirs or base_step()
-        wall_ms.append(wall)
-        cpu_ms.append(cpu)
-        lane.call_ms.append(call)
-        base_wall.append(theirs[0])
-        base_cpu.append(theirs[1])
-        base.call_ms.append(theirs[2])
+    with StepThread("baseline-steps") as other:
+        other.call(partial(torch.set_num_threads, threads))  # (torch's intra-op setting is read per thread)
+
+        def base_step() -> tuple[float, float, float]:
+            with lane.tool.held():
+                return other.call(partial(_step, base))
+
+        for _ in range(PAIRED_BASE_WARMUP):
+            base_step()
+        wall_ms, cpu_ms, base_wall, base_cpu = [], [], [], []
+        for i in range(steps):
+            theirs = base_step() if i % 2 else None
+            wall, cpu, call = _step(lane)
+            theirs = theirs or base_step()
+            wall_ms.append(wall)
+            cpu_ms.append(cpu)
+            lane.call_ms.append(call)
+            base_wall.append(theirs[0])
+            base_cpu.append(theirs[1])
+            base.call_ms.append(theirs[2])
     return wall_ms, cpu_ms, (base_wall, base_cpu)
 
 
@@ -547,13 +555,15 @@ def swapped_instances(lane: Lane, base: Lane, swap: bool) -> Iterator[None]:
             setattr(base, name, b)
 
 
-def traded_threads(first: StepThread, second: StepThread, round_index: int) -> tuple[StepThread, StepThread]:
-    """The threads a round's tool and baseline step on: ``first`` and ``second`` trade places every other pair of
-    rounds, so that with :func:`swapped_instances` each tool meets every instance on every thread every four
-    rounds. Two threads of one process step one model at persistently different speeds (each has its own OpenMP
-    team and malloc arena; two bare lanes read 1.05x apart on the transformer with the baseline always on the
-    second thread), which the trade cancels out of the ratios."""
-    return (first, second) if round_index // 2 % 2 == 0 else (second, first)
+def run_paired_block(lane: Lane, base: Lane, warmup: int, steps: int, workdir: Path) -> None:
+    """:func:`run_block` with :func:`paired_steps`, on a thread started for the block, as the baseline's is
+    (:func:`paired_steps`): the two sides step on threads of the same age, each with an OpenMP team and a malloc
+    arena of its own (with the tool on the main thread and the baseline always on one helper, two bare lanes read
+    1.05x apart on the transformer), and the main thread only orchestrates."""
+    threads = torch.get_num_threads()
+    with StepThread("tool-steps") as mine:
+        mine.call(partial(torch.set_num_threads, threads))
+        mine.call(partial(run_block, lane, warmup, steps, workdir, partial(paired_steps, base=base)))
 
 
 #: How a tool's steps are compared with the baseline's: interleaved one for one in the same block (``steps``,
@@ -573,13 +583,10 @@ def run_all(specs: Sequence[ModelSpec], repeats: int, warmup: int, steps: int,
         raise ValueError(f"pairing must be one of {PAIRINGS}, found {pairing!r}")
     lanes = {(spec.name, n): [make_lane(spec, tool_type(), n) for tool_type in tools]
              for n in threads for spec in specs}
-    with (tempfile.TemporaryDirectory(prefix="memprof-bench-") as tmp, StepThread("steps-a") as first,
-          StepThread("steps-b") as second):
+    with tempfile.TemporaryDirectory(prefix="memprof-bench-") as tmp:
         for r in range(repeats):
             for n in threads:
                 torch.set_num_threads(n)
-                for helper in (first, second):  # (torch's intra-op setting is read per thread)
-                    helper.call(partial(torch.set_num_threads, n))
                 for spec in specs:
                     row = lanes[spec.name, n]
                     workdir = Path(tmp) / f"{spec.name}-{n}"
@@ -590,12 +597,10 @@ def run_all(specs: Sequence[ModelSpec], repeats: int, warmup: int, steps: int,
                         continue
                     base, tools_row = row[0], row[1:]
                     shift = r % max(len(tools_row), 1)
-                    mine, theirs = traded_threads(first, second, r)
                     for lane in tools_row[shift:] + tools_row[:shift]:
                         blocks = len(lane.paired_wall_ms)
                         with swapped_instances(lane, base, swap=r % 2 == 1):
-                            mine.call(partial(run_block, lane, warmup, steps, workdir,
-                                              partial(paired_steps, base=base, other=theirs)))
+                            run_paired_block(lane, base, warmup, steps, workdir)
                         if len(lane.paired_wall_ms) > blocks:  # (the baseline's own figures: all its steps)
                             base.wall_ms.append(lane.paired_wall_ms[-1])
                             base.cpu_ms.append(lane.paired_cpu_ms[-1])
@@ -790,9 +795,10 @@ PAIRING_TEXT = {
              "alternating; the baseline trains its own model instance on a thread of its own, which neither "
              "profiler watches (both sit in the profiler slot of the thread that started them), and every other "
              "round the two trade model instances (two instances of one model step at persistently different "
-             "speeds: the transformer's by 3% here), and every other pair of rounds the two threads they step on "
-             "(the main thread only orchestrates: two threads of one process stepped one model 5% apart). The two "
-             "sides of a "
+             "speeds: the transformer's by 3% here); both step on threads started for the block, the baseline's "
+             "after the tool's start, so that torch.profiler's Python tracer (`with_stack`), which sets itself on "
+             "every thread alive when it starts, does not trace the baseline (the main thread only orchestrates). "
+             "The two sides of a "
              "ratio so see the machine in the same state, 30-60 ms apart: on this shared machine a bare run's "
              "40-step means wander between 29 and 47 ms over tens of seconds, far more than the few percent being "
              "measured. A background worker still running in the timed steps (memprof's worker-only lane) is "
