@@ -11,7 +11,11 @@ clock:
   on the same model, one with the part and one without in alternating order: the part's cost is the mean of the
   pairs' differences, given with its standard error (a single step's CPU varies by several ms on a shared machine);
 - **``record_stats()``**, part by part: the reporter's events, the hooks' lists, the journal append (of which
-  encoding the record), reading the worker's answers, waking it.
+  encoding the record), reading the worker's answers, waking it;
+- **after a switch** (``--after-switch``: the judge hands the records to the training thread at its first window,
+  :mod:`memprof.capture.worker_judge`), ``record_stats()`` and its parts as means per step (the analysis runs in
+  gathers of 8 records, the Parquet parts every 64): the reporter's events, the journal append, the analysis, the
+  parts, the phase clock, the steady-hooks check.
 """
 
 from __future__ import annotations
@@ -32,8 +36,9 @@ import torch
 from benchmarks.bench_profiler import MODELS, ModelSpec, steady_malloc
 from examples import zoo
 from memprof import MemoryProfiler
+from memprof.analysis.iteration import IterationProcessor
 from memprof.analysis.records import IterationRecord
-from memprof.capture import hooks, sinks
+from memprof.capture import hooks, inline_sinks, sinks, steady, worker_judge
 from memprof.capture.native.stream import NativeAllocationStream
 from memprof.trace.pipeline import journal
 
@@ -185,6 +190,50 @@ def record_stats_costs(spec: ModelSpec, steps: int, clock: Clock) -> list[str]:
     return rows
 
 
+@contextmanager
+def _switch_at_once() -> Iterator[None]:
+    saved = worker_judge.SETTLE_RECORDS, worker_judge.JUDGE_RECORDS, worker_judge.INLINE_WAIT_SHARE
+    worker_judge.SETTLE_RECORDS, worker_judge.JUDGE_RECORDS, worker_judge.INLINE_WAIT_SHARE = 4, 4, 0.0
+    try:
+        yield
+    finally:
+        worker_judge.SETTLE_RECORDS, worker_judge.JUDGE_RECORDS, worker_judge.INLINE_WAIT_SHARE = saved
+
+
+def switched_costs(spec: ModelSpec, steps: int, clock: Clock, warmup: int = 80) -> list[str]:
+    """Table rows: ``record_stats()`` and its parts once the records are on the training thread, CPU ms per step
+    as means over ``steps`` steps after ``warmup`` (the switch comes at the first window, within the warm-up)."""
+    model, optimizer, batch = _model(spec)
+    spent: dict[str, float] = defaultdict(float)
+    calls: dict[str, int] = defaultdict(int)
+    total = 0.0
+    with tempfile.TemporaryDirectory(prefix="memprof-parts-") as tmp, _switch_at_once(), \
+            timed(journal.JournalWriter, ["append"], spent, calls, clock), \
+            timed(IterationProcessor, ["process"], spent, calls, clock), \
+            timed(inline_sinks.JournaledSink, ["_flush"], spent, calls, clock), \
+            timed(steady.SteadyHooks, ["after"], spent, calls, clock), \
+            timed(MemoryProfiler, ["_time_phases"], spent, calls, clock):
+        profiler = MemoryProfiler(model, optimizer, out_dir=tmp, print_period=0)
+        with timed(profiler._stream, ["collect"], spent, calls, clock):
+            for step in range(warmup + steps):
+                if step == warmup:
+                    spent.clear()
+                zoo.train_step(model, optimizer, batch)
+                start = clock()
+                profiler.record_stats()
+                total += clock() - start if step >= warmup else 0.0
+        mode = profiler._sink.mode
+        profiler.close()
+    if mode != "inline":
+        raise RuntimeError(f"the records stayed with the worker (mode {mode!r}): nothing after a switch to measure")
+    labels = {"collect": "the reporter's events (`collect`)", "append": "the journal append",
+              "process": "the analysis (gathers of 8)", "_flush": "the Parquet parts (every 64)",
+              "_time_phases": "the phase clock", "after": "the steady-hooks check"}
+    rows = [f"| `record_stats()` after a switch | {total / steps * 1e3:.3f} | mean |"]
+    rows += [f"| {label} | {spent[name] / steps * 1e3:.3f} | mean |" for name, label in labels.items()]
+    return rows
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Command-line options."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -192,6 +241,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--steps", type=int, default=60, help="steps timed for the hooks and record_stats()")
     parser.add_argument("--pairs", type=int, default=150, help="pairs of steps per part")
+    parser.add_argument("--after-switch", action="store_true",
+                        help="only record_stats() and its parts once the records are on the training thread")
     return parser.parse_args(argv)
 
 
@@ -204,6 +255,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     spec = next(m for m in MODELS if m.name == args.model)
     print(f"- Model {args.model}, {args.threads} intra-op thread(s); CPU ms per step\n")
     print("| Part | CPU (ms/step) | |\n|---|---:|---|")
+    if args.after_switch:
+        for row in switched_costs(spec, args.steps, clock):
+            print(row)
+        return
     for row in [*hook_costs(spec, args.steps, clock), *record_stats_costs(spec, args.steps, clock),
                 *paired_costs(spec, args.pairs, clock)]:
         print(row)

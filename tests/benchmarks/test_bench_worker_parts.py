@@ -1,12 +1,18 @@
-"""The issue-35 benchmarks' pure parts: the priority table, the timers, the worker-records table, and a tiny run."""
+"""The issue-35 benchmarks' pure parts: the priority table, the timers, the worker-records table, and tiny runs."""
 
 from __future__ import annotations
+
+import time
+from functools import partial
 
 import pytest
 
 from benchmarks import bench_step_parts as sp
 from benchmarks import bench_worker_priority as wp
 from benchmarks import bench_worker_records as wr
+from benchmarks.bench_profiler import ModelSpec
+from examples import zoo
+from memprof.capture import worker_judge
 
 
 def test_the_priority_table_gives_each_priority_against_the_bare_step() -> None:
@@ -49,3 +55,14 @@ def test_the_step_parts_run_on_a_small_model(capsys) -> None:
     sp.main(["--model", "mlp", "--steps", "2", "--pairs", "2"])
     out = capsys.readouterr().out
     assert "| all hooks |" in out and "| `record_stats()` |" in out and "by pairs" in out
+
+
+def test_the_parts_after_a_switch_are_measured_on_the_training_thread() -> None:
+    tiny = ModelSpec("tiny", partial(zoo.mlp, blocks=1, width=8, in_features=8), 4, "1 block, width 8")
+    before = worker_judge.SETTLE_RECORDS, worker_judge.JUDGE_RECORDS, worker_judge.INLINE_WAIT_SHARE
+    rows = sp.switched_costs(tiny, steps=16, clock=time.process_time, warmup=48)
+    assert before == (worker_judge.SETTLE_RECORDS, worker_judge.JUDGE_RECORDS, worker_judge.INLINE_WAIT_SHARE)
+    assert rows[0].startswith("| `record_stats()` after a switch |")
+    spent = {row.split(" | ")[0][2:]: float(row.split(" | ")[1]) for row in rows}
+    assert spent["the analysis (gathers of 8)"] > 0 and spent["the journal append"] > 0
+    assert spent["`record_stats()` after a switch"] >= spent["the analysis (gathers of 8)"]
