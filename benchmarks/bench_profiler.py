@@ -557,9 +557,9 @@ def swapped_instances(lane: Lane, base: Lane, swap: bool) -> Iterator[None]:
 
 def run_paired_block(lane: Lane, base: Lane, warmup: int, steps: int, workdir: Path) -> None:
     """:func:`run_block` with :func:`paired_steps`, on a thread started for the block, as the baseline's is
-    (:func:`paired_steps`): the two sides step on threads of the same age, each with an OpenMP team and a malloc
-    arena of its own (with the tool on the main thread and the baseline always on one helper, two bare lanes read
-    1.05x apart on the transformer), and the main thread only orchestrates."""
+    (:func:`paired_steps`): the two sides step on threads of the same age, each with an OpenMP team of its own
+    (with the tool on the main thread and the baseline always on one helper, two bare lanes read 1.05x apart on
+    the transformer), and the main thread only orchestrates."""
     threads = torch.get_num_threads()
     with StepThread("tool-steps") as mine:
         mine.call(partial(torch.set_num_threads, threads))

@@ -3,7 +3,9 @@ interleaved with a profiled lane's (:mod:`benchmarks.bench_profiler`, ``--pairin
 
 A profiler watches the thread it was started on (memprof's reporter and ``torch.profiler`` both sit in that
 thread's profiler slot; memprof's hooks are on its own model instance), so a baseline stepping on another
-thread between the profiled lane's steps runs unobserved, and both see the machine in the same state.
+thread between the profiled lane's steps runs unobserved, and both see the machine in the same state; the one
+exception, ``torch.profiler``'s Python tracer, sets itself on every thread alive when it starts, so the
+baseline's thread is started after the tool's (:func:`benchmarks.bench_profiler.paired_steps`).
 """
 
 from __future__ import annotations
