@@ -168,11 +168,20 @@ def test_planner_shows_the_minimum_budget_and_follows_the_slider(driver, server,
     assert f"Budgets from {format_bytes(low)} (the minimum feasible)" in message  # as `memprof plan` says
     assert driver.find_element(By.CSS_SELECTOR, f"#{ids.PLANNER_BUDGET} [role='slider']").get_attribute(
         "aria-valuemin") == str(low)
-    before = (tb.text_of(driver, ids.PLANNER_BUDGET_TEXT), tb.text_of(driver, ids.PLANNER_MAKESPAN))
-    handle = driver.find_element(By.CSS_SELECTOR, f"#{ids.PLANNER_BUDGET} [role='slider']")
     rail = driver.find_element(By.ID, ids.PLANNER_BUDGET)
-    left = rail.location["x"] - handle.location["x"] - 5  # a little past the rail's left end: the minimum
-    tb.webdriver.ActionChains(driver).click_and_hold(handle).move_by_offset(int(left), 0).release().perform()
+
+    def drag_to(end: str) -> None:  # a little past the rail's end: its minimum or its maximum
+        handle = driver.find_element(By.CSS_SELECTOR, f"#{ids.PLANNER_BUDGET} [role='slider']")
+        target = rail.location["x"] - 5 if end == "left" else rail.location["x"] + rail.size["width"] + 5
+        tb.webdriver.ActionChains(driver).click_and_hold(handle).move_by_offset(
+            int(target - handle.location["x"]), 0).release().perform()
+
+    # the slider starts at selective's optimum, which may be the minimum itself: from the top end first
+    drag_to("right")
+    _ready(driver, "the schedule at the highest budget",
+           lambda: not tb.text_of(driver, ids.PLANNER_BUDGET_TEXT).startswith(f"budget {format_bytes(low)} "))
+    before = (tb.text_of(driver, ids.PLANNER_BUDGET_TEXT), tb.text_of(driver, ids.PLANNER_MAKESPAN))
+    drag_to("left")
     _ready(driver, "the schedule at the lowest budget",
            lambda: tb.text_of(driver, ids.PLANNER_BUDGET_TEXT) not in ("", before[0]))
     assert tb.text_of(driver, ids.PLANNER_BUDGET_TEXT).startswith(f"budget {format_bytes(low)} for the whole step")
