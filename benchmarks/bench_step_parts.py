@@ -223,6 +223,7 @@ def switched_costs(spec: ModelSpec, steps: int, clock: Clock, warmup: int = 80) 
                 start = clock()
                 profiler.record_stats()
                 total += clock() - start if step >= warmup else 0.0
+        parts = dict(spent)  # (before close(), which analyses and writes what is left)
         mode = profiler._sink.mode
         profiler.close()
     if mode != "inline":
@@ -231,7 +232,7 @@ def switched_costs(spec: ModelSpec, steps: int, clock: Clock, warmup: int = 80) 
               "process": "the analysis (gathers of 8)", "_flush": "the Parquet parts (every 64)",
               "_time_phases": "the phase clock", "after": "the steady-hooks check"}
     rows = [f"| `record_stats()` after a switch | {total / steps * 1e3:.3f} | mean |"]
-    rows += [f"| {label} | {spent[name] / steps * 1e3:.3f} | mean |" for name, label in labels.items()]
+    rows += [f"| {label} | {parts.get(name, 0.0) / steps * 1e3:.3f} | mean |" for name, label in labels.items()]
     return rows
 
 
