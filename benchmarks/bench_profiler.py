@@ -439,6 +439,16 @@ def _timed_steps(lane: Lane, warmup: int, steps: int) -> Timed:
     return wall_ms, cpu_ms, None
 
 
+@contextlib.contextmanager
+def step_thread(name: str) -> Iterator[StepThread]:
+    """A :class:`StepThread` started now, with the calling thread's torch intra-op setting (torch reads it per
+    thread)."""
+    threads = torch.get_num_threads()
+    with StepThread(name) as helper:
+        helper.call(partial(torch.set_num_threads, threads))
+        yield helper
+
+
 #: ``--pairing steps``: the baseline's uncounted steps before each block's interleaved ones.
 PAIRED_BASE_WARMUP = 5
 
@@ -451,12 +461,10 @@ def paired_steps(lane: Lane, warmup: int, steps: int, *, base: Lane) -> Timed:
     and torch.profiler's operator events sit in the profiler slot of the thread that started them, and
     torch.profiler's Python tracer (``with_stack``) sets itself on the threads that exist when it starts (a thread
     started before it had its Python calls traced too, 20 of them beside the tool's 5 in a check)."""
-    threads = torch.get_num_threads()
     for _ in range(warmup):
         _step(lane)
     lane.tool.after_warmup()
-    with StepThread("baseline-steps") as other:
-        other.call(partial(torch.set_num_threads, threads))  # (torch's intra-op setting is read per thread)
+    with step_thread("baseline-steps") as other:
 
         def base_step() -> tuple[float, float, float]:
             with lane.tool.held():
@@ -560,9 +568,7 @@ def run_paired_block(lane: Lane, base: Lane, warmup: int, steps: int, workdir: P
     (:func:`paired_steps`): the two sides step on threads of the same age, each with an OpenMP team of its own
     (with the tool on the main thread and the baseline always on one helper, two bare lanes read 1.05x apart on
     the transformer), and the main thread only orchestrates."""
-    threads = torch.get_num_threads()
-    with StepThread("tool-steps") as mine:
-        mine.call(partial(torch.set_num_threads, threads))
+    with step_thread("tool-steps") as mine:
         mine.call(partial(run_block, lane, warmup, steps, workdir, partial(paired_steps, base=base)))
 
 

@@ -168,9 +168,8 @@ def test_each_block_steps_on_threads_of_its_own_the_main_thread_only_orchestrate
     assert len(starts) == 3 and main not in starts
     assert main not in {thread for name, thread in log if name == "base"}
     # each block's baseline steps on one thread, not the tool's (thread idents may be reused once one has ended)
-    blocks = [log[i:j] for i, j in zip([k for k, (name, _) in enumerate(log) if name == "tool start"],
-                                       [k for k, (name, _) in enumerate(log) if name == "tool start"][1:] + [len(log)])]
-    for block in blocks:
+    at = [k for k, (name, _) in enumerate(log) if name == "tool start"]
+    for block in (log[i:j] for i, j in zip(at, [*at[1:], len(log)])):
         tool_threads = {thread for name, thread in block if name.startswith("tool")}
         base_threads = {thread for name, thread in block if name == "base"}
         assert len(tool_threads) == len(base_threads) == 1 and tool_threads != base_threads
@@ -206,3 +205,13 @@ def test_torch_profilers_python_tracer_does_not_see_the_baselines_steps(tmp_path
         older.call(Recording("base", log).after_step)
         tool.stop()
     assert _traced(tool.names, "after_step") == 1
+
+
+def test_a_step_thread_takes_the_callers_intra_op_setting() -> None:
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        with bp.step_thread("one") as helper:
+            assert helper.call(torch.get_num_threads) == 1 and helper.ident != threading.get_ident()
+    finally:
+        torch.set_num_threads(threads)
