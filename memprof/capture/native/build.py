@@ -30,7 +30,7 @@ import torch
 from memprof.atomic import atomic_path
 
 SOURCE = Path(__file__).parent / "reporter.cpp"
-ABI_VERSION = 4
+ABI_VERSION = 5
 #: Set to ``0`` to never use the native reporter (memprof then reads torch.profiler's events).
 ENV_SWITCH = "MEMPROF_NATIVE"
 _BUILD_TIMEOUT_S = 300
@@ -112,8 +112,7 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "memprof_push": ([handle], ctypes.c_int),
         "memprof_pop": ([handle], ctypes.c_int),
         "memprof_active": ([handle], ctypes.c_int),
-        "memprof_pending": ([handle], i64),
-        "memprof_drain_columns": ([handle, ctypes.c_void_p, i64, ctypes.c_void_p], i64),
+        "memprof_drain": ([handle, ctypes.c_void_p, i64, i64, ctypes.c_void_p], i64),
         "memprof_net_bytes": ([handle, ctypes.c_int], i64),
         "memprof_last_oom": ([handle, ctypes.c_void_p], i64),
     }

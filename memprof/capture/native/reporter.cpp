@@ -26,7 +26,7 @@ using torch::profiler::impl::ProfilerStateBase;
 
 constexpr int kColumns = 7;  // time_ns, ptr, size, total_allocated, total_reserved, device_type, device_index
 using Row = std::array<int64_t, kColumns>;
-constexpr int64_t kOtherDevice = 1;  // drain_columns' flags
+constexpr int64_t kOtherDevice = 1;  // drain's flags (info[0])
 constexpr int64_t kUnordered = 2;
 
 int64_t now_ns() {
@@ -75,17 +75,13 @@ class Reporter final : public ProfilerStateBase {
   }
   ActiveProfilerType profilerType() override { return ActiveProfilerType::NONE; }
 
-  int64_t pending() {
-    std::lock_guard<std::mutex> guard(mutex_);
-    return static_cast<int64_t>(rows_.size());
-  }
-
-  // Moves up to max_rows of the oldest rows into out, column by column (out[c * max_rows + i] is row i's
-  // column c: each column a contiguous array for Python, which journals and compares them as such); returns
-  // how many. *flags gets kOtherDevice when a row is not the CPU's and kUnordered when a row's time is before
-  // the one above it (threads append a little out of order): Python then selects and sorts, else it does not
-  // look at the rows at all.
-  int64_t drain_columns(int64_t* out, int64_t max_rows, int64_t* flags) {
+  // Moves up to max_rows of the oldest rows into out, column by column (out[c * stride + i] is row i's column c:
+  // each column a contiguous array for Python, which journals and compares them as such); returns how many.
+  // info gets, in one call (each call through ctypes costs the training thread microseconds after a step):
+  // [0] kOtherDevice when a row is not the CPU's and kUnordered when a row's time is before the one above it
+  // (threads append a little out of order: Python then selects and sorts, else it does not look at the rows);
+  // [1] the rows left (more than max_rows were pending); [2], [3] the net bytes the CPU and CUDA allocated.
+  int64_t drain(int64_t* out, int64_t stride, int64_t max_rows, int64_t* info) {
     std::lock_guard<std::mutex> guard(mutex_);
     const int64_t n = std::min<int64_t>(max_rows, static_cast<int64_t>(rows_.size()));
     int64_t found = 0;
@@ -93,7 +89,7 @@ class Reporter final : public ProfilerStateBase {
     for (int64_t i = 0; i < n; ++i) {
       const Row& row = rows_[static_cast<size_t>(i)];
       for (int c = 0; c < kColumns; ++c) {
-        out[c * max_rows + i] = row[c];
+        out[c * stride + i] = row[c];
       }
       if (row[5] != 0) {  // c10::DeviceType::CPU is 0
         found |= kOtherDevice;
@@ -106,7 +102,10 @@ class Reporter final : public ProfilerStateBase {
     if (n > 0) {
       rows_.erase(rows_.begin(), rows_.begin() + n);
     }
-    *flags = found;
+    info[0] = found;
+    info[1] = static_cast<int64_t>(rows_.size());
+    info[2] = net_bytes_[0];
+    info[3] = net_bytes_[1];
     return n;
   }
 
@@ -137,7 +136,7 @@ struct Handle {
 
 extern "C" {
 
-int memprof_abi_version() { return 4; }
+int memprof_abi_version() { return 5; }
 
 void* memprof_create() {
   try {
@@ -189,10 +188,8 @@ int memprof_active(void* h) {
   }
 }
 
-int64_t memprof_pending(void* h) { return static_cast<Handle*>(h)->reporter->pending(); }
-
-int64_t memprof_drain_columns(void* h, int64_t* out, int64_t max_rows, int64_t* flags) {
-  return static_cast<Handle*>(h)->reporter->drain_columns(out, max_rows, flags);
+int64_t memprof_drain(void* h, int64_t* out, int64_t stride, int64_t max_rows, int64_t* info) {
+  return static_cast<Handle*>(h)->reporter->drain(out, stride, max_rows, info);
 }
 
 int64_t memprof_net_bytes(void* h, int cuda) { return static_cast<Handle*>(h)->reporter->net_bytes(cuda); }

@@ -22,6 +22,13 @@ from memprof.errors import ProfilerError
 _COLUMNS = 7  # time_ns, ptr, size, total_allocated, total_reserved, device_type, device_index
 _CUDA_TYPE = 1  # c10::DeviceType::CUDA
 _OTHER_DEVICE, _UNORDERED = 1, 2  # the reporter's drain flags (reporter.cpp)
+_FEWEST_ROWS = 1024  # the smallest buffer a drain takes
+
+
+def _capacity_for(rows: int) -> int:
+    """Rows of the buffer the next drain takes, after one of ``rows``: a quarter more, to a power of two (an
+    iteration's events repeat, so one call drains them; one that brings more takes a second)."""
+    return max(_FEWEST_ROWS, 1 << (rows + rows // 4).bit_length())
 
 
 class NativeAllocationStream:
@@ -46,8 +53,11 @@ class NativeAllocationStream:
             raise NativeBuildError("the native reporter could not allocate its state")
         self._cuda = self.device.type == "cuda"
         self._net_at_collect = 0
-        self._flags = np.zeros(1, dtype=np.int64)  # what the reporter's drain says of the rows it gave
-        self._flags_ptr = self._flags.ctypes.data
+        # what the reporter's drain says: its rows' flags, the rows left, the CPU's and CUDA's net bytes
+        self._info = np.zeros(4, dtype=np.int64)
+        self._info_ptr = self._info.ctypes.data
+        self._capacity = _FEWEST_ROWS
+        self._zeros = np.zeros(0, dtype=np.int64)  # a CPU's reserved bytes (read-only views of it)
 
     def start(self) -> None:
         """Installs the reporter in this thread's profiler slot.
@@ -71,7 +81,7 @@ class NativeAllocationStream:
         if self.active and not restart:
             self._stop()
         columns, flags = self._drain()
-        self._net_at_collect = int(self._lib.memprof_net_bytes(self._handle, int(self._cuda)))
+        self._net_at_collect = int(self._info[3 if self._cuda else 2])
         return self._select(columns, flags)
 
     def close(self) -> AllocationEvents:
@@ -79,13 +89,26 @@ class NativeAllocationStream:
         return self.collect(restart=False)
 
     def _drain(self) -> tuple[np.ndarray, int]:
-        """Copies the reporter's buffer of events out: its columns (one contiguous row each), and its flags."""
-        count = int(self._lib.memprof_pending(self._handle))
-        columns = np.empty((_COLUMNS, count), dtype=np.int64)
-        if not count:
-            return columns, 0
-        drained = int(self._lib.memprof_drain_columns(self._handle, columns.ctypes.data, count, self._flags_ptr))
-        return columns[:, :drained], int(self._flags[0])
+        """Copies the reporter's buffer of events out: its columns (one contiguous row each), and its flags; in one
+        call to the reporter where they fit the buffer sized by the last drain."""
+        capacity, count, flags = self._capacity, 0, 0
+        columns = np.empty((_COLUMNS, capacity), dtype=np.int64)
+        while True:
+            start = count
+            count += int(self._lib.memprof_drain(self._handle, columns.ctypes.data + 8 * start, capacity,
+                                                 capacity - start, self._info_ptr))
+            flags |= int(self._info[0])
+            if start and count > start and columns[0, start] < columns[0, start - 1]:
+                flags |= _UNORDERED  # (each drain looks at the order of its own rows only)
+            left = int(self._info[1])
+            if not left:
+                break
+            capacity = _capacity_for(count + left)  # more than it holds: the rows so far move to a bigger one
+            bigger = np.empty((_COLUMNS, capacity), dtype=np.int64)
+            bigger[:, :count] = columns[:, :count]
+            columns = bigger
+        self._capacity = _capacity_for(count)
+        return columns[:, :count], flags
 
     def _stop(self) -> None:
         code = self._lib.memprof_pop(self._handle)
@@ -99,8 +122,7 @@ class NativeAllocationStream:
         # Runs in record_stats() on the training thread. The common case, CPU events only and already in time
         # order (the reporter's flags say so), looks at no row: the columns are the reporter's own.
         if not self._cuda and not flags:
-            zeros = np.zeros(columns.shape[1], dtype=np.int64)
-            return AllocationEvents(columns[0], columns[1], columns[2], columns[3], zeros)
+            return AllocationEvents(columns[0], columns[1], columns[2], columns[3], self._zero_column(columns.shape[1]))
         rows = columns.T
         if self._cuda:
             is_cuda = rows[:, 5] == _CUDA_TYPE
@@ -110,8 +132,15 @@ class NativeAllocationStream:
             rows = rows[rows[:, 5] != _CUDA_TYPE]
         if flags & _UNORDERED:
             rows = rows[np.argsort(rows[:, 0], kind="stable")]  # threads may append a little out of order
-        reserved = rows[:, 4] if self._cuda else np.zeros(len(rows), dtype=np.int64)
+        reserved = rows[:, 4] if self._cuda else self._zero_column(len(rows))
         return AllocationEvents(rows[:, 0], rows[:, 1], rows[:, 2], rows[:, 3], reserved)
+
+    def _zero_column(self, rows: int) -> np.ndarray:
+        """``rows`` zeros, shared by the iterations (read-only: a zeroed column per step cost microseconds)."""
+        if len(self._zeros) < rows:
+            self._zeros = np.zeros(_capacity_for(rows), dtype=np.int64)
+            self._zeros.flags.writeable = False
+        return self._zeros[:rows]
 
     def __del__(self) -> None:
         lib, handle = getattr(self, "_lib", None), getattr(self, "_handle", None)

@@ -18,7 +18,8 @@ from memprof.analysis.sweep import sweep
 from memprof.analysis.timeline import event_table, series
 from memprof.categories import CATEGORY_COLUMNS, Category
 from memprof.errors import CorruptTraceError
-from memprof.trace.pipeline.journal import decode_record, encode_record, read_state, write_state
+from memprof.trace.pipeline.journal import read_state, write_state
+from memprof.trace.pipeline.payloads import decode_record, encode_record, pack
 
 BUCKET, WEIGHTS = 1680, 1680
 STANDIN = -(1 << 48)  # memprof.capture.distributed's first stand-in address
@@ -104,10 +105,10 @@ def test_the_mark_and_its_standins_survive_the_journal(tmp_path: Path) -> None:
 
 
 def test_a_journal_with_the_old_category_codes_is_refused() -> None:
-    events, marks = _rebuild_iteration()
-    data = bytearray(encode_record(IterationRecord(iteration=1, epoch=0, start_ns=0, end_ns=20, events=events,
-                                                   marks=marks)))
-    data[4] = 1  # version 1: its codes numbered the categories before weight_copies and comm_buffers existed
+    # version 1 (records in the container, as until version 3): its codes numbered the categories before
+    # weight_copies and comm_buffers existed
+    data = bytearray(pack({"kind": "record", "iteration": 1}, {"observations": np.zeros((1, 4), dtype=np.int64)}))
+    data[4] = 1
     with pytest.raises(CorruptTraceError, match="older memprof"):
         decode_record(bytes(data))
 

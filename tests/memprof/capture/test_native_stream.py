@@ -193,6 +193,32 @@ def test_the_drained_columns_and_flags_are_the_reporters_rows():
 
 
 @needs_native
+@pytest.mark.parametrize("first_capacity", [1, 7, 1 << 16])
+def test_a_drain_larger_than_its_buffer_takes_every_row_once_in_order(first_capacity, monkeypatch):
+    """Rows beyond the buffer the last drain sized are taken by further calls into a bigger one: the same rows, the
+    same net bytes, and the next drain's buffer fits them."""
+    import memprof.capture.native.stream as native_stream
+
+    monkeypatch.setattr(native_stream, "_FEWEST_ROWS", 1)
+    stream = NativeAllocationStream(torch.device("cpu"))
+    stream._capacity = first_capacity
+    stream.start()
+    try:
+        kept = [torch.empty(64 * (i + 1), dtype=torch.uint8) for i in range(40)]
+        del kept[::2]
+        columns, flags = stream._drain()
+        net, capacity = stream._info[2], stream._capacity
+    finally:
+        stream.close()
+    assert columns.shape[1] == 60  # 40 allocations, 20 frees
+    assert columns[2].tolist() == [64 * (i + 1) for i in range(40)] + [-64 * (i + 1) for i in range(0, 40, 2)]
+    assert flags == _flags_reference(columns)
+    assert all(column.flags.c_contiguous for column in columns)
+    assert net == int(columns[2].sum())
+    assert capacity >= 60
+
+
+@needs_native
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 50), st.sampled_from([0, 1]), st.sampled_from([-1, 0, 1])),
                 min_size=0, max_size=30),
