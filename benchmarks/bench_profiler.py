@@ -54,7 +54,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 
@@ -936,11 +936,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="steps (default): each tool's timed steps interleaved one for one with the baseline's "
                              "(on a thread of its own), so both see the machine in the same state; blocks: the "
                              "baseline's steps in a block of their own in the round's rotation")
+    parser.add_argument("--batch-scale", type=float, default=1.0,
+                        help="each model's batch times this (default 1; 0.5: steps about half as long, where "
+                             "a profiler's cost per step, which the allocations and module calls fix, weighs more)")
     parser.add_argument("--out", type=Path, default=RESULTS_PATH, help="where the Markdown report is written")
     parser.add_argument("--no-write", action="store_true", help="print only")
     args = parser.parse_args(argv)
-    if min(args.repeats, args.steps) < 1 or args.warmup < 0:
-        parser.error("--repeats and --steps must be at least 1, --warmup at least 0")
+    if min(args.repeats, args.steps) < 1 or args.warmup < 0 or args.batch_scale <= 0:
+        parser.error("--repeats and --steps must be at least 1, --warmup at least 0, --batch-scale above 0")
     try:
         args.thread_settings = parse_threads(args.threads)
     except ValueError as exc:
@@ -961,11 +964,17 @@ def parse_threads(text: str) -> list[int]:
     return settings
 
 
+def scaled(spec: ModelSpec, scale: float) -> ModelSpec:
+    """``spec`` with its batch times ``scale`` (at least 1), its description saying so."""
+    batch = max(1, round(spec.batch_size * scale))
+    return replace(spec, batch_size=batch, sizes=spec.sizes.replace(f"batch {spec.batch_size}", f"batch {batch}"))
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Runs the benchmark, prints the report and writes it to ``--out``."""
     args = parse_args(argv)
     wanted = args.models.split(",")
-    specs = [m for m in MODELS if m.name in wanted]
+    specs = [scaled(m, args.batch_scale) for m in MODELS if m.name in wanted]
     if not specs:
         raise SystemExit(f"no known model in --models {args.models!r}")
     wanted_tools = set(args.tools.split(","))

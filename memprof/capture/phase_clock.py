@@ -3,7 +3,10 @@
 
 On CUDA a timing CUDA event is recorded at each root mark (three a step: the kernels are not waited for), and an
 iteration's device times are read once its last event has completed: :meth:`PhaseClock.poll` asks without
-waiting at every ``record_stats()``, :meth:`PhaseClock.finish` waits when the profiler closes.
+waiting, :meth:`PhaseClock.finish` waits when the profiler closes. ``record_stats()`` only hands each iteration's
+marks over (:meth:`PhaseClock.end_iteration`); they are read at the next poll, every few iterations, where the
+code that reads them runs on warm caches (right after a training step, each Python call costs several times as
+much).
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ class PhaseClock:
     def __init__(self, cuda: bool) -> None:
         self.cuda = cuda
         self._events: list[Any] = []  # this iteration's events, one per root mark
+        self._ended: list[tuple[int, bool, Sequence[MarkRow], list[Any]]] = []  # iterations not read yet
         self._pending: deque[_Pending] = deque()
         self._hooked: deque[PhaseTime] = deque(maxlen=KEEP_HOOKED)
         self._steady: deque[PhaseTime] = deque(maxlen=KEEP_STEADY)
@@ -72,8 +76,13 @@ class PhaseClock:
             self._events.append(event)
 
     def end_iteration(self, iteration: int, marks: Sequence[MarkRow], steady: bool) -> None:
-        """Takes the iteration's times from its marks (and events)."""
-        events, self._events = self._events, []
+        """Keeps the iteration's marks (and events), whose times the next :meth:`poll` takes (``marks`` must not
+        change meanwhile: a drained list, which the hooks no longer append to)."""
+        self._ended.append((iteration, steady, marks, self._events))
+        self._events = []
+
+    def _read(self, iteration: int, steady: bool, marks: Sequence[MarkRow], events: list[Any]) -> None:
+        """Takes an iteration's times from its marks (and events)."""
         found = last_pass(marks)
         if found is None:
             return
@@ -87,7 +96,11 @@ class PhaseClock:
             self._pending.append(_Pending(iteration, steady, host, (events[enter], events[exit_], events[end])))
 
     def poll(self, wait: bool = False) -> None:
-        """Reads the device times of the iterations whose kernels have finished (all of them with ``wait``)."""
+        """Reads the times of the iterations ended since the last poll, and the device times of those whose kernels
+        have finished (all of them with ``wait``)."""
+        ended, self._ended = self._ended, []
+        for iteration, steady, marks, events in ended:
+            self._read(iteration, steady, marks, events)
         while self._pending and (wait or self._pending[0].events[2].query()):
             item = self._pending.popleft()
             start, middle, end = item.events

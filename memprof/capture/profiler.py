@@ -51,7 +51,9 @@ from memprof.units import format_bytes
 _ATTACHED: weakref.WeakSet[nn.Module] = weakref.WeakSet()
 _CUDA_BLOCK_BYTES = 512  # the CUDA caching allocator rounds every block up to this
 #: A live run's ``meta.json`` gets the phase times so far every this many iterations (and all at close).
-PHASE_META_EVERY = 50
+PHASE_META_EVERY = 200
+#: The phase clock reads the iterations' marks every this many iterations (:mod:`memprof.capture.phase_clock`).
+PHASE_POLL_EVERY = 8
 
 
 def _default_run_id(model: nn.Module) -> str:
@@ -445,8 +447,10 @@ class MemoryProfiler:
         too, so that a planner reading the live run finds them."""
         assert self._phases is not None
         self._phases.end_iteration(self.iteration, marks, steady)
-        self._phases.poll()
-        if self.iteration % PHASE_META_EVERY == PHASE_META_EVERY - 1 and self._phases.resolved:
+        meta_due = self.iteration % PHASE_META_EVERY == PHASE_META_EVERY - 1
+        if meta_due or self.iteration % PHASE_POLL_EVERY == PHASE_POLL_EVERY - 1:
+            self._phases.poll()
+        if meta_due and self._phases.resolved:
             self._meta[PHASES_KEY] = self._phases.to_meta()
             with contextlib.suppress(OSError):  # close() reports a meta.json it cannot write
                 write_meta(self.run_dir, self._meta, durable=False)

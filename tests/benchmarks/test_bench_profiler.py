@@ -87,3 +87,16 @@ def test_every_step_counts_the_rare_long_steps_that_the_median_leaves_out() -> N
     memprof.call_ms = [0.5] * 9 + [20.5]  # the call that waited shows in the mean, not in the median
     row = next(line for line in bp.detail_table({("cnn", n): [base, memprof]}) if "| memprof |" in line)
     assert "| 0.50 | 2.50 |" in row
+
+
+def test_a_batch_scale_shrinks_each_models_batch_and_says_so() -> None:
+    from benchmarks.bench_profiler import MODELS, parse_args, scaled
+
+    transformer = next(m for m in MODELS if m.name == "transformer")
+    half = scaled(transformer, 0.5)
+    assert (half.batch_size, half.name, half.build) == (4, "transformer", transformer.build)
+    assert "batch 4" in half.sizes and "batch 8" not in half.sizes
+    assert scaled(transformer, 0.01).batch_size == 1
+    assert parse_args(["--batch-scale", "0.5"]).batch_scale == 0.5
+    with pytest.raises(SystemExit):
+        parse_args(["--batch-scale", "0"])

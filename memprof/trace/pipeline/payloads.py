@@ -27,6 +27,7 @@ from typing import Any, cast
 import numpy as np
 
 from memprof.analysis.records import AllocationEvents, IterationRecord, MarkRow, MarkTemplate
+from memprof.analysis.template import same_allocations
 from memprof.errors import CorruptTraceError
 
 # Version 4: records in a binary head of their own. Version 3 had templates in frames of their own; version 2 set
@@ -131,7 +132,7 @@ def encode_record_parts(record: IterationRecord) -> list[Buffer]:
     flags = _FAILED * record.failed | _DETAIL * record.detail
     size = _int64(ev.size_bytes)
     columns = [_int64(ev.time_ns), _int64(ev.ptr), _int64(ev.total_allocated_bytes)]
-    if template is None or not _same(size, template.sizes):  # (steady.py compares them next, on warm caches)
+    if template is None or not same_allocations(template, ev):  # (steady.py does next, on warm caches)
         flags |= _SIZES
         columns.append(size)
     if ev.total_reserved_bytes.any():
@@ -142,10 +143,6 @@ def encode_record_parts(record: IterationRecord) -> list[Buffer]:
                         record.reserved_bytes, record.peak_reserved_bytes,
                         -1 if template is None else template.iteration, flags, len(size), *counts)
     return [head, *(column.data for column in columns if len(column)), memoryview(small)]
-
-
-def _same(a: np.ndarray, b: np.ndarray) -> bool:
-    return len(a) == len(b) and bool((a == b).all())
 
 
 def _small_tables(record: IterationRecord) -> tuple[array, tuple[int, ...]]:

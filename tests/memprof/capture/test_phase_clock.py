@@ -42,6 +42,17 @@ def test_the_last_micro_batch_is_timed_from_the_roots_marks() -> None:
     assert (time.host_forward_ms, time.host_backward_ms) == (3.0, 4.0)
 
 
+def test_an_iterations_marks_are_read_at_the_next_poll_not_when_it_ends() -> None:
+    E, X, B = Mark.FWD_ENTER, Mark.FWD_EXIT, Mark.BWD_END
+    clock = PhaseClock(cuda=False)
+    for iteration in range(3):
+        clock.end_iteration(iteration, [(0, E, 0, ()), (2_000_000, X, 0, ()), (5_000_000, B, -1, ())], steady=False)
+    assert clock.resolved == 0  # record_stats() only hands the marks over
+    clock.poll()
+    assert clock.resolved == 3
+    assert [t.iteration for t in phase_times_from_meta({"phase_times": clock.to_meta()})[1]] == [0, 1, 2]
+
+
 def test_every_iteration_is_timed_and_steady_ones_say_so(tmp_path) -> None:
     trace = _run(tmp_path)
     clock, times = phase_times_from_meta(trace.meta)
