@@ -2,9 +2,10 @@
 
 Each mutation is one literal edit of one file (old text -> new text) that breaks a claim the README makes: a
 memory category misfiled, a schedule not applied, the executor not installed, the simulator or the dynamic
-programs off by one slot, a journal record lost. For each, the script copies the source tree to a temporary
-folder, applies the edit there (the working tree is never touched), runs only the tests that should catch it
-(``pytest -x -q`` on named files or test ids) and reports whether they did. A mutation the tests miss
+programs off by one slot, a journal record lost, a steady record's sizes left out of the journal unchecked. For
+each, the script copies the source tree to a temporary folder, applies the edit there (the working tree is never
+touched), runs only the tests that should catch it (``pytest -x -q`` on named files or test ids) and reports
+whether they did. A mutation the tests miss
 *survived*: the claim is held by no test that can fail.
 
 The old text must be found exactly once in the current tree: when the code it names is rewritten, the script
@@ -107,9 +108,17 @@ MUTATIONS: tuple[Mutation, ...] = (
         name="journal-record-lost",
         path="memprof/trace/pipeline/journal.py",
         old="        written = os.writev(fd, parts)\n",
-        new="        written = os.writev(fd, parts) if record.iteration != 1 else sum(len(p) for p in parts)\n",
+        new="        written = os.writev(fd, parts) if record.iteration != 1 else total\n",
         tests=("tests/memprof/trace/pipeline/test_journal.py", "tests/memprof/capture/test_sinks.py"),
         claim="every recorded iteration reaches the journal and the trace",
+    ),
+    Mutation(
+        name="steady-sizes-left-out-unchecked",
+        path="memprof/trace/pipeline/payloads.py",
+        old="    if template is None or not same_allocations(template, ev):",
+        new="    if template is None:",
+        tests=("tests/memprof/trace/pipeline/test_payloads.py",),
+        claim="a steady record leaves its sizes out of the journal only where they are its template's",
     ),
     Mutation(
         name="stages-traced-by-compile",
