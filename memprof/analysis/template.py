@@ -170,8 +170,10 @@ def same_allocations(template: MarkTemplate, events: AllocationEvents) -> bool:
 
     ``events`` are an allocation stream's, which every stream gives in time order.
     """
-    sizes = events.size_bytes
-    return len(sizes) == len(template.sizes) and bool((sizes == template.sizes).all())
+    sizes = np.asarray(events.size_bytes)
+    if len(sizes) != len(template.sizes):
+        return False
+    return (sizes if sizes.dtype == np.int64 else sizes.astype(np.int64)).tobytes() == template.sizes_bytes
 
 
 class Placement(NamedTuple):

@@ -13,12 +13,13 @@ from hypothesis import strategies as st
 
 from examples import zoo
 from memprof import MemoryProfiler
-from memprof.analysis.records import AllocationEvents, IterationRecord, Mark
+from memprof.analysis.records import AllocationEvents, IterationRecord, Mark, MarkTemplate
 from memprof.analysis.template import (
     TEMPLATED,
     apply_template,
     pairing,
     pairing_reference,
+    same_allocations,
     synthesized,
     take_template,
 )
@@ -26,6 +27,21 @@ from memprof.capture.sinks import InlineSink
 
 
 @settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(-(1 << 40), 1 << 40).filter(bool), max_size=30), st.data())
+def test_same_allocations_is_an_element_by_element_comparison(sizes, data):
+    """The training process's check (one comparison of raw bytes) against its definition: the same sizes in the
+    same order, whatever the other side's length, order or integer type."""
+    template = MarkTemplate(iteration=0, sizes=np.asarray(sizes, dtype=np.int64), pairing=np.zeros(0, np.int64),
+                            marks=np.zeros((0, 4), np.int64), storages=np.zeros((0, 3), np.int64),
+                            observations=np.zeros((0, 4), np.int64), param_grads=np.zeros((0, 4), np.int64))
+    other = data.draw(st.one_of(st.just(list(sizes)), st.permutations(sizes),
+                                st.lists(st.integers(-(1 << 40), 1 << 40), max_size=30)))
+    dtype = data.draw(st.sampled_from([np.int64, np.float64] if all(abs(v) < 1 << 52 for v in other) else [np.int64]))
+    zeros = np.zeros(len(other), dtype=np.int64)
+    events = AllocationEvents(zeros, zeros, np.asarray(other, dtype=dtype), zeros, zeros)
+    assert same_allocations(template, events) == (list(other) == list(sizes))
+
+
 @given(st.lists(st.tuples(st.integers(0, 5), st.integers(-3, 3).filter(bool)), max_size=60))
 def test_pairing_is_the_walks(events):
     """Lost frees (an address allocated twice), frees of unknown addresses, reuse of an address."""
