@@ -44,26 +44,20 @@ Buffer = bytes | memoryview
 # ---------------------------------------------------------------------------------------------- container
 
 
-def pack_parts(header: dict[str, Any], arrays: Mapping[str, np.ndarray | tuple[np.ndarray, ...]]) -> list[Buffer]:
-    """Serialises a JSON header and named 1-D or 2-D int64 arrays, as buffers to write one after another.
-
-    A 2-D array may come as a tuple of its rows (equal-length 1-D arrays): written as the array would be, with no
-    copy into one.
-    """
-    shapes = {name: [len(a), len(a[0]) if a else 0] if isinstance(a, tuple) else list(np.shape(a))
-              for name, a in arrays.items()}
+def pack_parts(header: dict[str, Any], arrays: Mapping[str, np.ndarray]) -> list[Buffer]:
+    """Serialises a JSON header and named 1-D or 2-D int64 arrays, as buffers to write one after another."""
+    shapes = {name: list(np.shape(a)) for name, a in arrays.items()}
     text = json.dumps({**header, "arrays": shapes}, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)  # keeps the arrays 8-byte aligned
     parts: list[Buffer] = [_HEAD.pack(_MAGIC, len(text)) + text]
     for value in arrays.values():
-        for column in value if isinstance(value, tuple) else (value,):
-            column = _int64(column).reshape(-1)
-            if column.size:
-                parts.append(column.data)
+        column = _int64(value).reshape(-1)
+        if column.size:
+            parts.append(column.data)
     return parts
 
 
-def pack(header: dict[str, Any], arrays: Mapping[str, np.ndarray | tuple[np.ndarray, ...]]) -> bytes:
+def pack(header: dict[str, Any], arrays: Mapping[str, np.ndarray]) -> bytes:
     """:func:`pack_parts` as one byte string."""
     return _joined(pack_parts(header, arrays))
 
