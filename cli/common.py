@@ -13,11 +13,20 @@ from typing import TYPE_CHECKING
 
 from memprof.atomic import write_atomically
 from memprof.errors import MemprofError
+from memprof.units import SizeParseError, parse_bytes
 
 if TYPE_CHECKING:
     from planner import Chain
 
 DASHBOARD_EXTRA = "the dashboard needs the dashboard extra: pip install 'memprof[dashboard]'"
+#: Every option that takes a byte size, with what its value is called and an example, for :func:`size_option`.
+SIZE_OPTIONS = {
+    "--budget": ("a budget", "5MiB"),
+    "--activation-budget": ("a budget", "5MiB"),
+    "--held-budget": ("a budget", "5MiB"),
+    "--host-cap": ("a host cap", "64GiB"),
+    "--memory": ("the memory to fit", "16GiB"),
+}
 
 
 class OptionError(MemprofError):
@@ -41,6 +50,27 @@ def positive_int(text: str | int, option: str) -> int:
     if value < 1:
         raise OptionError(f"{option} must be a whole number >= 1, found {text!r}")
     return value
+
+
+def size_option(text: str, option: str) -> int:
+    """The value of the size option ``option`` (one of :data:`SIZE_OPTIONS`) in bytes.
+
+    A negative size gets its own message (``a budget is a positive size such as 5MiB; found -5MiB``);
+    ``cli.main`` passes ``--budget -5MiB`` to the parser as ``--budget=-5MiB`` so that it gets here.
+
+    Raises:
+        SizeParseError: ``text`` is not a positive byte size.
+    """
+    what, example = SIZE_OPTIONS[option]
+    body = str(text).strip()
+    if body.startswith("-"):
+        try:
+            parse_bytes(body[1:])
+        except SizeParseError:
+            pass  # not a size at all: parse_bytes says what a size looks like
+        else:
+            raise SizeParseError(f"{option}: {what} is a positive size such as {example}; found {body}")
+    return parse_bytes(body)
 
 
 def whole_number(low: int, high: int | None = None) -> Callable[[str], int]:
@@ -82,13 +112,13 @@ def load_chain(source: str | Path, container: str | None = None, checkpoints: li
 
     path = Path(source)
     if path.is_dir():
-        from memprof.trace import load_trace
+        from cli.runs import open_run
         from planner import chain_from_trace
 
         if checkpoints is not None and container is not None:
             raise OptionError("--checkpoints names the stages themselves; drop --container")
         chunks = {} if loss_options else {"loss_chunks": ()}  # else chain_from_trace's default chunk counts
-        return chain_from_trace(load_trace(path), container=container, checkpoints=checkpoints,
+        return chain_from_trace(open_run(path), container=container, checkpoints=checkpoints,
                                 recompute_cost=recompute_cost, selective_overhead_us=selective_overhead_us, **chunks)
     if not path.exists():
         raise ChainError(f"no run directory or chain file at {path}")

@@ -12,15 +12,16 @@ import argparse
 import datetime as _dt
 import shutil
 import tempfile
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from cli.common import OptionError, positive_int
+from cli.common import OptionError, positive_int, size_option
 from cli.factory import FactoryError, build, load_factory
 from memprof.categories import CATEGORIES
 from memprof.errors import EstimateError, MemprofError
-from memprof.units import format_bytes, parse_bytes
+from memprof.units import format_bytes
 
 OPTIMIZERS = ("sgd", "adam", "adamw", "none")
 
@@ -62,7 +63,11 @@ def optimizer_factory(name: str, device: str) -> Callable[[list[Any]], Any] | No
 
 
 class _Estimator:
-    """Builds with the factory and estimates, one batch size at a time, remembering each result."""
+    """Builds with the factory and estimates, one batch size at a time, remembering each result.
+
+    A warning every estimate of the model would give (a key/value cache it builds and never reads) is said by
+    the first only: ``--max-batch`` runs a dozen or more.
+    """
 
     def __init__(self, args: argparse.Namespace, out_dir: Path, run_id: str | None) -> None:
         self.spec = args.factory
@@ -72,14 +77,19 @@ class _Estimator:
 
     def __call__(self, batch_size: int) -> Any:
         from memprof import estimate
+        from memprof.capture.kv_cache import KeyValueCacheWarning
 
         if batch_size not in self.found:
             model, batch, loss_fn = build(self.factory, self.spec, batch_size)
             device = self.args.device or _device_of(model)
             run_id = f"{self.run_id}-batch{batch_size}" if self.run_id and self.args.max_batch else self.run_id
             try:
-                self.found[batch_size] = estimate(model, batch, loss_fn, optimizer_factory(self.args.optimizer, device),
-                                                  device=device, out_dir=self.out_dir, run_id=run_id)
+                with warnings.catch_warnings():
+                    if self.found:  # the first estimate named the cache; the others would, at other sizes
+                        warnings.simplefilter("ignore", KeyValueCacheWarning)
+                    self.found[batch_size] = estimate(model, batch, loss_fn,
+                                                      optimizer_factory(self.args.optimizer, device),
+                                                      device=device, out_dir=self.out_dir, run_id=run_id)
             except MemprofError:
                 raise
             except Exception as exc:  # the user's model or loss raised: one line, as bad input
@@ -133,7 +143,7 @@ def _run_max_batch(args: argparse.Namespace) -> int:
 
     if args.memory is None:
         raise OptionError("--max-batch needs --memory, the memory to fit (e.g. --memory 16GiB)")
-    memory = parse_bytes(args.memory)
+    memory = size_option(args.memory, "--memory")
     start = positive_int(args.batch_size, "--batch-size") if args.batch_size is not None else 1
     solver(args.algorithm)  # an unknown algorithm fails before any estimate
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")

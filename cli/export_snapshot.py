@@ -9,6 +9,7 @@ import argparse
 from pathlib import Path
 
 from cli.common import OptionError
+from cli.runs import open_run
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -22,7 +23,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("run_dir", help="a run directory (one rank of a distributed run)")
     parser.add_argument("--out", required=True, help="the .pickle file to write")
     parser.add_argument("--force", action="store_true", help="replace --out if it exists")
-    parser.set_defaults(func=run_export_snapshot)
+    parser.set_defaults(func=run_export_snapshot, reads_runs=True)  # its damage said once (cli.runs)
 
 
 def run_export_snapshot(args: argparse.Namespace) -> int:
@@ -41,6 +42,7 @@ def run_export_snapshot(args: argparse.Namespace) -> int:
         raise OptionError(f"cannot write {out}: directory {directory} does not exist")
     if out.is_dir():
         raise OptionError(f"cannot write {out}: it is a directory; expected a file name")
+    open_run(args.run_dir)  # every part read once: a damaged one is said even where the snapshot does not look
     try:
         export_snapshot(args.run_dir, out, force=args.force)
     except OSError as exc:

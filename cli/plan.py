@@ -12,8 +12,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cli.common import OptionError, load_chain, positive_int, write_output
-from memprof.units import format_bytes, parse_bytes
+from cli.common import OptionError, load_chain, positive_int, size_option, write_output
+from memprof.units import format_bytes
 from planner import OpKind, Schedule, StepCosts, TransferCosts
 from planner.solvers import held
 
@@ -73,7 +73,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       help="also choose stages whose weights, gradients and optimizer state live in host memory and "
                            "are streamed to the device around their computations (chains from a trace)")
     plan.add_argument("--out", required=True, help="where to write the schedule JSON")
-    plan.set_defaults(func=run_plan)
+    plan.set_defaults(func=run_plan, reads_runs=True)  # its damage said once (cli.runs)
 
 
 def run_plan(args: argparse.Namespace) -> int:
@@ -93,13 +93,14 @@ def run_plan(args: argparse.Namespace) -> int:
     if by_held and (args.algorithm is not None or getattr(args, "stream_weights", False)):
         raise OptionError("--held-budget picks each stage's recomputation option itself; drop --algorithm and "
                           "--stream-weights, or give --budget instead")
-    budget_bytes = parse_bytes(args.held_budget if by_held else args.activation_budget if activations_only
-                               else args.budget)
+    option, text = (("--held-budget", args.held_budget) if by_held else
+                    ("--activation-budget", args.activation_budget) if activations_only else ("--budget", args.budget))
+    budget_bytes = size_option(text, option)
     slots = positive_int(args.slots, "--slots") if args.slots is not None else \
         DEFAULT_HELD_SLOTS if by_held else DEFAULT_SLOTS
     algorithm = args.algorithm or "rotor"
     solver(algorithm)  # an unknown name fails before the chain is read
-    host_cap = parse_bytes(args.host_cap) if args.host_cap is not None else None
+    host_cap = size_option(args.host_cap, "--host-cap") if args.host_cap is not None else None
     gbps = _bandwidth(args.bandwidth)
     checkpoints = [name.strip() for name in args.checkpoints.split(",")] if args.checkpoints else None
     chain = _with_link(load_chain(args.source, args.container, checkpoints, args.recompute_cost,

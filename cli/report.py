@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cli.common import whole_number
+from cli.runs import open_run, state_lines
 from memprof.errors import TraceError
 
 if TYPE_CHECKING:
@@ -22,24 +23,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                         "rank=<r>/ folders)")
     parser.add_argument("--iteration", type=int, default=None, help="iteration to show (default: the peak one)")
     parser.add_argument("--top", type=whole_number(0), default=10, help="how many layers to list (default 10)")
-    parser.set_defaults(func=run_report)
+    parser.set_defaults(func=run_report, reads_runs=True)  # its damage said once (cli.runs)
 
 
 def run_report(args: argparse.Namespace) -> int:
-    """Prints the report of one iteration of a run.
+    """Prints the report of one iteration of a run; an interrupted or still running run first says so, and
+    which iterations are complete (:func:`cli.runs.state_lines`).
 
     Raises:
         TraceError: the run cannot be read, or it has no such iteration.
     """
     from memprof.analysis import format_failure, format_report  # the reader needs pandas: only when run
-    from memprof.trace import load_trace
     from memprof.trace.ranks import rank_dirs
     from planner import planner_advice
 
     if not (Path(args.run_dir) / "meta.json").exists() and rank_dirs(args.run_dir):
         return run_rank_report(args)
-    trace = load_trace(args.run_dir)
+    trace = open_run(args.run_dir)  # every part read: a damaged one anywhere is said (cli.runs)
     iterations = trace.iterations
+    for line in state_lines(trace):  # an interrupted or live run says so before its numbers
+        print(line)
     if iterations.empty:
         what = "is readable (see the warning)" if trace.damage else "recorded yet"
         print(f"run {trace.run_id}: no iteration {what} (status {trace.state})")
@@ -85,6 +88,8 @@ def run_rank_report(args: argparse.Namespace) -> int:
     worst = load_trace(run / f"rank={imbalance.highest_rank}")
     print(f"run {run.name} | model {worst.meta['model']} | {len(summary)} ranks "
           f"(world size {worst.meta.get('world_size', len(summary))})")
+    for state_line in _rank_states(run, summary):
+        print(state_line)
     rows = [[str(int(r.rank)), format_bytes(int(r.peak_allocated_bytes)), str(int(r.peak_iteration)),
              str(r.peak_phase), str(r.peak_module) or "-", str(int(r.iterations))] for r in summary.itertuples()]
     headers = ["rank", "peak allocated", "at iteration", "phase", "module", "iterations"]
@@ -102,6 +107,22 @@ def run_rank_report(args: argparse.Namespace) -> int:
           "for its details):")
     print(format_report(row.to_dict(), layers.to_dict("records"), worst.meta["device"], top=args.top))
     return 0
+
+
+def _rank_states(run: Path, summary: pd.DataFrame) -> list[str]:
+    """One line per rank that was interrupted or is still running (from its ``meta.json`` alone)."""
+    from memprof.trace.listing import read_meta
+    from memprof.trace.liveness import INTERRUPTED, RUNNING, run_state
+    from memprof.trace.ranks import rank_dirs
+
+    counts = dict(zip(summary["rank"].astype(int), summary.iterations.astype(int)))
+    said = {INTERRUPTED: "was INTERRUPTED (its process ended without closing it)", RUNNING: "is still RUNNING"}
+    lines = []
+    for rank, path in rank_dirs(run):
+        state = run_state(read_meta(path))
+        if state in said:
+            lines.append(f"rank {rank} {said[state]}: its {counts.get(rank, 0)} complete iterations are shown")
+    return lines
 
 
 def _no_detail_note(iterations: pd.DataFrame, detailed: list[int], iteration: int) -> str:

@@ -45,6 +45,14 @@ class ProfilerError(MemprofError):
     """The profiler was used in a way it cannot support (e.g. attached twice to one model)."""
 
 
+class RunExistsError(ProfilerError, FileExistsError):
+    """The run folder a profiler would write (its ``out_dir/run_id``) already holds a trace; nothing was written.
+
+    Raised before any training by ``MemoryProfiler`` and by the trainers' callbacks at fit or train start: a
+    fixed ``run_id`` reused names a run that is there already (leave ``run_id`` out for a new one each run).
+    """
+
+
 class MemoryBudgetExceeded(MemprofError, RuntimeError):
     """Allocated memory crossed the profiler's ``budget_bytes`` guard."""
 

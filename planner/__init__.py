@@ -20,6 +20,7 @@ from planner.measure.comparison import Comparison, compare
 from planner.model.chain import Chain, Stage
 from planner.model.schedule import Op, OpKind, Schedule
 from planner.model.schedule_params import ScheduleParams
+from planner.model.signature import ModelSignature
 from planner.model.step import StepCosts
 from planner.model.transfer import DEFAULT_TRANSFER, TransferCosts
 from planner.model.weights import WeightCosts
@@ -104,6 +105,7 @@ __all__ = [
     "FallbackWarning",
     "InfeasibleBudgetError",
     "InvalidScheduleError",
+    "ModelSignature",
     "NotAChainError",
     "Op",
     "OpKind",

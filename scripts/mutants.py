@@ -129,6 +129,22 @@ MUTATIONS: tuple[Mutation, ...] = (
                "test_compiled_schedules_give_the_compiled_models_gradients_bitwise[gpt2-rotor]",),
         claim="a compiled scheduled model gets the compiled model's gradients (dynamo must not trace the executor)",
     ),
+    Mutation(
+        name="schedule-applied-to-any-model",
+        path="planner/executor/apply.py",
+        old="    check_planned_model(model, schedule, container, strict)\n",
+        new="",
+        tests=("tests/planner/executor/test_planned_model.py::test_a_loop_model_with_another_depth_or_width_is_refused",),
+        claim="a schedule refuses a model other than the one it was planned for (a deeper one would train wrongly)",
+    ),
+    Mutation(
+        name="tied-embedding-rows-into-grad",
+        path="planner/executor/embedding_grad.py",
+        old="        if ctx.tied:",
+        new="        if False:",
+        tests=("tests/planner/executor/test_embedding_grad.py::test_gpt2_gradients_match_plain_autograd",),
+        claim="under gradient accumulation a tied embedding's gradient is plain autograd's bitwise",
+    ),
 )
 
 

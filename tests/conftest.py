@@ -1,4 +1,4 @@
-"""Shared pytest set-up: GPU tests skip cleanly without CUDA."""
+"""Shared pytest set-up: GPU tests skip cleanly without CUDA; each test gives torch's thread count back."""
 
 from __future__ import annotations
 
@@ -17,3 +17,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 # The bad-input tests of every package share their checks and a profiled run to damage.
 pytest_plugins = ["tests.bad_input"]
+
+
+@pytest.fixture(autouse=True)
+def _intra_op_threads_given_back():
+    """Every test ends with torch's intra-op thread count as it began: a test that sets one thread and keeps it
+    would make the tests after it in the same worker profile other bytes (oneDNN sizes some kernels' workspace by
+    the thread count, so a planner test's chain, minimum and chosen options would depend on the test order)."""
+    threads = torch.get_num_threads()
+    yield
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)

@@ -14,10 +14,9 @@ from collections.abc import Sequence
 import numpy as np
 import pyarrow as pa
 
-from memprof.analysis.attribution import Sweep
+from memprof.analysis.attribution import PHASE_NAMES, Sweep
 from memprof.analysis.records import AllocationEvents
 from memprof.categories import CATEGORIES
-from memprof.phases import PHASE_OF_CODE
 from memprof.schema import ALLOCATIONS_SCHEMA
 
 
@@ -70,7 +69,7 @@ def allocation_table(sw: Sweep, events: AllocationEvents, iteration: int, module
         "bytes": np.asarray(sw.sizes, dtype=np.int64)[keep],
         "category": [CATEGORIES[c].value for c in categories.tolist()],
         "module": [module_names[m] if m >= 0 else "" for m in module_index.tolist()],
-        "phase": [PHASE_OF_CODE[p].value if at_i >= 0 else "before" for p, at_i in zip(phase_code.tolist(), at.tolist())],
+        "phase": [PHASE_NAMES[p].value if at_i >= 0 else "before" for p, at_i in zip(phase_code.tolist(), at.tolist())],
         "first_seq": first[keep].astype(np.int64),
         "last_seq": last[keep].astype(np.int64),
         "ptr": ptrs[keep],

@@ -21,12 +21,13 @@ import numpy as np
 
 from memprof.analysis.records import CAT, AllocationEvents, LiveBlock, Mark
 from memprof.categories import CATEGORIES, MODEL_STATE, Category
-from memprof.phases import PHASE_CODES, Phase
+from memprof.phases import PHASE_CODES, PHASE_OF_CODE, Phase
 
 N_CAT = len(CATEGORIES)
 OTHER = CAT[Category.OTHER]
 FEATURE = CAT[Category.FEATURE_MAPS]
 GRADS = CAT[Category.GRADS]
+WEIGHT_GRADS = CAT[Category.WEIGHT_GRADS]
 INPUTS = CAT[Category.INPUTS]
 WEIGHT_COPIES = CAT[Category.WEIGHT_COPIES]
 COMM_BUFFERS = CAT[Category.COMM_BUFFERS]
@@ -45,6 +46,15 @@ MODEL_STATE_CODES = np.array([CAT[c] for c in MODEL_STATE])
 
 PHASE_OTHER, PHASE_FORWARD, PHASE_BACKWARD, PHASE_OPTIMIZER = (
     PHASE_CODES[Phase.OTHER], PHASE_CODES[Phase.FORWARD], PHASE_CODES[Phase.BACKWARD], PHASE_CODES[Phase.OPTIMIZER])
+#: The sweep's code for the span after the model's forward returned and before its backward (or the optimizer, or
+#: its next forward) began: where a training step computes its loss, and where Lightning's loop runs ``zero_grad``
+#: (the backward's first mark comes when the model's output has its gradient, so the loss's own backward is in it
+#: too). It is named ``forward`` (the loss is the forward pass's last part; :data:`PHASE_NAMES`) but has a code of its
+#: own, so that the forward's rules do not apply to it: what it makes is no feature map by having been made there,
+#: and no module of the model runs in it.
+PHASE_LOSS = len(PHASE_CODES)
+#: The phase each of the sweep's codes is named (the trace's ``peak_phase``, the allocations' ``phase``).
+PHASE_NAMES: tuple[Phase, ...] = (*PHASE_OF_CODE, Phase.FORWARD)
 
 
 @dataclass
@@ -265,7 +275,7 @@ class _Walker:
                 self.s.categories[block] = FEATURE
         self.fwd_blocks = []
         self.fwd_stack.clear()
-        self.phase = PHASE_OTHER
+        self.phase = PHASE_LOSS
 
     def _is_ancestor(self, ancestor: int, module: int) -> bool:
         while module >= 0:

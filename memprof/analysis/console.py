@@ -8,6 +8,11 @@ from typing import Any
 from memprof.categories import CATEGORY_COLUMNS, Category
 from memprof.units import format_bytes
 
+#: Keys of an iterations row that :func:`format_report` reads where given (no columns of the trace: the training
+#: process's report has them, :func:`memprof.analysis.timeline.peak_notes`): whether the peak came after the model's
+#: forward returned and before its backward (the loss), and the previous step's weight gradients alive at the peak.
+AFTER_FORWARD_KEY = "peak_after_forward"
+EARLIER_GRADS_KEY = "peak_earlier_grad_bytes"
 #: Categories only autocast, FSDP or DDP fill: the report lists them when they hold bytes.
 _WHEN_USED = frozenset({Category.WEIGHT_COPIES.value, Category.COMM_BUFFERS.value})
 
@@ -36,8 +41,13 @@ def format_report(iteration: Mapping[str, Any], layers: Sequence[Mapping[str, An
         f"memprof | iteration {it['iteration']} (epoch {it['epoch']}) on {device} | step {float(it['step_ms']):.1f} ms",
         f"  peak allocated {format_bytes(int(it['peak_allocated_bytes']))} during {it['peak_phase']}"
         + (f" in '{it['peak_module']}'" if it["peak_module"] else "")
+        + (", after the model's forward returned (the loss)" if it.get(AFTER_FORWARD_KEY) else "")
         + f" | current {format_bytes(int(it['allocated_bytes']))}",
     ]
+    earlier = int(it.get(EARLIER_GRADS_KEY, 0) or 0)
+    if earlier:  # Lightning's loop: training_step, then zero_grad, then backward
+        lines.append(f"  previous step's weight gradients alive at the peak: {format_bytes(earlier)} "
+                     "(zero_grad runs after the forward, as in Lightning's loop)")
     micro = int(it.get("micro_batches", 1) or 1)
     if micro > 1:  # gradient accumulation: say what the layer rows below are
         lines.append(f"  {micro} micro-batches (gradient accumulation): the peak is the whole step's; layers "

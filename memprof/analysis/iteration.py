@@ -27,7 +27,15 @@ from memprof.analysis.summary_memo import SummaryMemo
 from memprof.analysis.sweep import sweep
 from memprof.analysis.template import Placed, apply_template
 from memprof.analysis.template_summary import template_summary
-from memprof.analysis.timeline import Series, event_table, peak_fields, peak_figures, peak_row, series
+from memprof.analysis.timeline import (
+    Series,
+    event_table,
+    peak_fields,
+    peak_figures,
+    peak_notes,
+    peak_row,
+    series,
+)
 from memprof.schema import EVENTS_SCHEMA
 
 #: ``template_iteration`` of an iteration its own hooks attributed.
@@ -173,7 +181,9 @@ class IterationProcessor:
                              [LiveBlock(ids[i], ptr, sizes[i], categories[i]) for ptr, i in sw.live.items()],
                              sw.next_block_id, order,
                              max(state.detailed_peak_bytes, peak) if detail else state.detailed_peak_bytes)
-        text = format_report(row, layers, spec.device) if report_due else None
+        text = None
+        if report_due and s is not None:  # (the report's series is always built)
+            text = format_report({**row, **peak_notes(sw, s.total)}, layers, spec.device)
         failure = failure_details(table, layers, record.iteration) if record.failed else None
         return ProcessedIteration(record.iteration, row, layers if detail else [], table, text, failure,
                                   detail, allocations=allocations), after

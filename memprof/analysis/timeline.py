@@ -8,10 +8,19 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from memprof.analysis.attribution import MODEL_STATE_CODES, N_CAT, OTHER, Sweep
+from memprof.analysis.attribution import (
+    MODEL_STATE_CODES,
+    N_CAT,
+    OTHER,
+    PHASE_LOSS,
+    PHASE_NAMES,
+    WEIGHT_GRADS,
+    Sweep,
+)
+from memprof.analysis.console import AFTER_FORWARD_KEY, EARLIER_GRADS_KEY
 from memprof.analysis.records import Mark
 from memprof.categories import CATEGORY_COLUMNS
-from memprof.phases import PHASE_CODES, PHASE_OF_CODE, Phase
+from memprof.phases import PHASE_CODES, Phase
 from memprof.schema import EVENTS_SCHEMA
 
 _MARK_NAMES: dict[int, tuple[str, str]] = {  # keyed by int, as the marks' kinds arrive
@@ -200,10 +209,35 @@ def peak_fields(total: np.ndarray, at_peak: np.ndarray, phase: int, module: int,
     k = int(np.argmax(total))
     out: dict[str, object] = {
         "peak_allocated_bytes": int(total[k]),
-        "peak_phase": PHASE_OF_CODE[phase].value,
+        "peak_phase": PHASE_NAMES[phase].value,
         "peak_module": module_names[module] if module >= 0 else "",
         "allocated_bytes": int(total[-1]),
     }
     for code, name in enumerate(CATEGORY_COLUMNS):
         out[name] = int(at_peak[code])
     return out
+
+
+def peak_notes(sw: Sweep, total: np.ndarray) -> dict[str, object]:
+    """What the console report says of the peak beyond the iterations row (:data:`memprof.analysis.console.
+    AFTER_FORWARD_KEY`, :data:`memprof.analysis.console.EARLIER_GRADS_KEY`).
+
+    Args:
+        sw: the iteration's sweep.
+        total: the allocated bytes after each change (:attr:`Series.total`); the peak is its first highest.
+    """
+    k = int(np.argmax(total))
+    after_forward = k > 0 and int(sw.change_phase[k - 1]) == PHASE_LOSS
+    return {AFTER_FORWARD_KEY: after_forward, EARLIER_GRADS_KEY: earlier_grad_bytes(sw, k)}
+
+
+def earlier_grad_bytes(sw: Sweep, k: int) -> int:
+    """Bytes of weight gradients made before the iteration began (the previous step's) that are alive after its
+    ``k`` first changes and freed later in it: at the peak, the step's ``zero_grad`` ran after its forward
+    (Lightning's loop runs it after ``training_step``), so the old gradients were held beside this step's
+    activations.
+    """
+    free = np.asarray(sw.free_change, dtype=np.int64)  # a block freed by change f >= k is alive after k changes
+    held = ((np.asarray(sw.alloc_change, dtype=np.int64) < 0) & (free >= k)
+            & (np.asarray(sw.categories, dtype=np.int64) == WEIGHT_GRADS))
+    return int(np.asarray(sw.sizes, dtype=np.int64)[held].sum())

@@ -209,7 +209,7 @@ class HookRecorder:
         self._forward_pre(0, module, (*args, *kwargs.values()) if kwargs else args)
         if self.enabled and not _compiling():
             self.stamp()
-            self._casts.begin()
+            self._casts.begin(self._full)
 
     def _root_forward_post(self, module: nn.Module, args: Any, output: Any) -> None:
         self._forward_post(0, module, args, output)
@@ -232,6 +232,8 @@ class HookRecorder:
         if not self.enabled or _compiling():
             return
         now = time_ns()
+        if self._casts.watching:  # autocast entered inside the root's call (accelerate's): weight_copies.py
+            self._casts.look()
         if index and type(args) is tuple and len(args) == 1 and self._plain_tensor(now, _FWD_ENTER, _BWD_EXIT,
                                                                                   index, args[0]):
             return

@@ -90,9 +90,16 @@ class KinetoAllocationStream:
         if _profiler_enabled():
             raise ProfilerError(SLOT_TAKEN)
         config, activities, scopes = self._config()
+        older = torch.empty(1)  # allocated before profiling: c10 does not know its size
         with _native_stderr_silenced():
             _prepare_profiler(config, activities)
             _enable_profiler(config, activities, scopes)  # type: ignore[call-arg]  # the stub lacks `scopes`
+            # c10's CPU allocator logs "Memory block of unknown size was allocated before the profiling started"
+            # at the first free, while memory is profiled, of a block it did not see allocated, then at every
+            # 1000th (a count per process). memprof expects those frees (it watches old storages with finalizers):
+            # this one, into /dev/null, takes the first line, and one more at each restart. No event is recorded
+            # for it (c10 reports no free of a size it does not know).
+            del older
         self.active = True
 
     def _stop(self):  # -> torch.autograd._ProfilerResult

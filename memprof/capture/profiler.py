@@ -33,6 +33,7 @@ from memprof.capture.kv_cache import CacheWatcher
 from memprof.capture.oom_snapshot import OomSnapshot
 from memprof.capture.op_recorder import OpPass
 from memprof.capture.optimizers import unwrap_optimizer
+from memprof.capture.parameter_shapes import parameter_shapes_meta
 from memprof.capture.phase_clock import PhaseClock
 from memprof.capture.sinks import BackgroundSink, InlineSink, Outcome
 from memprof.capture.stacks import STACK_MIN_BYTES, StackCapture
@@ -40,7 +41,7 @@ from memprof.capture.steady import DEFAULT_STEADY, SteadyHooks
 from memprof.capture.streams import open_stream
 from memprof.capture.tensor_walk import describe_modules, module_tree, optimizer_state, pointers, storages
 from memprof.categories import Category
-from memprof.errors import MemoryBudgetExceeded, ProfilerError
+from memprof.errors import MemoryBudgetExceeded, ProfilerError, RunExistsError
 from memprof.schema import FORMAT_NAME, SCHEMA_VERSION
 from memprof.trace.format.ops_table import write_ops
 from memprof.trace.format.writer import TraceWriter, write_meta
@@ -223,7 +224,7 @@ class MemoryProfiler:
         if allocation_stream is None and torch.autograd._profiler_enabled():
             raise ProfilerError(SLOT_TAKEN)
         if (self.run_dir / "meta.json").exists():
-            raise ProfilerError(f"{self.run_dir} already holds a trace; choose another run_id or out_dir")
+            raise RunExistsError(f"{self.run_dir} already holds a trace; choose another run_id or out_dir")
         if budget_bytes is not None and (isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int)
                                          or budget_bytes <= 0):
             raise ProfilerError(f"budget_bytes must be a positive whole number of bytes, found {budget_bytes!r}")
@@ -353,6 +354,7 @@ class MemoryProfiler:
             "iterations": 0,
             "detail": self.detail.to_json(),
             "python": sys.version.split()[0],
+            **parameter_shapes_meta(self.model),  # the planner's check of the model a schedule is applied to
         }
 
     def _baseline(self) -> list[LiveBlock]:

@@ -5,9 +5,10 @@ whose autograd node, ``ToCopyBackward0``, leads to the parameter's ``AccumulateG
 for its backward. The allocator sees an ordinary allocation in the module's forward, alive until backward:
 without this module it reads as a feature map.
 
-Once per root forward, when autocast was on, :class:`AutocastCasts` walks the autograd graph that forward
-built (the nodes whose sequence number is at least the one taken when it began, so earlier iterations'
-graphs and the inputs' history are not walked), finds the casts of parameters, and reads the storages of
+Once per root forward that ran under autocast (on when it began or returned, or entered inside its call, as
+accelerate does: see :class:`AutocastCasts`), :class:`AutocastCasts` walks the autograd graph that forward built
+(the nodes whose sequence number is at least the one taken when it began, so earlier iterations' graphs and
+the inputs' history are not walked), finds the casts of parameters, and reads the storages of
 the saved tensors that are such a cast or a view of one from the nodes that saved them. They are observed
 as ``weight_copies``; which module made each one is read from the allocation's time by the analysis. A
 cast that nothing saves (a ``Linear``'s bias under ``addmm``) is held only by autocast's cache until the
@@ -148,29 +149,65 @@ def saved_weight_casts(roots: Iterable[Any], first_sequence_nr: int) -> list[Sto
 class AutocastCasts:
     """Finds the weight casts of each root forward that ran under autocast (see the module docstring).
 
-    The profiler calls :meth:`begin` from the root's forward pre-hook and :meth:`end` from its post-hook.
+    The profiler calls :meth:`begin` from the root's forward pre-hook, :meth:`look` from the submodules' forward
+    pre-hooks while :attr:`watching`, and :meth:`end` from the root's post-hook.
+
+    Autocast is often entered inside the root's call, where its hooks cannot see it: accelerate (the Hugging Face
+    ``Trainer`` with ``bf16=True``) and a user's ``@torch.autocast(...)`` on ``forward`` wrap the forward method,
+    so autocast is off at the root's pre-hook and off again at its post-hook. The first submodule called inside
+    sees it on, so while the root's forward began with autocast off and the submodules are hooked, their pre-hooks
+    look (one call into torch each, until one sees it on). In a steady iteration the submodules' hooks are off
+    (:mod:`memprof.capture.steady`): it repeats the last hooked iteration, so it walks when that one's forward was
+    seen to enter autocast inside. A forward that never runs under autocast walks nothing; one that enters it only
+    around functional calls after its last submodule call is not seen (its casts read as feature maps).
     """
 
     def __init__(self) -> None:
-        # (sequence number, autocast on) when each open root forward began: a root may call itself
-        self._open: list[tuple[int, bool]] = []
+        # per open root forward (a root may call itself): [sequence number when it began, autocast on when it began,
+        # autocast seen on inside it, submodules hooked]
+        self._open: list[list[Any]] = []
+        #: whether the submodules' pre-hooks are to :meth:`look` (a hooked root forward began with autocast off and
+        #: none of its submodules saw it on yet)
+        self.watching = False
+        # whether the last hooked root forward entered autocast inside: what a steady iteration repeats
+        self._inside = False
 
-    def begin(self) -> None:
-        """Notes where the forward's autograd nodes start (cheap: two calls into torch)."""
-        self._open.append((_sequence_nr(), _autocast_on()))
+    def begin(self, hooked: bool = True) -> None:
+        """Notes where the forward's autograd nodes start (cheap: two calls into torch).
+
+        Args:
+            hooked: whether the submodules' forward hooks are on in this iteration (they look for autocast).
+        """
+        on = _autocast_on()
+        self._open.append([_sequence_nr(), on, False, hooked])
+        self.watching = hooked and not on
+
+    def look(self) -> None:
+        """Called by a submodule's forward pre-hook while :attr:`watching`: notes autocast on inside the forward."""
+        if _autocast_on():
+            self.watching = False
+            if self._open:
+                self._open[-1][2] = True
 
     def reset(self) -> None:
         """Forgets forwards that never returned (one that raised); called between iterations."""
         self._open.clear()
+        self.watching = False
 
     def end(self, output: Any) -> list[Storage]:
         """The saved weight casts of the forward that :meth:`begin` saw start last and that returned ``output``.
 
-        ``[]`` (at the cost of one call into torch) when autocast was off when it began and is off now.
+        ``[]`` (at the cost of one call into torch) when autocast was off when it began, was not seen inside it (or,
+        in a steady iteration, not in the last hooked one's) and is off now.
         """
+        self.watching = False
         if not self._open:
             return []
-        first, autocast = self._open.pop()
-        if not (autocast or _autocast_on()) or not torch.is_grad_enabled():
+        first, on, inside, hooked = self._open.pop()
+        if hooked:
+            self._inside = inside
+        elif self._inside:
+            inside = True
+        if not (on or inside or _autocast_on()) or not torch.is_grad_enabled():
             return []
         return saved_weight_casts([t.grad_fn for t in grad_tensors(output)], first)

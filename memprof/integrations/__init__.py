@@ -6,6 +6,7 @@
   (``pip install 'memprof[lightning]'``).
 * :mod:`memprof.integrations.probe`: which module's forward a training step really calls (used by the
   Lightning callback; torch only).
+* :mod:`memprof.integrations.runs`: a reused ``run_id`` refused when training starts (both callbacks).
 
 Import the submodule you need: this package imports neither framework (nor torch).
 """

@@ -25,6 +25,7 @@ except ImportError as exc:  # pragma: no cover - depends on what is installed
 
 from memprof.capture.profiler import MemoryProfiler
 from memprof.errors import ProfilerError
+from memprof.integrations.runs import refuse_existing_run
 
 __all__ = ["MemprofCallback"]
 
@@ -70,11 +71,16 @@ class MemprofCallback(TrainerCallback):
 
     def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                        model: Any = None, optimizer: Any = None, **kwargs: Any) -> None:
-        """Attaches the profiler to the Trainer's model and optimizer."""
+        """Attaches the profiler to the Trainer's model and optimizer, before the first step.
+
+        Raises:
+            RunExistsError: a ``run_id`` given to the callback names a run folder that holds a trace already.
+        """
         if model is None:
             raise ProfilerError("the Trainer passed MemprofCallback no model at train begin; "
                                 "create the Trainer with model=... (model_init is called before train begin)")
         self.close()  # a second trainer.train() starts a new run
+        refuse_existing_run(self.out_dir, self.profiler_kwargs)  # the same one line as Lightning's callback
         meta = {"integration": "huggingface", "gradient_accumulation_steps": int(args.gradient_accumulation_steps),
                 **(self.profiler_kwargs.get("extra_meta") or {})}  # the user's keys win
         options = {**self.profiler_kwargs, "extra_meta": meta}

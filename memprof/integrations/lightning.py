@@ -28,6 +28,7 @@ from torch import nn
 from memprof.capture.profiler import MemoryProfiler, _is_memory_error
 from memprof.errors import ProfilerError
 from memprof.integrations.probe import ForwardProbe, RootChoice, choose_root
+from memprof.integrations.runs import refuse_existing_run
 from memprof.units import format_bytes
 
 __all__ = ["MemprofCallback"]
@@ -82,6 +83,16 @@ class MemprofCallback(pl.Callback):
         self._last_step = 0
 
     # ------------------------------------------------------------------ Lightning's hooks
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        """Refuses a ``run_id`` whose folder holds a trace already, before any training (the profiler itself starts
+        after the first optimizer step).
+
+        Raises:
+            RunExistsError: ``out_dir/run_id`` already holds a trace.
+        """
+        if stage == "fit":
+            refuse_existing_run(self.out_dir, self.profiler_kwargs)
+
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Starts the probe (or, given ``module``, the profiler)."""
         self.close()  # a second fit() starts a new run

@@ -36,6 +36,23 @@ def usable_iterations(trace: Trace) -> list[int]:
     return detailed
 
 
+def structure_iteration(trace: Trace) -> list[int]:
+    """The iteration whose rows give the chain's structure and the step around it: the last usable one whose
+    ``layers`` and ``events`` rows are intact (``[]`` when there is no usable iteration).
+
+    A damaged part is found when it is read (a damaged page behind a sound footer): each candidate's events are
+    read, latest first, until one is intact. Planned from an iteration whose timeline was lost, the chain would
+    silently lose the step around it (chain-only costs).
+    """
+    usable = usable_iterations(trace)
+    for iteration in reversed(usable):
+        events = trace.read("events", columns=["iteration", "seq"], iterations=[iteration])
+        lost = {i for d in trace.damage if d.table in ("layers", "events") for i in d.iterations}
+        if iteration not in lost and not events.empty:
+            return [iteration]
+    return usable[-1:]
+
+
 def median_iterations(trace: Trace) -> list[int]:
     """The iterations whose ``layers`` rows give the chain's costs (their medians): the latest usable ones,
     without the first (one-off allocations and warm-up) and without a planning pass's (its forward runs several
@@ -57,5 +74,5 @@ def chain_inputs(trace: Trace) -> tuple[Hashable, ...]:
     read. An iteration without detail changes none of them.
     """
     meta = tuple((key, json.dumps(trace.meta.get(key), sort_keys=True, default=str)) for key in META_READ)
-    return (tuple(median_iterations(trace)), tuple(usable_iterations(trace)[-1:]), tuple(trace.detail_iterations[-1:]),
+    return (tuple(median_iterations(trace)), tuple(structure_iteration(trace)), tuple(trace.detail_iterations[-1:]),
             tuple(trace.op_iterations), tuple(sorted((d.table, d.part) for d in trace.damage)), meta)

@@ -27,7 +27,7 @@ from planner.discovery.chain_finder import (
     container_candidate,
     why_no_chain,
 )
-from planner.discovery.costed import median_iterations, usable_iterations
+from planner.discovery.costed import median_iterations, structure_iteration
 from planner.discovery.existing_grads import (
     embedding_weights,
     largest_after,
@@ -48,6 +48,7 @@ from planner.discovery.loss_options import (
     with_loss_options,
 )
 from planner.discovery.option_builder import RECOMPUTE_COSTS, ops_of_stage, with_options
+from planner.discovery.signature import with_signature
 from planner.discovery.time_scale import NO_SCALE, TimeScale, time_scale
 from planner.errors import ChainError, NotAChainError
 from planner.model.chain import Chain, Stage
@@ -61,8 +62,8 @@ _COST_COLUMNS = ["forward_ms", "backward_ms", "output_bytes", "saved_bytes", "in
 
 def _structure(trace: Trace) -> pd.DataFrame:
     columns = ["iteration", "module", "parent", "order", "calls", "kind", "input_ids", "output_ids"]
-    usable = usable_iterations(trace)
-    layers = trace.read("layers", columns=columns, iterations=usable[-1:]) if usable else pd.DataFrame()
+    iteration = structure_iteration(trace)
+    layers = trace.read("layers", columns=columns, iterations=iteration) if iteration else pd.DataFrame()
     if layers.empty:
         raise NotAChainError(f"run {trace.run_id} has no layer rows: record at least one iteration with record_stats()")
     return layers
@@ -105,7 +106,7 @@ def _medians(trace: Trace, scale: TimeScale) -> pd.DataFrame:
 
 
 def _timeline(trace: Trace) -> step_costs.Timeline:
-    iteration = usable_iterations(trace)[-1:]
+    iteration = structure_iteration(trace)
     events = trace.read("events", iterations=iteration)
     split = trace.read("iterations", columns=["iteration", "micro_batches"], iterations=iteration).micro_batches
     # gradient accumulation: the step around the chain is the last micro-batch's (planner.discovery.accumulation)
@@ -237,16 +238,17 @@ def chain_from_trace(trace: Trace, container: str | None = None, checkpoints: Se
     found = [named_candidate(tree, list(checkpoints))] if checkpoints is not None else _candidates(trace, tree, container)
     scale = time_scale(trace, median_iterations(trace))
     costs, timeline = _medians(trace, scale), _timeline(trace)
-    weights = module_weights(trace, usable_iterations(trace)[-1:])
+    weights = module_weights(trace, structure_iteration(trace))
     chains = [_build(trace, tree, candidate, costs, timeline, container is None and checkpoints is None,
                      fuse=checkpoints is None, weights=weights, scale=scale) for candidate in found]
     loss_options = _loss_options(trace, tree, costs, loss_chunks)
     if len(chains) == 1:
-        return loss_options(_with_op_options(trace, chains[0], recompute_cost, selective_overhead_us))
+        return with_signature(trace, loss_options(_with_op_options(trace, chains[0], recompute_cost,
+                                                                    selective_overhead_us)))
     # ranked as the planner would get them: the loss stage's options lower some candidates' minimums
     best, reason = chain_ranking.best([loss_options(chain) for chain in chains])
     chosen = replace(chains[best], source={**chains[best].source, "why": reason})
-    return loss_options(_with_op_options(trace, chosen, recompute_cost, selective_overhead_us))
+    return with_signature(trace, loss_options(_with_op_options(trace, chosen, recompute_cost, selective_overhead_us)))
 
 
 def _loss_options(trace: Trace, tree: ModuleTree, costs: pd.DataFrame,
@@ -261,7 +263,7 @@ def _loss_options(trace: Trace, tree: ModuleTree, costs: pd.DataFrame,
     for record in trace.op_records():
         flops[record.module] = flops.get(record.module, 0) + record.flops
     layers = trace.read("layers", columns=["iteration", "module", "weight_bytes"],
-                        iterations=usable_iterations(trace)[-1:])
+                        iterations=structure_iteration(trace))
     weights = {str(m): int(b) for m, b in zip(layers.module, layers.weight_bytes)}
     outputs, times = costs.output_bytes.astype(int).to_dict(), costs.forward_ms.astype(float).to_dict()
 

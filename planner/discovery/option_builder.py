@@ -7,17 +7,20 @@ No list per model type: the options come from what the ops of the stage's forwar
   recomputation even when no backward reads it); the op producing the stage's output (the last one that
   allocates) is not one: its output, a^l, is always kept; nor is an output an op of the stage later writes
   in place, nor a random op's (see :func:`_cacheable`).
-* They are ranked by what recomputing them costs per byte kept: ``forward_ms / output_bytes``, FLOPs per
-  byte to break ties (and alone when no op has a time).
+* Which options exist depends on the ops' bytes and FLOPs only, never on their recorded times: a planning
+  pass times each op once, and on a busy machine those times move by several times, so two passes over
+  the same model would otherwise offer different options (and different schedules at the same budget).
+  The candidates are ranked by the FLOPs recomputing them costs per byte kept (by op count when no op of
+  the stage has FLOPs; position breaks ties): :func:`menu_weights`.
 * The options: ``"compute"`` keeps the output of every candidate with FLOPs (matmuls, convolutions,
   attention: the 'speed' strategy of selective activation checkpointing); the ranking's prefixes up to
   :data:`BYTE_CUTS` of the candidates' bytes, and the shortest prefixes that spare :data:`TIME_CUTS` of
-  the forward's recomputation, named by the ops they keep; ``"none"`` keeps only a^l and recomputes the
-  whole forward. Keeping a prefix of the ranking is the cheapest way to keep that many bytes (the
-  recomputation replays every op it does not keep, in order), so the options lie on the block's
-  memory/time front; cutting by bytes places them where most bytes are (cheap elementwise outputs), by
-  time where a few expensive outputs spare most of the recomputation (a transformer block keeping its
-  last matmul's output alone spares a third of it for a tenth of the bytes).
+  the forward's recomputation (in FLOPs), named by the ops they keep; ``"none"`` keeps only a^l and
+  recomputes the whole forward. Keeping a prefix of the ranking is the cheapest way to keep that many
+  bytes (the recomputation replays every op it does not keep, in order), so the options lie on the block's
+  memory/FLOPs front; cutting by bytes places them where most bytes are (cheap elementwise outputs), by
+  FLOPs where a few expensive outputs spare most of the recomputation (a transformer block keeping its
+  last matmul's output alone spares a quarter of it for a tenth of the bytes).
 * Option ``o`` keeps a-bar_o = a^l + the kept candidates' bytes, within [a^l, a-bar^l], and ``B(l)``
   recomputes every op it did not keep: the stage's ``forward_ms`` times their share of the op times (of
   the FLOPs when no op has a time, of the op count when neither is known), so ``"none"`` recomputes
@@ -28,14 +31,15 @@ No list per model type: the options come from what the ops of the stage's forwar
   ``recompute_cost="flops"`` the share is of the FLOPs (as torch.compile's min-cut partitioner counts
   by default: elementwise ops are free to recompute), for devices where the recorded op times, each
   with a dispatch mode's overhead, misjudge what a recomputation costs.
-* Options that keep no less memory for no less time than another (keeping everything included) are
-  dropped; the rest are listed from the most memory to the least.
+* Options that keep no less memory and replay no fewer FLOPs (ops, without FLOPs) than another (keeping
+  everything included) are dropped; the rest are listed from the most memory to the least. The times then
+  only price the options: the DP picks the fastest of those that fit.
 * Partial options (``StageOption.partial``), when every record of the stage says what it reads
   (``OpRecord.reads``; older traces keep the behaviour above exactly): ``B(l)`` then replays only the cone
   (:mod:`planner.discovery.cone`), the ops needed to rebuild the dropped saved tensors, so an option's
   recomputation is the cone's share of the op weights and FLOPs; the ranking is a greedy on what keeping each
-  output spares of the cone per byte (:mod:`planner.discovery.cone_ranking`), cut as above (the time cuts as
-  fractions of what ``"none"`` replays); random ops' outputs may be kept (the replay restores the RNG state
+  output spares of the cone's FLOPs per byte (:mod:`planner.discovery.cone_ranking`), cut as above (the FLOPs
+  cuts as fractions of what ``"none"`` replays); random ops' outputs may be kept (the replay restores the RNG state
   before each random op it runs, so keeping one shifts no other draw); the stage's output is held anyway
   and never replayed.
 """
@@ -59,7 +63,8 @@ BYTE_CUTS = (0.25, 0.5, 0.75)
 """Fractions of the candidates' bytes at which the ranking is cut into options."""
 
 TIME_CUTS = (0.25, 0.5, 0.75, 0.9)
-"""Fractions of the forward's recomputation that the kept ops of an option spare, at least."""
+"""Fractions of the forward's recomputation (its FLOPs: :func:`menu_weights`) that the kept ops of an option
+spare, at least."""
 
 
 def ops_of_stage(records: Sequence[OpRecord], stage: Stage) -> tuple[OpRecord, ...]:
@@ -79,7 +84,7 @@ def stage_options(ops: Sequence[OpRecord], stage: Stage, recompute_cost: str = "
             anyway). ``StageOption.saves`` are positions in ``ops`` (0-based).
         stage: the stage's costs (a^l, a-bar^l, ``forward_ms``).
         recompute_cost: ``"time"`` (the ops' recorded times) or ``"flops"`` (their FLOPs): what decides
-            an option's share of ``forward_ms`` and the ranking.
+            an option's share of ``forward_ms``. Which options there are does not depend on it.
         overhead_ms_per_op: what a selective checkpoint adds to each op's forward + recomputation, added to
             every option's ``recompute_ms`` for each op of the stage (``selective_overhead_us_per_op`` of
             the run's ``meta.json``, in ms).
@@ -104,19 +109,18 @@ def stage_options(ops: Sequence[OpRecord], stage: Stage, recompute_cost: str = "
     partial = has_reads(ops)
     candidates = [i for i in sorted(wanted) if ops[i].output_bytes > 0 and i != output_op
                   and _cacheable(ops, i, partial=partial)]
-    weights = _weights(ops, recompute_cost)
+    menu = menu_weights(ops)  # which options there are: bytes and FLOPs, never the recorded times
     if partial:
         graph = stage_graph(ops)
         held = frozenset(() if output_op is None else (output_op,))
         ranked, spared, total = greedy_ranking(graph, candidates, {i: ops[i].output_bytes for i in candidates},
-                                               weights, held)
+                                               menu, held)
 
         def replayed(kept: frozenset[int]) -> frozenset[int]:
             return cone(graph, kept | held)
     else:
-        ranked = sorted(candidates, key=lambda i: (-weights[i] / ops[i].output_bytes,
-                                                   -ops[i].flops / ops[i].output_bytes, i))
-        spared, total = [weights[i] for i in ranked], sum(weights)
+        ranked = sorted(candidates, key=lambda i: (-menu[i] / ops[i].output_bytes, i))
+        spared, total = [menu[i] for i in ranked], sum(menu)
 
         def replayed(kept: frozenset[int]) -> frozenset[int]:  # every op it does not keep, in order
             return frozenset(i for i in range(len(ops)) if i not in kept)
@@ -124,11 +128,13 @@ def stage_options(ops: Sequence[OpRecord], stage: Stage, recompute_cost: str = "
     for chosen in _prefixes(ranked, [ops[i].output_bytes for i in ranked], spared, total):
         kept_sets.append((_name(ops, chosen), frozenset(chosen)))
     kept_sets.append(("none", frozenset()))
-    made: dict[frozenset[int], StageOption] = {}
+    prices = _weights(ops, recompute_cost)
+    made: dict[frozenset[int], tuple[StageOption, float]] = {}
     for name, kept in kept_sets:
         if name and kept not in made:  # one option per kept set, under its first name ("compute")
-            made[kept] = _option(ops, stage, name, kept, weights, overhead_ms_per_op * len(ops), replayed(kept),
-                                 partial)
+            replay = replayed(kept)
+            made[kept] = (_option(ops, stage, name, kept, prices, overhead_ms_per_op * len(ops), replay, partial),
+                          sum(menu[i] for i in replay))
     return _undominated(list(made.values()), stage)
 
 
@@ -199,6 +205,13 @@ def _name(ops: Sequence[OpRecord], kept: Sequence[int]) -> str:
     return "keep " + ",".join(n if c == 1 else f"{n}*{c}" for n, c in counts.items()) if counts else ""
 
 
+def menu_weights(ops: Sequence[OpRecord]) -> list[float]:
+    """What each op's recomputation weighs when the options are chosen: its FLOPs, or 1 per op when no op of
+    the stage has FLOPs. Deterministic (the same model gives the same options however loaded the machine
+    that recorded it was); :func:`_weights` prices the options chosen."""
+    return _weights(ops, "flops")
+
+
 def _weights(ops: Sequence[OpRecord], recompute_cost: str) -> list[float]:
     """What each op's recomputation weighs: its time (or FLOPs, by ``recompute_cost``), else its FLOPs, else 1."""
     if recompute_cost == "time" and any(r.forward_ms > 0 for r in ops):
@@ -222,16 +235,18 @@ def _option(ops: Sequence[OpRecord], stage: Stage, name: str, kept: frozenset[in
                        partial=partial)
 
 
-def _undominated(options: Sequence[StageOption], stage: Stage) -> tuple[StageOption, ...]:
-    """The options no other one (keeping everything included) beats or equals in both memory and time."""
-    kept: list[StageOption] = []
+def _undominated(options: Sequence[tuple[StageOption, float]], stage: Stage) -> tuple[StageOption, ...]:
+    """The options no other one (keeping everything included) beats or equals in both memory and what it
+    replays (each option with the :func:`menu_weights` of its replay: not its time, so that which options
+    survive does not depend on the recorded times)."""
+    kept: list[tuple[StageOption, float]] = []
     points = [(stage.saved_bytes, 0.0)]
-    for option in sorted(options, key=lambda o: (o.recompute_ms, o.saved_bytes)):
-        if any(saved <= option.saved_bytes and ms <= option.recompute_ms for saved, ms in points):
+    for option, replay in sorted(options, key=lambda o: (o[1], o[0].saved_bytes)):
+        if any(saved <= option.saved_bytes and weight <= replay for saved, weight in points):
             continue
-        kept.append(option)
-        points.append((option.saved_bytes, option.recompute_ms))
-    return tuple(sorted(kept, key=lambda o: (-o.saved_bytes, o.recompute_ms)))
+        kept.append((option, replay))
+        points.append((option.saved_bytes, replay))
+    return tuple(option for option, _ in sorted(kept, key=lambda o: (-o[0].saved_bytes, o[1])))
 
 
 def with_options(chain: Chain, ops_by_stage: Mapping[int, Sequence[OpRecord]], recompute_cost: str = "time",

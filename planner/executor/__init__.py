@@ -12,7 +12,8 @@ replayed only where its dropped saved tensors need it),
 them), :mod:`~planner.executor.weights` (streamed weights) and :mod:`~planner.executor.install` (the wrappers
 put in place of each stage's first module's ``forward``); :mod:`~planner.executor.chunked_loss` and
 :mod:`~planner.executor.chunked_head` compute a language-model head and its cross-entropy in chunks (the loss
-stage's options).
+stage's options); :mod:`~planner.executor.model_check` compares a model with the one a schedule was planned for
+(the chain's signature) and watches the stage-1 input's size.
 """
 
 from planner.executor.apply import (

@@ -13,6 +13,13 @@ Module names: ``Stage.modules`` holds qualified names in the model (``"transform
 ``"layer1.0"``). A chain whose stages name no modules (a hand-written chain) maps stage ``l`` to the
 ``l``-th child of ``container`` (an ``nn.Sequential`` or ``nn.ModuleList``, the model by default).
 
+A schedule planned from a trace knows its model (``Chain.signature``): :func:`apply_schedule` compares the
+model with it first (:mod:`planner.executor.model_check`) and refuses another one (deeper, shallower, wider,
+another dtype or class) in one line; with ``strict=False`` it applies a model of the same blocks and containers
+(wider, narrower, another dtype) with a warning that its memory prediction does not hold, and still refuses one
+whose blocks differ (a deeper model's extra blocks would train wrongly). At run time, a training forward whose
+stage-1 input is not the size planned for (another batch or sequence length) gets one warning.
+
 Limits: the chain's blocks must be called once each, in order, in every training forward, and receive the
 running activation as a tensor argument; side inputs (masks, position tables) must not require grad; only
 ``loss.backward()`` is supported (``torch.autograd.grad`` and a second backward raise a clear error).
@@ -20,6 +27,7 @@ running activation as a tensor argument; side inputs (masks, position tables) mu
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 
 import torch
@@ -29,6 +37,7 @@ from planner.errors import InvalidScheduleError, ScheduleMismatchError
 from planner.executor.chunked_head import install_chunked_head, remove_chunked_head
 from planner.executor.embedding_grad import install_embedding_grads, remove_embedding_grads
 from planner.executor.install import ScheduleExecutor
+from planner.executor.model_check import check_model, find_module, unwatch_input, watch_input
 from planner.executor.offload import MIN_OFFLOAD_BYTES
 from planner.executor.program import Program
 from planner.executor.selective import policy_of, with_option
@@ -42,7 +51,7 @@ _ATTRIBUTE = "_memprof_schedule"
 
 def apply_schedule(model: nn.Module, schedule: Schedule, container: str | None = None,
                    min_offload_bytes: int = MIN_OFFLOAD_BYTES,
-                   optimizer: torch.optim.Optimizer | None = None) -> nn.Module:
+                   optimizer: torch.optim.Optimizer | None = None, strict: bool = True) -> nn.Module:
     """Makes ``model`` train with ``schedule``, in place (the same object, parameters and hooks).
 
     Args:
@@ -54,16 +63,21 @@ def apply_schedule(model: nn.Module, schedule: Schedule, container: str | None =
         optimizer: with streamed weights, the optimizer that steps the model: its state follows the streamed
             parameters to host memory before each step and back to the device on :func:`remove_schedule`
             (without it, an optimizer that already holds state on the device refuses the host parameters).
+        strict: refuse a model that differs from the one the schedule was planned for (its chain's signature);
+            ``False``: apply it anyway with one warning (its memory prediction does not hold), unless its blocks
+            differ (a stage module missing, a container's children other than planned).
 
     Returns:
         ``model``.
 
     Raises:
-        ScheduleMismatchError: a module the schedule names is not in the model, or the stages do not map.
+        ScheduleMismatchError: the model is not the one the schedule was planned for (one line: what differs), a
+            module the schedule names is not in the model, or the stages do not map.
         InvalidScheduleError: the operations are not valid (names the first invalid one) or cannot be run
             inside the model's forward.
     """
     validate_ops(schedule.ops, schedule.chain.length, schedule)
+    check_planned_model(model, schedule, container, strict)
     groups = stage_modules(model, schedule, container)
     remove_schedule(model)
     executor = ScheduleExecutor(groups, runtime_ops(schedule), min_offload_bytes, policies(schedule),
@@ -79,8 +93,34 @@ def apply_schedule(model: nn.Module, schedule: Schedule, container: str | None =
     install_embedding_grads(model)  # no dense embedding gradient beside an existing .grad (embedding_grad.py)
     if optimizer is not None:
         executor.follow(optimizer)
+    signature = schedule.chain.signature
+    if signature is not None:
+        watch_input(model, groups[0][0], signature.input_bytes, schedule.chain.stages[0].modules[0])
     object.__setattr__(model, _ATTRIBUTE, (executor, schedule))
     return model
+
+
+def check_planned_model(model: nn.Module, schedule: Schedule, container: str | None, strict: bool) -> None:
+    """Checks ``model`` against the model the schedule's chain was found in (see :func:`apply_schedule`).
+
+    A chain planned from a trace without a signature (JSON written before it existed) cannot be checked: one
+    warning says so. A hand-written chain has nothing to check (a positional one is checked by its container's
+    children, :func:`stage_modules`).
+
+    Raises:
+        ScheduleMismatchError: as :func:`planner.executor.model_check.check_model` says.
+    """
+    signature = schedule.chain.signature
+    if signature is None:
+        if schedule.chain.source.get("run_id") and all(stage.modules for stage in schedule.chain.stages[:-1]):
+            warnings.warn(f"this schedule's chain (run {schedule.chain.source['run_id']}) carries no model signature "
+                          "(planned before schedules recorded one), so it cannot be checked against this model; "
+                          "re-plan to have it checked", UserWarning, stacklevel=3)
+        return
+    try:
+        check_model(model, signature.to_dict(), container or "", strict, stacklevel=4)
+    except ValueError as exc:
+        raise ScheduleMismatchError(str(exc)) from None
 
 
 def runtime_ops(schedule: Schedule) -> list[tuple[str, int]]:
@@ -140,6 +180,7 @@ def remove_schedule(model: nn.Module) -> nn.Module:
     installed = model.__dict__.pop(_ATTRIBUTE, None)
     if installed is not None:
         installed[0].remove()
+    unwatch_input(model)
     remove_chunked_head(model)
     remove_embedding_grads(model)
     return model
@@ -165,26 +206,11 @@ def stage_modules(model: nn.Module, schedule: Schedule, container: str | None = 
     return groups
 
 
-#: The attribute under which a wrapper holds the model it wraps: DDP and DataParallel (``module``), FSDP1
-#: (``_fsdp_wrapped_module``), torch.compile (``_orig_mod``). A chain found on the wrapper names its modules with
-#: the prefix, and the user may apply its schedule to the model inside (before wrapping it, as is usual), or the
-#: other way round.
-_WRAPPER_PREFIXES = ("module.", "_fsdp_wrapped_module.", "_orig_mod.")
-
-
-def _candidates(name: str, container: str | None) -> list[str]:
-    names = [name, f"{container}.{name}"] if container else [name]
-    stripped = [n[len(p):] for n in names for p in _WRAPPER_PREFIXES if n.startswith(p)]
-    wrapped = [p + n for n in names for p in _WRAPPER_PREFIXES if n]
-    return names + stripped + wrapped
-
-
 def _find(model: nn.Module, name: str, container: str | None) -> nn.Module:
-    for candidate in _candidates(name, container):
-        try:
-            return model.get_submodule(candidate) if candidate else model
-        except AttributeError:
-            continue
+    # as the name is, under the container, or with or without a wrapper's prefix (model_check.module_candidates)
+    found = find_module(model, name, container)
+    if found is not None:
+        return found[1]
     raise ScheduleMismatchError(
         f"the model has no module {name!r} (a {type(model).__name__}); expected the model the schedule's chain "
         "was found in, with the same module names"
@@ -278,4 +304,5 @@ def _relative(schedule: Schedule, prefix: str) -> Schedule:
     from dataclasses import replace
 
     stages = tuple(replace(s, modules=tuple(m[len(prefix) + 1 :] for m in s.modules)) for s in schedule.chain.stages)
-    return replace(schedule, chain=replace(schedule.chain, stages=stages))
+    signature = schedule.chain.signature.relative_to(prefix) if schedule.chain.signature is not None else None
+    return replace(schedule, chain=replace(schedule.chain, stages=stages, signature=signature))

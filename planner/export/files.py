@@ -7,11 +7,12 @@ The Python file embeds the pure-torch runtime (:mod:`planner.executor.block_io`,
 :mod:`planner.executor.program`, :mod:`planner.executor.grads`, :mod:`planner.executor.carried_grads`,
 :mod:`planner.executor.runtime`, :mod:`planner.executor.weights`, :mod:`planner.executor.install`,
 :mod:`planner.executor.grad_into`, :mod:`planner.executor.embedding_grad`, :mod:`planner.executor.chunked_loss`,
-:mod:`planner.executor.chunked_head`, which import
+:mod:`planner.executor.chunked_head`, :mod:`planner.executor.model_check`, which import
 nothing but ``torch`` and the standard library) verbatim, and the schedule's data: the modules of each stage
 (qualified names in the model) and the operations, ``OFFLOAD`` and ``PREFETCH`` included, the stages whose
-weights are streamed, and the chunks the loss option computes the language-model head and its loss in
-(``LOSS_CHUNKS``, 0: as written).
+weights are streamed, the chunks the loss option computes the language-model head and its loss in
+(``LOSS_CHUNKS``, 0: as written), and the model it was planned for (``SIGNATURE``: its ``apply_schedule``
+refuses another model with a ``ValueError``, or with ``strict=False`` warns that the prediction does not hold).
 A user adds two lines to a training script::
 
     from apply_schedule import apply_schedule
@@ -38,6 +39,7 @@ from planner.executor import embedding_grad as executor_embedding_grad
 from planner.executor import grad_into as executor_grad_into
 from planner.executor import grads as executor_grads
 from planner.executor import install as executor_install
+from planner.executor import model_check as executor_model_check
 from planner.executor import offload as executor_offload
 from planner.executor import partial as executor_partial
 from planner.executor import partial_tape as executor_partial_tape
@@ -114,7 +116,7 @@ def _runtime_body() -> str:
     for module in (executor_block_io, executor_sharded, executor_stage, executor_offload, executor_transfers, executor_selective,
                    executor_partial_tape, executor_partial, executor_program, executor_grads, executor_carried_grads, executor_runtime, executor_weights,
                    executor_install, executor_grad_into, executor_embedding_grad, executor_chunked_loss,
-                   executor_chunked_head):
+                   executor_chunked_head, executor_model_check):
         source = inspect.getsource(module)
         lines = source.splitlines()
         drop: set[int] = set()
@@ -162,21 +164,28 @@ def _data(schedule: Schedule, groups: list[list[str]] | None, ops: list, kept: d
         "# [chunks, eager]: the chunks the language-model head and its loss run in (planner.executor.chunked_head;",
         "# 0: as written), and whether their gradients are computed in the forward.",
         _literal("LOSS_CHUNKS", list(chunks)),
+        "# The model the schedule was planned for (planner.model.signature; None: not known, nothing is checked).",
+        _literal("SIGNATURE", schedule.chain.signature.to_dict() if groups and schedule.chain.signature else None),
     ]
     return "\n".join(parts) + "\n"
 
 
 _APPLY = '''
-def apply_schedule(model, container="", min_offload_bytes=MIN_OFFLOAD_BYTES, optimizer=None):
+def apply_schedule(model, container="", min_offload_bytes=MIN_OFFLOAD_BYTES, optimizer=None, strict=True):
     """Makes ``model`` train with the schedule, in place; returns ``model``.
 
     ``container`` is only used when STAGES is None: the nn.Sequential whose children are the stages.
     ``min_offload_bytes``: saved storages smaller than this stay on the device (OFFLOAD operations only).
     ``optimizer``: with streamed weights, the optimizer whose state follows them to host memory.
+    ``strict``: refuse (ValueError) a model that is not the one the schedule was planned for (SIGNATURE); False:
+    apply it anyway with a warning that its memory prediction does not hold, unless its blocks differ.
     """
+    if STAGES is not None and SIGNATURE is not None:
+        check_model(model, SIGNATURE, container, strict)
     previous = model.__dict__.pop("_memprof_schedule", None)
     if previous is not None:
         previous[0].remove()
+    unwatch_input(model)
     remove_chunked_head(model)
     remove_embedding_grads(model)
     if STAGES is None:
@@ -198,6 +207,31 @@ def apply_schedule(model, container="", min_offload_bytes=MIN_OFFLOAD_BYTES, opt
     install_embedding_grads(model)
     if optimizer is not None:
         executor.follow(optimizer)
+    if STAGES is not None and SIGNATURE is not None:
+        watch_input(model, groups[0][0], SIGNATURE["input_bytes"], STAGES[0][0])
     object.__setattr__(model, "_memprof_schedule", (executor, SCHEDULE))
     return model
+
+
+def _register_this_module():
+    """Puts this file's module into sys.modules when it was loaded without it (importlib.util's
+    spec_from_file_location and exec_module alone). torch.compile's dynamo imports, by name, the module of each
+    function it traces that reads a global (the embeddings' forward above is one), and fails with "No module
+    named ..." otherwise. A name another module already holds gets a suffix."""
+    import gc
+    import sys
+    import types
+
+    name = globals().get("__name__")
+    if not name or (name in sys.modules and vars(sys.modules[name]) is globals()):
+        return
+    for referrer in gc.get_referrers(globals()):
+        if isinstance(referrer, types.ModuleType) and vars(referrer) is globals():
+            if name in sys.modules:
+                name = globals()["__name__"] = f"{name}_{id(referrer):x}"
+            sys.modules[name] = referrer
+            return
+
+
+_register_this_module()
 '''

@@ -18,6 +18,7 @@ from typing import Any
 from planner.errors import ChainError, ChainWarning
 from planner.model.carried_tensor import Carried, carried_from_dict, check_stages
 from planner.model.jsonio import load_json
+from planner.model.signature import ModelSignature
 from planner.model.stage_option import StageOption, option_from_dict
 from planner.model.step import StepCosts
 from planner.model.transfer import DEFAULT_TRANSFER, TransferCosts
@@ -146,6 +147,9 @@ class Chain:
             (:mod:`planner.model.transfer`); ``None``: :data:`planner.model.transfer.DEFAULT_TRANSFER`.
         carried: tensors stages read besides their running activation (skip connections, an encoder's
             output); their memory is counted by :mod:`planner.solvers.carried_fit`.
+        signature: what the chain's model looked like (stage modules, their parameters, the containers
+            holding them, the root), so that a schedule refuses another model
+            (:mod:`planner.model.signature`); ``None`` for a hand-written chain or one read from older JSON.
     """
 
     name: str
@@ -156,6 +160,7 @@ class Chain:
     transfer: TransferCosts | None = None
     carried: tuple[Carried, ...] = ()
     weights: WeightCosts | None = None
+    signature: ModelSignature | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.input_bytes, bool) or not isinstance(self.input_bytes, int) or self.input_bytes < 0:
@@ -169,6 +174,8 @@ class Chain:
             raise ChainError("stages must be Stage objects; use Chain.from_json for dicts")
         if self.step is not None and not isinstance(self.step, StepCosts):
             raise ChainError(f"step must be a StepCosts or None, found {type(self.step).__name__}")
+        if self.signature is not None and not isinstance(self.signature, ModelSignature):
+            raise ChainError(f"signature must be a ModelSignature or None, found {type(self.signature).__name__}")
         if self.transfer is not None and not isinstance(self.transfer, TransferCosts):
             raise ChainError(f"transfer must be a TransferCosts or None, found {type(self.transfer).__name__}")
         if self.weights is not None and (not isinstance(self.weights, WeightCosts)
@@ -267,6 +274,8 @@ class Chain:
             out["carried"] = [item.to_dict() for item in self.carried]
         if self.weights is not None:
             out["weights"] = self.weights.to_dict()
+        if self.signature is not None:
+            out["signature"] = self.signature.to_dict()
         return out
 
     def to_json(self, path: str | Path | None = None) -> str:
@@ -313,6 +322,7 @@ class Chain:
             transfer=TransferCosts.from_dict(data["transfer"]) if data.get("transfer") is not None else None,
             carried=tuple(carried_from_dict(item) for item in data.get("carried") or ()),
             weights=WeightCosts.from_dict(data["weights"]) if data.get("weights") is not None else None,
+            signature=ModelSignature.from_dict(data["signature"]) if data.get("signature") is not None else None,
         )
 
 

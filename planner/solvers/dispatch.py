@@ -84,7 +84,7 @@ def solve(chain: Chain, budget_bytes: int, algorithm: str = "rotor", slots: int 
     inner = _chain_budget(chain, budget, algorithm, slots)
     try:
         if chain.carried:
-            plan = carried.fit(chain, inner, lambda m: module.plan(chain, m, slots),
+            plan = carried.fit(chain, inner, lambda c, m: module.plan(c, m, slots),
                                lambda: int(module.min_budget_bytes(chain, slots)))
         else:
             plan = module.plan(chain, inner, slots)
@@ -172,7 +172,7 @@ def min_feasible_budget(chain: Chain, algorithm: str = "rotor", slots: int = DEF
         return weight_plan.min_budget_bytes(chain, module, slots)
     inner = int(module.min_budget_bytes(chain, slots))
     if chain.carried:
-        inner = carried.min_budget_bytes(chain, lambda m: module.plan(chain, m, slots), inner)
+        inner = carried.min_budget_bytes(chain, lambda c, m: module.plan(c, m, slots), inner)
     if chain.step is None:
         return inner
     return max(chain.step.floor_bytes, inner + chain.step.base_bytes)

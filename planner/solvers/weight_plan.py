@@ -144,7 +144,7 @@ def _inner_budget(chain: Chain, budget_bytes: int, streamed: Sequence[int]) -> i
 
 def _activation_plan(chain: Chain, module: Solver, inner: int, slots: int) -> Plan:
     if chain.carried:
-        return carried.fit(chain, inner, lambda m: module.plan(chain, m, slots),
+        return carried.fit(chain, inner, lambda c, m: module.plan(c, m, slots),
                            lambda: int(module.min_budget_bytes(chain, slots)))
     return module.plan(chain, inner, slots)
 
@@ -182,7 +182,7 @@ def min_budget_for(chain: Chain, module: Solver, streamed: Sequence[int], slots:
     try:
         inner = int(module.min_budget_bytes(solving, slots))
         if chain.carried:
-            inner = carried.min_budget_bytes(solving, lambda m: module.plan(solving, m, slots), inner)
+            inner = carried.min_budget_bytes(solving, lambda c, m: module.plan(c, m, slots), inner)
     except InfeasibleBudgetError:
         return None
     bound = _bound(chain, chosen)

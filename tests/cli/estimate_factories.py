@@ -39,3 +39,22 @@ def data_dependent(batch_size: int) -> tuple:
 
 
 not_callable = 3
+
+
+class _ReturnsACache(nn.Module):
+    """Returns a key/value cache beside its output, as a Hugging Face model with ``use_cache=True`` does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(16, 32)
+
+    def forward(self, x: torch.Tensor) -> dict:
+        keys, values = self.proj(x).chunk(2, dim=-1)
+        return {"logits": keys * values, "past_key_values": ((keys.contiguous(), values.contiguous()),)}
+
+
+def returns_a_cache(batch_size: int) -> tuple:
+    """A model whose cache is two ``batch_size x 16`` float32 storages: 128 B per sample."""
+    with torch.device("meta"):
+        model = _ReturnsACache()
+    return model, torch.empty(batch_size, 16, device="meta"), lambda m, x: m(x)["logits"].sum()

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import sys
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,3 +35,16 @@ def exit_code(argv: list[str]) -> int:
         return main(argv)
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else 2
+
+
+@contextlib.contextmanager
+def printed_warnings() -> Iterator[None]:
+    """Within the block warnings are printed on stderr, as outside pytest (which records them instead), each time."""
+
+    def show(message, category, filename, lineno, file=None, line=None) -> None:
+        sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = show
+        yield

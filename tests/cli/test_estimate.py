@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -12,9 +16,10 @@ from cli.factory import load_factory
 from cli.main import main
 from examples import zoo
 from memprof import estimate, load_trace
+from memprof.capture.kv_cache import KeyValueCacheWarning
 from memprof.units import format_bytes, parse_bytes
 from tests.cli.estimate_factories import tiny_gpt
-from tests.cli.helpers import ROOT, exit_code, one_line_error
+from tests.cli.helpers import ROOT, exit_code, one_line_error, printed_warnings
 from tests.memprof.estimation.cases import measured_peak
 
 FACTORY = "tests.cli.estimate_factories:tiny_gpt"
@@ -60,6 +65,55 @@ def test_max_batch_finds_the_largest_batch_that_fits(tmp_path: Path, capsys) -> 
 
     assert peak(as_is) <= parse_bytes(memory) < peak(as_is + 1)
     assert load_trace(tmp_path / f"search-batch{as_is}").iterations.peak_allocated_bytes.max() == peak(as_is)
+
+
+def test_max_batch_names_a_returned_cache_once(tmp_path: Path, capsys) -> None:
+    """Every estimate of the search builds the cache; the command says so once, with the first one's size."""
+    argv = ["estimate", "tests.cli.estimate_factories:returns_a_cache", "--max-batch", "--memory", "10KiB",
+            "--optimizer", "sgd"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert main([*argv, "--out", str(tmp_path / "a")]) == 0
+    assert "(8 estimates, optimizer sgd)" in capsys.readouterr().out
+    said = [str(w.message) for w in caught if issubclass(w.category, KeyValueCacheWarning)]
+    assert len(said) == 1, said
+    assert "key/value cache (tuple, 128 B)" in said[0]  # batch 1: two 1 x 16 float32 storages
+    with printed_warnings():
+        assert main([*argv, "--out", str(tmp_path / "b")]) == 0
+    assert capsys.readouterr().err.count("memprof estimate: warning: ") == 1
+
+
+HF_FACTORY = """
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+
+
+def gpt2(batch_size):
+    config = GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=128, n_positions=32, bos_token_id=127,
+                        eos_token_id=127)  # use_cache=True: the default
+    with torch.device("meta"):
+        model = GPT2LMHeadModel(config)
+    ids = torch.empty(batch_size, 16, dtype=torch.long, device="meta")
+    return model, ids, lambda m, x: m(input_ids=x, labels=x).loss
+"""
+
+
+@pytest.mark.slow
+def test_max_batch_of_gpt2_prints_one_warning_and_no_deprecation(tmp_path: Path) -> None:
+    """The issue's command in a fresh process (torch says its FakeTensor warning once per process): of the
+    estimate's own lines, only the cache's, once; neither torch's FakeTensor data-pointer deprecation nor
+    transformers' past_key_values one."""
+    (tmp_path / "hf_factory.py").write_text(HF_FACTORY)
+    shown = subprocess.run(
+        [sys.executable, "-m", "cli", "estimate", f"{tmp_path / 'hf_factory.py'}:gpt2", "--max-batch", "--memory",
+         "4MiB", "--optimizer", "sgd", "--out", str(tmp_path / "traces")],
+        capture_output=True, text=True, cwd=ROOT, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert shown.returncode == 0, shown.stderr
+    assert "estimates, optimizer sgd)" in shown.stdout
+    # layers x (keys, values) x batch 1 x sequence x embedding x float32
+    assert shown.stderr.count("key/value cache (DynamicCache, 8.0 KiB)") == 1, shown.stderr
+    assert shown.stderr.count("key/value cache") == 1
+    assert "FakeTensor" not in shown.stderr and "past_key_values" not in shown.stderr, shown.stderr
 
 
 def test_nothing_fits(tmp_path: Path, capsys) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import cli.report
-from cli.main import COMMANDS, EXIT_BAD_INPUT, EXIT_INTERRUPTED, build_parser, main
+from cli.main import COMMANDS, EXIT_BAD_INPUT, EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, build_parser, main
 from memprof.errors import MemprofError
 from tests.cli.helpers import EXAMPLE_RUN, ROOT, TOY, one_line_error
 
@@ -39,6 +39,50 @@ def test_ctrl_c_exits_130(monkeypatch, capsys):
     monkeypatch.setattr(cli.report, "run_report", interrupted)
     assert main(["report", "run"]) == EXIT_INTERRUPTED == 130
     assert capsys.readouterr().err.strip() == "memprof report: interrupted"
+
+
+def test_a_reader_that_went_away_ends_the_command_quietly(monkeypatch, capsys):
+    def cut_short(args: argparse.Namespace) -> int:
+        print("a first line")
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(cli.report, "run_report", cut_short)
+    assert main(["report", "run"]) == EXIT_BROKEN_PIPE == 141
+    assert capsys.readouterr().err == ""
+
+
+def test_memprof_report_into_a_closed_pipe_exits_141_without_a_traceback() -> None:
+    """``memprof report RUN | head``: the reader is gone before the report is written."""
+    proc = subprocess.Popen([sys.executable, "-m", "cli", "report", str(EXAMPLE_RUN)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, cwd=ROOT)
+    proc.stdout.close()  # as head does once it has its lines
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=300) == 141 and err == "", err
+
+
+SIZE_OPTIONS = [
+    (["plan", str(TOY), "--out", "unused.json"], "--budget", "a budget is a positive size such as 5MiB"),
+    (["plan", str(TOY), "--out", "unused.json"], "--activation-budget", "a budget is a positive size such as 5MiB"),
+    (["plan", str(TOY), "--out", "unused.json"], "--held-budget", "a budget is a positive size such as 5MiB"),
+    (["plan", str(TOY), "--out", "unused.json", "--budget", "1GiB"], "--host-cap",
+     "a host cap is a positive size such as 64GiB"),
+    (["estimate", "tests.cli.estimate_factories:tiny_gpt", "--max-batch"], "--memory",
+     "the memory to fit is a positive size such as 16GiB"),
+]
+
+
+@pytest.mark.parametrize(("argv", "option", "said"), SIZE_OPTIONS, ids=[o for _, o, _ in SIZE_OPTIONS])
+@pytest.mark.parametrize("form", ["separate", "joined"])
+def test_a_negative_size_is_refused_in_one_line_naming_the_option(capsys, argv, option, said, form):
+    value = ["-5MiB"] if option != "--memory" else ["-1.5GiB"]
+    given = [option, *value] if form == "separate" else [f"{option}={value[0]}"]
+    assert main([*argv, *given]) == 2
+    one_line_error(capsys, f"memprof {argv[0]}: error: {option}: {said}; found {value[0]}")
+
+
+def test_a_value_that_is_no_size_keeps_the_parsers_messages(capsys):
+    assert main(["plan", str(TOY), "--out", "unused.json", "--budget=-many"]) == 2
+    one_line_error(capsys, "expected a byte size such as '64MiB' or '2GB', found '-many'")
 
 
 def test_other_exceptions_are_not_swallowed(monkeypatch):

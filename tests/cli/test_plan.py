@@ -148,7 +148,7 @@ def test_plan_budget_options(tmp_path: Path, capsys: pytest.CaptureFixture[str],
 
 PLAN_ERRORS = [
     (["--budget", "64XB"], "unknown unit 'XB'"),
-    (["--budget", "-1"], "expected a byte size"),
+    (["--budget", "-1"], "--budget: a budget is a positive size such as 5MiB; found -1"),
     (["--budget", "0"], "positive, finite byte size"),
     (["--budget", "1KiB"], "minimum"),
     (["--budget", "1GiB", "--algorithm", "magic"], "unknown algorithm 'magic'"),

@@ -33,12 +33,16 @@ def _caught_up(profiler: MemoryProfiler) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("worker", [True, False], ids=["worker", "records-on-the-training-thread"])
-def test_the_profilers_memory_stays_flat_over_a_long_run(tmp_path, monkeypatch, worker):
+def test_the_profilers_memory_stays_flat_over_a_long_run(tmp_path, monkeypatch, request, worker):
     """Both ways a long run's records are processed: by the worker (kept however far training waits for it),
     and on the training thread (where the worker is found behind: memprof.capture.worker_judge)."""
     monkeypatch.setattr(worker_judge, "INLINE_WAIT_SHARE", math.inf if worker else 0.0)
     torch.manual_seed(0)
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    # given back: tests after this one in the same worker profile at torch's default (oneDNN sizes some kernels'
+    # workspace by the thread count, so a planner test's bytes depend on it)
+    request.addfinalizer(lambda: torch.set_num_threads(threads))
     model, make_batch = zoo.mlp(blocks=2, width=32)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     batch = make_batch(8)

@@ -4,6 +4,7 @@
 //
 // C ABI only (loaded with ctypes); no C++ exception crosses it: every entry point catches and
 // returns an error code.
+#include <c10/core/CPUAllocator.h>
 #include <torch/csrc/profiler/orchestration/observer.h>
 
 #include <algorithm>
@@ -15,9 +16,48 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <utility>
 #include <vector>
 
+#if __has_include(<torch/headeronly/version.h>)
+#include <torch/headeronly/version.h>
+#endif
+
 namespace {
+
+// c10's CPU allocator logs "Memory block of unknown size was allocated before the profiling started" at the first
+// free, while memory profiling is on, of a block it did not see allocated, and at every 1000th after that
+// (ProfiledCPUMemoryReporter::Delete: `if (log_cnt_++ % 1000 == 0)`). memprof expects such frees (blocks older than
+// profiling: it watches their deaths with finalizers), so while it records it keeps that counter, and only that
+// one, off a multiple of 1000: set to 1 when it starts and at every drain (the line then shows only where one step
+// frees 999 such blocks). The counter is private; an explicit instantiation may name it ([temp.spec.general]/6).
+// Only where its name is known (torch 2.x, which has the version header): elsewhere the line may show, nothing else.
+// A torch whose allocator no longer has these members fails this part to compile: the build then compiles again
+// with MEMPROF_NO_QUIET_FREES (memprof/capture/native/build.py), and only the line comes back.
+#if defined(TORCH_VERSION_MAJOR) && TORCH_VERSION_MAJOR == 2 && !defined(MEMPROF_NO_QUIET_FREES)
+template <typename Tag, typename Tag::type Member>
+struct Expose {
+  friend typename Tag::type member(Tag) { return Member; }
+};
+struct LogCount {
+  using type = size_t c10::ProfiledCPUMemoryReporter::*;
+  friend type member(LogCount);
+};
+struct LogMutex {
+  using type = std::mutex c10::ProfiledCPUMemoryReporter::*;
+  friend type member(LogMutex);
+};
+template struct Expose<LogCount, &c10::ProfiledCPUMemoryReporter::log_cnt_>;
+template struct Expose<LogMutex, &c10::ProfiledCPUMemoryReporter::mutex_>;
+
+void quiet_unknown_frees() {
+  auto& reporter = c10::profiledCPUMemoryReporter();
+  std::lock_guard<std::mutex> guard(reporter.*member(LogMutex{}));
+  reporter.*member(LogCount{}) = 1;
+}
+#else
+void quiet_unknown_frees() {}
+#endif
 
 using torch::profiler::impl::ActiveProfilerType;
 using torch::profiler::impl::ProfilerConfig;
@@ -160,6 +200,7 @@ int memprof_push(void* h) {
     }
     std::shared_ptr<ProfilerStateBase> state = static_cast<Handle*>(h)->reporter;
     ProfilerStateBase::push(std::move(state));
+    quiet_unknown_frees();
     return 0;
   } catch (...) {
     return 2;
@@ -189,6 +230,10 @@ int memprof_active(void* h) {
 }
 
 int64_t memprof_drain(void* h, int64_t* out, int64_t stride, int64_t max_rows, int64_t* info) {
+  try {
+    quiet_unknown_frees();
+  } catch (...) {  // (a mutex that cannot be locked: the line may show, the events are drained all the same)
+  }
   return static_cast<Handle*>(h)->reporter->drain(out, stride, max_rows, info);
 }
 

@@ -66,3 +66,26 @@ def test_the_watchers_hook_is_removed_on_close(tmp_path) -> None:
     with MemoryProfiler(model, out_dir=tmp_path, print_period=0, background=False):
         assert len(model._forward_hooks) > before
     assert len(model._forward_hooks) == before
+
+
+def test_the_cache_is_read_without_transformers_deprecated_names(tmp_path, monkeypatch) -> None:
+    """transformers 5 names the field ``cache`` and logs a deprecation for every ``past_key_values`` read."""
+    from transformers.utils import generic
+
+    logged: list[str] = []
+    monkeypatch.setattr(generic.logger, "warning_once", lambda message, *args, **kwargs: logged.append(message))
+    said = _train(_gpt2(), tmp_path)
+    assert len(said) == 1 and "DynamicCache, 32.0 KiB" in said[0], said
+    assert not [m for m in logged if "past_key_values" in m], logged
+
+
+def test_only_a_transformers_cache_under_the_new_name_is_taken_for_one() -> None:
+    class Cache:  # stands for transformers.cache_utils.Cache: recognised by the name of a base class
+        pass
+
+    class DynamicCache(Cache):
+        def __init__(self) -> None:
+            self.keys = [torch.zeros(4)]
+
+    assert cache_bytes({"cache": DynamicCache()}) == ("DynamicCache", 16)
+    assert cache_bytes({"cache": [torch.zeros(4)]}) is None  # some other model's field named cache

@@ -15,6 +15,7 @@ from torch.nn import functional as F
 
 from examples import zoo
 from memprof import MemoryProfiler, load_trace
+from memprof.capture import weight_copies
 from memprof.capture.weight_copies import AutocastCasts, saved_weight_casts
 from tests.allocator_truth import allocator_rise_bytes
 from tests.memprof.helpers import CATEGORIES, forward_exit
@@ -23,15 +24,17 @@ BF16 = 2
 N, D, H, C = 64, 64, 128, 512  # batch, input, hidden and output widths of the hand-sized MLP
 
 
-def _profile(model: nn.Module, batch: tuple, loss_of, tmp_path, steps: int = 3):  # noqa: ANN001, ANN202
-    """Measures the allocator's peak of one autocast step, then profiles ``steps`` of them; returns both."""
+def _profile(model: nn.Module, batch: tuple, loss_of, tmp_path, steps: int = 3,  # noqa: ANN001, ANN202
+             around: bool = True, **options):  # noqa: ANN003
+    """Measures the allocator's peak of one autocast step, then profiles ``steps`` of them; returns both.
+    ``around=False``: the step enters no autocast region (the model's forward does); ``options``: the profiler's."""
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # the same allocations every step
 
     def step() -> None:
         # Gradients kept (zeroed in place): the measured step then frees nothing made before it began, which the CPU
         # allocator could report with the size an earlier test's block at that address had.
         optimizer.zero_grad(set_to_none=False)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=around):
             loss = loss_of(model, batch)
         loss.backward()
         optimizer.step()
@@ -43,7 +46,7 @@ def _profile(model: nn.Module, batch: tuple, loss_of, tmp_path, steps: int = 3):
              for t in (*model.parameters(), *(p.grad for p in model.parameters() if p.grad is not None),
                        *model.buffers(), *batch)}
     truth = sum(alive.values()) + allocator_rise_bytes(step)
-    with MemoryProfiler(model, optimizer, out_dir=tmp_path, print_period=0) as profiler:
+    with MemoryProfiler(model, optimizer, out_dir=tmp_path, print_period=0, **options) as profiler:
         for _ in range(steps):
             profiler.mark_inputs(batch)  # the targets too, which only the loss reads (the allocator's start has them)
             step()
@@ -159,3 +162,51 @@ def test_the_walk_finds_the_saved_cast_and_nothing_older() -> None:
     casts.begin()
     plain = linear(x)  # no autocast: nothing is walked
     assert casts.end(plain) == []
+
+
+def _autocast_inside(model: nn.Module) -> nn.Module:
+    """Wraps the model's forward in autocast inside its call, as accelerate does for ``mixed_precision="bf16"``
+    (and a user's ``@torch.autocast`` on ``forward``): off at the model's hooks, on for its submodules."""
+    model.forward = torch.autocast("cpu", dtype=torch.bfloat16)(model.forward)  # type: ignore[method-assign]
+    return model
+
+
+def _counted_walks(monkeypatch) -> list[int]:  # noqa: ANN001
+    """Counts the graph walks the profiler's hooks make (one per root forward that ran under autocast)."""
+    calls: list[int] = []
+    walk = weight_copies.saved_weight_casts
+
+    def counted(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        calls.append(1)
+        return walk(*args, **kwargs)
+
+    monkeypatch.setattr(weight_copies, "saved_weight_casts", counted)
+    return calls
+
+
+def test_autocast_entered_inside_the_forward_is_seen_in_hooked_and_steady_steps(tmp_path, monkeypatch) -> None:
+    walks = _counted_walks(monkeypatch)
+    torch.manual_seed(1)
+    batch = (torch.randn(N, D), torch.randint(0, C, (N,)))
+    trace, truth = _profile(_autocast_inside(_mlp()), batch, _cross_entropy, tmp_path, steps=6, around=False,
+                            detail_first=1, detail_every=0)
+    _check_sums_and_truth(trace, truth)
+    iterations = trace.iterations
+    assert (iterations.template_iteration >= 0).any()  # steady steps among them: no submodule hook saw autocast
+    # the saved casts of the two Linears whose input needs a gradient, as with autocast around the step (above)
+    assert iterations.weight_copies.tolist() == [BF16 * (H * H + H * C)] * 6
+    assert len(walks) == 6  # one walk per forward (the measured step ran before the profiler)
+
+
+def test_a_step_without_autocast_walks_no_graph(tmp_path, monkeypatch) -> None:
+    walks = _counted_walks(monkeypatch)
+    model = _mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    with MemoryProfiler(model, optimizer, out_dir=tmp_path, print_period=0, detail_first=1,
+                        detail_every=0) as profiler:
+        for _ in range(6):
+            zoo.train_step(model, optimizer, (torch.randn(N, D), torch.randint(0, C, (N,))))
+            profiler.record_stats()
+    trace = load_trace(profiler.run_dir)
+    assert (trace.iterations.template_iteration >= 0).any()  # hooked and steady steps alike
+    assert walks == [] and (trace.iterations.weight_copies == 0).all()

@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 import torch
 
-from memprof import Trace, load_trace
+from memprof import MemoryProfiler, RunExistsError, Trace, load_trace
 from tests.allocator_truth import allocator_rise_bytes
+from tests.memprof.helpers import CATEGORIES
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
@@ -36,15 +37,18 @@ class _Tokens(torch.utils.data.Dataset):
         return {"input_ids": ids, "labels": ids.clone()}
 
 
-def _trainer(out: Path, callbacks: list[Any], accumulation: int = 1, steps: int = STEPS) -> Any:
+def _gpt2() -> Any:
     torch.manual_seed(0)
     config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=128, n_positions=32)
-    model = transformers.GPT2LMHeadModel(config)
+    return transformers.GPT2LMHeadModel(config)
+
+
+def _trainer(out: Path, callbacks: list[Any], accumulation: int = 1, steps: int = STEPS, bf16: bool = False) -> Any:
     args = transformers.TrainingArguments(
         output_dir=str(out / "trainer"), per_device_train_batch_size=BATCH, max_steps=steps, report_to=[],
         use_cpu=True, save_strategy="no", logging_strategy="no", disable_tqdm=True, optim="adamw_torch",
-        gradient_accumulation_steps=accumulation)
-    return transformers.Trainer(model=model, args=args, train_dataset=_Tokens(), callbacks=callbacks)
+        gradient_accumulation_steps=accumulation, bf16=bf16)
+    return transformers.Trainer(model=_gpt2(), args=args, train_dataset=_Tokens(), callbacks=callbacks)
 
 
 def _param_bytes(model: torch.nn.Module) -> int:
@@ -119,3 +123,53 @@ def test_callback_refuses_a_model_of_its_own() -> None:
 
     with pytest.raises(ProfilerError, match="takes the model and optimizer from the Trainer"):
         MemprofCallback(model=torch.nn.Linear(2, 2))
+
+
+def test_bf16_files_the_weight_casts_as_plain_autocast_does(tmp_path) -> None:
+    """accelerate enters autocast inside the model's call (its forward is wrapped), where the model's own hooks see
+    it off: the casts are found all the same, as with ``torch.autocast`` around a plain loop's forward."""
+    steps = 6
+    callback = MemprofCallback(out_dir=tmp_path / "traces", print_period=0, detail_first=1, detail_every=0)
+    _trainer(tmp_path, [callback], steps=steps, bf16=True).train()
+    trace = load_trace(callback.run_dir)
+    model, ids = _gpt2(), torch.stack([_Tokens()[i]["input_ids"] for i in range(BATCH)])
+    optimizer = torch.optim.AdamW(model.parameters())
+    with MemoryProfiler(model, optimizer, out_dir=tmp_path / "plain", print_period=0, detail_first=1,
+                        detail_every=0) as profiler:
+        for _ in range(steps):
+            optimizer.zero_grad()
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            optimizer.step()
+            profiler.record_stats()
+    plain = load_trace(profiler.run_dir)
+    # bfloat16 casts that autograd saved: each block's Conv1D weights (c_attn 32x96, c_proj 32x32, c_fc 32x128,
+    # mlp.c_proj 128x32) and the lm_head's, tied to wte (128x32): 2 bytes an element
+    copies = 2 * (2 * (32 * 96 + 32 * 32 + 32 * 128 + 128 * 32) + 128 * 32)
+    assert copies == 57_344
+    assert trace.iterations.weight_copies.tolist() == plain.iterations.weight_copies.tolist() == [copies] * steps
+    # steps run without the submodules' hooks too (-2: the one after the epoch's end, whose batches differ)
+    assert (trace.iterations.template_iteration != -1).any()
+    rows, events = trace.iterations, trace.events
+    assert (rows[CATEGORIES].sum(axis=1) == rows.peak_allocated_bytes).all()
+    assert (events[CATEGORIES].sum(axis=1) == events.allocated_bytes).all()
+    start = int(events[(events.iteration == 0) & (events.event == "start")].allocated_bytes.iloc[0])
+    measured = int(rows.peak_allocated_bytes.max()) - start
+    truth = allocator_rise_bytes(_trainer(tmp_path / "bare", [], steps=steps, bf16=True).train)
+    assert abs(measured - truth) <= 0.001 * truth, (measured, truth)
+
+
+def test_a_reused_run_id_fails_at_train_begin_in_one_line(tmp_path) -> None:
+    traces = tmp_path / "traces"
+    _trainer(tmp_path, [MemprofCallback(out_dir=traces, run_id="same", print_period=0)], steps=1).train()
+    written = (traces / "same" / "meta.json").read_bytes()
+    trainer = _trainer(tmp_path, [MemprofCallback(out_dir=traces, run_id="same", print_period=0)], steps=1)
+    forwards: list[int] = []
+    trainer.model.register_forward_pre_hook(lambda *_: forwards.append(1))
+    with pytest.raises(RunExistsError) as caught:
+        trainer.train()
+    message = str(caught.value)
+    assert "\n" not in message and message.startswith(f"run folder {traces / 'same'} already holds a trace")
+    assert "pass another run_id" in message
+    assert forwards == [] and (traces / "same" / "meta.json").read_bytes() == written  # nothing ran, nothing written

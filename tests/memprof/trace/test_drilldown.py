@@ -67,8 +67,10 @@ def test_stacks_only_above_the_threshold_and_only_in_scheduled_iterations(run):
     big = stacks["bytes"] >= BATCH * HIDDEN * 4
     assert big.any() and (stacks.loc[big, "stack"] != "").all() and (stacks.loc[~big, "stack"] == "").all()
     joined = allocations_with_ops(trace, 1)
-    forward = joined[joined["phase"] == "forward"]
-    assert len(forward) and (forward["op"] != "").all()  # every forward allocation has the call that made it
+    # every allocation the model's forward made has the call that made it (after the forward returned, the loss's
+    # own backward, run by autograd's engine before the model's output has its gradient, makes some without one)
+    forward = joined[(joined["phase"] == "forward") & (joined["module"] != "")]
+    assert len(forward) and (forward["op"] != "").all()
 
 
 def test_a_trace_without_the_tables_lists_nothing(run, tmp_path):

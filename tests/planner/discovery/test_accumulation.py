@@ -9,6 +9,7 @@ and the whole step's peak (allocator truth) as predicted.
 from __future__ import annotations
 
 import copy
+import statistics
 
 import pytest
 import torch
@@ -68,12 +69,21 @@ def test_the_chain_is_the_single_forward_runs_with_one_micro_batchs_costs(planne
 
 
 def test_a_measured_step_is_timed_over_one_micro_batch(planned) -> None:
-    """What a schedule's makespan predicts: one forward and backward, not the step's four."""
-    events = planned["trace"].events
-    first = events[(events.phase == "forward") & (events.event == "enter")].groupby("iteration").time_ns.min()
-    end = events[(events.phase == "backward") & (events.event == "end")].groupby("iteration").time_ns.max()
-    whole = float(((end - first) / 1e6).iloc[1:].median())
-    assert 0 < compute_ms(planned["trace"]) < 0.5 * whole
+    """What a schedule's makespan predicts: one forward and backward (the last micro-batch's), not the step's
+    four. Held on the timeline's order and the definition, not on durations: on a busy machine any one
+    micro-batch can take longer than the other three (seen: the last one 54% of a step)."""
+    trace = planned["trace"]
+    events = trace.events
+    timed = []
+    for _, rows in events[events.iteration > events.iteration.min()].groupby("iteration"):
+        root = rows[rows.module == ""]
+        enters = root[(root.phase == "forward") & (root.event == "enter")].time_ns
+        ends = root[(root.phase == "backward") & (root.event == "end")].time_ns
+        assert len(enters) == len(ends) == MICRO_BATCHES
+        last = int(enters.max())
+        assert int((ends < last).sum()) == MICRO_BATCHES - 1  # the earlier micro-batches are over before it begins
+        timed.append((int(ends.max()) - last) / 1e6)
+    assert compute_ms(trace) == pytest.approx(statistics.median(timed))
 
 
 def _storage_bytes(tensors: list[torch.Tensor]) -> int:
@@ -105,12 +115,10 @@ def test_a_schedule_trains_the_micro_batches_with_plain_gradients_and_the_predic
     finally:
         remove_schedule(model)
     assert scheduled.keys() == reference.keys()
-    # bitwise, but the tied embedding's: from the second micro-batch on its .grad exists and the executor adds the
-    # embedding's rows into it before the head's gradient, where autograd adds their sum (docs/planner.md,
-    # "Gradients added into .grad")
-    tied = "transformer.wte.weight"
-    assert all(torch.equal(scheduled[name], reference[name]) for name in reference if name != tied)
-    torch.testing.assert_close(scheduled[tied], reference[tied], rtol=1e-5, atol=1e-7)
+    # bitwise, the tied embedding's too: from the second micro-batch on its .grad exists, and the executor hands
+    # autograd the embedding's rows to sum with the head's gradient before .grad gets them (docs/planner.md)
+    assert all(torch.equal(scheduled[name], reference[name]) for name in reference), \
+        [name for name in reference if not torch.equal(scheduled[name], reference[name])]
     # the step is ~2.7 MB, so the real-model tests' + 1 MiB would be most of it: 5% alone
     assert abs(measured - predicted) <= 0.05 * predicted, (measured, predicted)
     store_all = solve(chain, store_all_budget(chain), "store_all").predicted_step_peak_bytes

@@ -5,7 +5,7 @@ own forward keeps calling its blocks) and run (each stage's forward calls counte
 recomputations happen), gradients are bitwise those of plain autograd, the whole training step's peak measured
 with the allocator (torch.profiler's raw memory events) is within the band of ``prediction_band.py`` around the
 prediction, and at the minimum feasible budget the step saves what was predicted (on five models, half the
-activations or more).
+activations or more; on all seven, within 1% of what no schedule lowers).
 """
 
 from __future__ import annotations
@@ -53,10 +53,11 @@ def _train(real: RealModel, model: torch.nn.Module, optimizer: torch.optim.Optim
     optimizer.step()
 
 
-def _profile(real: RealModel, out_dir) -> tuple[Chain, dict]:
+def _profile(real: RealModel, out_dir, ops: bool = False) -> tuple[Chain, dict]:
+    """The model trained for 3 steps under the profiler (``ops``: iteration 1 is a planning pass) and its chain."""
     model = real.model
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-    with MemoryProfiler(model, optimizer, out_dir=out_dir, print_period=0, background=False) as profiler:
+    with MemoryProfiler(model, optimizer, out_dir=out_dir, print_period=0, background=False, ops=ops) as profiler:
         for _ in range(3):
             batch = real.make_batch(BATCH)  # one batch alive at a time, as with a data loader
             _train(real, model, optimizer, batch)
@@ -146,8 +147,33 @@ def test_schedules_give_plain_gradients_and_the_predicted_step_peak(profiled, al
 # On llama and resnet at these test sizes the step's minimum is set by what no schedule lowers (every parameter
 # gradient allocated at the end of backward beside the first stages' activations; the convolutions' backward
 # workspace), and the fastest schedule at that minimum has no reason to keep fewer than half the activations.
-# There the minimum is checked to sit on that floor instead.
+# There the minimum is checked to sit on what no schedule lowers instead (on every model, see below).
 HALVED = ("bert", "gpt2", "mobilenet", "t5", "vit")
+
+
+def least_any_schedule_needs(chain: Chain) -> int:
+    """A lower bound of every schedule's step peak: the step's floor, or what stays beside the chain plus the
+    most that one stage's forward or backward needs with nothing else of the chain held, in its lightest option
+    (Table 1 of the ROTOR paper, as planner/simulation/memory_rules.py applies it): a^0 always; ``F_all(l)``
+    a^{l-1}, a-bar_k^l and o_f; ``B(l)`` a^{l-1}, a-bar_k^l and what it regrows, delta^l, delta^{l-1} and the
+    parameter gradients of stages l and after, which stay to the optimizer step (an eager loss holds its own
+    in a-bar_k), and o_b. Counting only these, the bound is the same on any machine's kernels."""
+    top = chain.length + 1
+    grads = [chain.stage(number).weight_grad_bytes for number in range(1, top + 1)]
+    most = 0
+    for number in range(1, top + 1):
+        stage = chain.stage(number)
+        inputs = chain.a(0) + (chain.a(number - 1) if number > 1 else 0)
+        made = chain.delta(number - 1) + grads[number - 1]
+        needs = []
+        for k in range(len(stage.options) + 1):
+            held = inputs + stage.saved_with(k)
+            eager = bool(k) and stage.options[k - 1].eager
+            needs.append(max(held + stage.forward_overhead_with(k),
+                             held + stage.regrown_with(k) + chain.delta(number) + sum(grads[number:])
+                             + (0 if eager else made) + stage.backward_overhead_with(k)))
+        most = max(most, min(needs))
+    return max(chain.step.floor_bytes, chain.step.base_bytes + most)
 
 
 def test_minimum_budget_saves_what_was_predicted(profiled, tmp_path) -> None:
@@ -173,10 +199,15 @@ def test_minimum_budget_saves_what_was_predicted(profiled, tmp_path) -> None:
                                predicted["store_all"], real.name)
     if real.name in HALVED:
         assert activations["rotor"] <= 0.5 * activations["store_all"], activations
-    else:  # the floor outside the chain is most of the minimum: over 85% of it (measured 88% and 99%)
-        floor = chain.step.floor_bytes
+    else:
         assert "no schedule changes" in chain.step.explain_floor()
-        assert floor <= predicted["rotor"] and floor >= 0.85 * predicted["rotor"], (floor, predicted)
+    # The minimum sits on what no schedule lowers (within the DP's slot rounding: measured 0.2-0.45% above on all
+    # seven models). This used to be "the floor outside the chain is over 85% of the minimum", which holds only
+    # where the convolutions' backward workspace is small: 98-99% here (oneDNN's AVX-512 kernels), but on an AVX2
+    # CPU at one intra-op thread that workspace, inside layer4's stages, makes the ResNet's minimum 7,046,820 B
+    # against a 5,726,984 B floor (81%; 61% at two threads), whatever the machine's load.
+    least, minimum = least_any_schedule_needs(chain), min_feasible_budget(chain)
+    assert least <= predicted["rotor"] <= minimum <= 1.01 * least, (least, predicted, minimum)
 
 
 def test_exported_file_applies_to_a_fresh_copy(profiled, tmp_path) -> None:
