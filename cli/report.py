@@ -14,6 +14,8 @@ from memprof.errors import TraceError
 if TYPE_CHECKING:
     import pandas as pd
 
+    from memprof.trace import Trace
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Adds ``memprof report`` to the ``memprof`` command."""
@@ -59,7 +61,7 @@ def run_report(args: argparse.Namespace) -> int:
     detailed = trace.detail_iterations
     print(f"run {trace.run_id} | model {trace.meta['model']} | {len(iterations)} iterations, "
           f"{len(detailed)} with detail")
-    print(format_report(row.to_dict(), layers.to_dict("records"), trace.meta["device"], top=args.top))
+    print(format_report(_with_notes(trace, row), layers.to_dict("records"), trace.meta["device"], top=args.top))
     if layers.empty and detailed:
         print(_no_detail_note(iterations, detailed, int(row.iteration)))
     if trace.meta.get("failure"):
@@ -105,8 +107,16 @@ def run_rank_report(args: argparse.Namespace) -> int:
     layers = worst.read("layers", iterations=[int(row.iteration)])
     print(f"\nthe highest rank, {imbalance.highest_rank} (memprof report {run / f'rank={imbalance.highest_rank}'} "
           "for its details):")
-    print(format_report(row.to_dict(), layers.to_dict("records"), worst.meta["device"], top=args.top))
+    print(format_report(_with_notes(worst, row), layers.to_dict("records"), worst.meta["device"], top=args.top))
     return 0
+
+
+def _with_notes(trace: Trace, row: pd.Series) -> dict:
+    """The iterations row with what the training console said of its peak (the loss span, the previous step's
+    gradients alive there), read back from its detail (:func:`memprof.trace.peak_notes.peak_notes`)."""
+    from memprof.trace.peak_notes import peak_notes
+
+    return {**row.to_dict(), **peak_notes(trace, int(row.iteration))}
 
 
 def _rank_states(run: Path, summary: pd.DataFrame) -> list[str]:

@@ -205,6 +205,7 @@ def test_lightning_as_the_docs_show(tmp_path: Path) -> None:
     assert report.returncode == 0 and report.stderr == "", report.stderr
     assert "| model Sequential | 11 iterations" in report.stdout.splitlines()[0]  # the probe chose self.model
     assert re.search(r"^  peak allocated [\d.]+ MiB during forward", report.stdout, re.M)
+    assert alive in report.stdout  # the report of the finished run says what the console said
 
 
 _DDP = """
