@@ -47,6 +47,11 @@ MAX_PENDING = 16
 #: a wake-up costs both processes a pipe write, a read and a scheduler switch.
 WAKE_RECORDS = 8
 _STALL_S = 120.0  # a worker silent this long while owing answers is taken for hung
+#: While training waits for the worker's answers: how long the worker may run no CPU time at all before the training
+#: thread takes its records over. At idle priority it gets none while other processes keep every core busy (a
+#: shared machine; two test suites side by side: training waited the whole 120 s stall each time, then took over).
+STARVED_S = 5.0
+_POLL_S = 1.0  # how often a waiting training thread reads the worker's CPU time
 # Answers are short lines: a small read size keeps os.read from allocating (and faulting in) 64 KiB each step.
 _READ_BYTES = 4096
 
@@ -56,6 +61,15 @@ def _worker_env() -> dict[str, str]:
     root = str(Path(__file__).resolve().parent.parent)
     path = os.environ.get("PYTHONPATH", "")
     return {**os.environ, "PYTHONPATH": root + (os.pathsep + path if path else ""), "OMP_NUM_THREADS": "1"}
+
+
+def _cpu_ticks(pid: int) -> int | None:
+    """The process's user and system CPU time so far, in clock ticks (``/proc/<pid>/stat``); ``None`` where unread."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])  # utime and stime, the stat line's 14th and 15th fields
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 class _Worker(NamedTuple):
@@ -232,8 +246,8 @@ class BackgroundSink:
             taken = self._wake(self._last)
             if self._inline is not None:  # it could not be woken: taken over
                 return taken
-        if block and not select.select([fd], [], [], _STALL_S)[0]:
-            return self._take_over(f"it sent nothing for {_STALL_S:.0f} s")
+        if block and (silent := self._wait_for_answer(fd)) is not None:
+            return self._take_over(silent)
         outcomes: list[Outcome] = []
         while not self._eof:
             try:
@@ -263,6 +277,25 @@ class BackgroundSink:
         if self._eof and self._answered < self._submitted:
             return outcomes + self._take_over(self._why_stopped())
         return outcomes
+
+    def _wait_for_answer(self, fd: int) -> str | None:
+        """Waits until the worker says something; ``None`` then, else why it is given up: silent for
+        :data:`_STALL_S`, or running no CPU time for :data:`STARVED_S` (read from ``/proc``, where there is one)."""
+        pid = self._running().process.pid
+        started = progressed = time.monotonic()
+        ticks = _cpu_ticks(pid)
+        while not select.select([fd], [], [], _POLL_S)[0]:
+            now = time.monotonic()
+            if now - started >= _STALL_S:
+                return f"it sent nothing for {_STALL_S:.0f} s"
+            current = _cpu_ticks(pid)
+            if current is None or current != ticks:
+                ticks, progressed = current, now
+            elif now - progressed >= STARVED_S:
+                return (f"it ran no CPU time for {STARVED_S:.0f} s while training waited for it: at idle priority it "
+                        "gets none while other processes keep every core busy (MEMPROF_WORKER_PRIORITY=nice:0 gives it "
+                        "a share)")
+        return None
 
     def _reap(self) -> None:
         if self._proc is not None and not self._proc.stdout.closed:

@@ -227,3 +227,28 @@ def test_a_run_killed_after_its_records_went_to_the_training_thread_is_finished_
         _check(trace, steps + 11)
     finally:
         profiler.close()
+
+
+@pytest.mark.skipif(not os.path.exists(f"/proc/{os.getpid()}/stat"), reason="reads a process's CPU time from /proc")
+def test_a_worker_that_gets_no_cpu_is_taken_over_in_seconds_not_after_the_stall(tmp_path, monkeypatch):
+    """A stopped worker runs no CPU time, as an idle-priority one does on a machine whose cores other processes keep
+    busy: training waits for it only ``STARVED_S``, not the 120 s a silent worker is given, and loses nothing."""
+    monkeypatch.setattr(sinks, "STARVED_S", 1.0)
+    monkeypatch.setattr(worker_judge, "INLINE_WAIT_SHARE", float("inf"))  # no switch by the judge's windows
+    model, optimizer = _model()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        profiler = MemoryProfiler(model, optimizer, out_dir=tmp_path, print_period=0)
+        _train(profiler, model, optimizer, 3)
+        os.kill(profiler._sink.pid, signal.SIGSTOP)
+        started = time.monotonic()
+        _train(profiler, model, optimizer, sinks.MAX_PENDING + 4)  # more than it may owe: training waits for it
+        waited = time.monotonic() - started
+        assert profiler._sink.mode == "inline"
+        profiler.close()
+    assert waited < 30, waited  # (the stall rule alone: 120 s)
+    reported = _memprof_warnings(caught)
+    assert len(reported) == 1 and "ran no CPU time for 1 s" in reported[0], reported
+    trace = load_trace(profiler.run_dir)
+    assert trace.meta["processing"] == "inline" and trace.meta["status"] == "closed"
+    _check(trace, 3 + sinks.MAX_PENDING + 4)
