@@ -27,6 +27,7 @@ from planner import (
     store_all_budget,
 )
 from planner.executor import remove_schedule
+from planner.executor.apply import loss_chunks
 from planner.measure.runs import measure_schedule
 from tests.allocator_truth import allocator_rise_bytes
 from tests.planner.prediction_band import assert_near_prediction, assert_saving_as_predicted
@@ -132,9 +133,15 @@ def test_schedules_give_plain_gradients_and_the_predicted_step_peak(profiled, al
     apply_schedule(model, schedule)
     try:
         loss, grads = _grads(real, model, batch)
-        assert torch.equal(loss, ref_loss)
         assert grads.keys() == ref_grads.keys()
-        assert all(torch.equal(grads[name], ref_grads[name]) for name in grads)
+        if loss_chunks(schedule)[0]:  # the head and its loss in chunks: within docs/planner.md's "Exactness"
+            torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=0.0)
+            for name in grads:
+                scale = float(ref_grads[name].abs().max())
+                assert float((grads[name] - ref_grads[name]).abs().max()) <= 1e-5 * scale, name
+        else:
+            assert torch.equal(loss, ref_loss)
+            assert all(torch.equal(grads[name], ref_grads[name]) for name in grads)
         measured = allocator_step_peak(real, model, optimizer, batch)
         probe.assert_ran(steps=3)  # the executor ran the schedule in the three steps, recomputations counted
     finally:
