@@ -11,14 +11,8 @@ from memprof import load_trace
 from memprof.trace.parts import table_parts
 from planner import chain_from_trace
 from planner.discovery.costed import structure_iteration
+from tests.cli.test_run_health import _damage_page  # a page damaged behind a sound footer
 from tests.dashboard.fixtures import write_profiled_run
-
-
-def _damage_page(part: Path) -> None:
-    """Flips the first page header: the footer stays sound, so the damage is found only when the part is read."""
-    raw = bytearray(part.read_bytes())
-    raw[8:16] = bytes(b ^ 0xFF for b in raw[8:16])
-    part.write_bytes(bytes(raw))
 
 
 def _chain(run: Path):  # noqa: ANN202
