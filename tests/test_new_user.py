@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from memprof.units import format_bytes
+from tests.memprof.test_distributed import _free_port
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -225,14 +226,6 @@ _DDP = """
     data = torch.utils.data.TensorDataset(torch.randn(128 * (rank + 1), 64), torch.randint(0, 10, (128 * (rank + 1),)))
     loader = torch.utils.data.DataLoader(data, batch_size=32 * (rank + 1))
 """
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def test_torchrun_with_ddp_as_the_readme_shows(tmp_path: Path) -> None:
