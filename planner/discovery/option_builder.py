@@ -52,6 +52,7 @@ from dataclasses import replace
 from memprof.analysis.op_records import OpRecord
 from planner.discovery.cone import cone, has_reads, stage_graph
 from planner.discovery.cone_ranking import greedy_ranking
+from planner.discovery.replay_peak import replay_overhead_bytes
 from planner.errors import ChainError
 from planner.model.chain import Chain, Stage
 from planner.model.stage_option import StageOption
@@ -118,12 +119,18 @@ def stage_options(ops: Sequence[OpRecord], stage: Stage, recompute_cost: str = "
 
         def replayed(kept: frozenset[int]) -> frozenset[int]:
             return cone(graph, kept | held)
+
+        def regrowth(kept: frozenset[int]) -> int | None:
+            return replay_overhead_bytes(graph, [r.output_bytes for r in ops], kept | held, stage.saved_bytes)
     else:
         ranked = sorted(candidates, key=lambda i: (-menu[i] / ops[i].output_bytes, i))
         spared, total = [menu[i] for i in ranked], sum(menu)
 
         def replayed(kept: frozenset[int]) -> frozenset[int]:  # every op it does not keep, in order
             return frozenset(i for i in range(len(ops)) if i not in kept)
+
+        def regrowth(kept: frozenset[int]) -> int | None:  # the whole forward reruns: the stage's o_f
+            return None
     kept_sets: list[tuple[str, frozenset[int]]] = [("compute", frozenset(i for i in candidates if ops[i].flops > 0))]
     for chosen in _prefixes(ranked, [ops[i].output_bytes for i in ranked], spared, total):
         kept_sets.append((_name(ops, chosen), frozenset(chosen)))
@@ -133,8 +140,8 @@ def stage_options(ops: Sequence[OpRecord], stage: Stage, recompute_cost: str = "
     for name, kept in kept_sets:
         if name and kept not in made:  # one option per kept set, under its first name ("compute")
             replay = replayed(kept)
-            made[kept] = (_option(ops, stage, name, kept, prices, overhead_ms_per_op * len(ops), replay, partial),
-                          sum(menu[i] for i in replay))
+            option = _option(ops, stage, name, kept, prices, overhead_ms_per_op * len(ops), replay, partial)
+            made[kept] = (replace(option, recompute_overhead_bytes=regrowth(kept)), sum(menu[i] for i in replay))
     return _undominated(list(made.values()), stage)
 
 

@@ -122,6 +122,16 @@ class Stage:
         own = self.options[option - 1].backward_overhead_bytes if option else None
         return self.backward_overhead_bytes if own is None else own
 
+    def recompute_overhead_with(self, option: int) -> int:
+        """What ``B(l)``'s recomputation after option ``option`` holds above a-bar^l at its peak: o_f (the
+        stage's forward runs again), or the option's own when it has more (a partial replay's temporaries).
+
+        Never less than o_f: then recording with an option never lowers what ``F_all(l)`` followed at once by
+        ``B(l)`` needs (its recomputation needs what the plain forward did), which the DPs' base case
+        ``C(l, l, m)`` relies on to try no option there."""
+        own = self.options[option - 1].recompute_overhead_bytes if option else None
+        return self.forward_overhead_bytes if own is None else max(own, self.forward_overhead_bytes)
+
     def regrown_with(self, option: int) -> int:
         """What ``B(l)`` brings back before its backward after a forward with ``option``: a selective option's
         dropped tensors (a-bar - a-bar_k, recomputed first), nothing for a chunked loss (it recomputes one

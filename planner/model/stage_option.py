@@ -46,6 +46,11 @@ class StageOption:
             it does not keep; ``recompute_ms`` and ``recompute_flops`` are the cone's. Not for a chunked loss.
         forward_overhead_bytes: o_f with this option (``None``: the stage's own).
         backward_overhead_bytes: o_b with this option (``None``: the stage's own).
+        recompute_overhead_bytes: what ``B(l)``'s recomputation holds at its peak above a-bar^l (the
+            temporaries a partial replay makes on its way to the dropped tensors, and the kept outputs no
+            backward reads, released once it ends: :mod:`planner.discovery.replay_peak`); ``None``: the
+            stage's o_f (a selective option reruns the whole forward). The rules charge at least o_f
+            (:meth:`planner.model.chain.Stage.recompute_overhead_with`).
     """
 
     name: str
@@ -61,10 +66,12 @@ class StageOption:
     partial: bool = False
     forward_overhead_bytes: int | None = None
     backward_overhead_bytes: int | None = None
+    recompute_overhead_bytes: int | None = None
 
     def __post_init__(self) -> None:
         where = f"option {self.name or '?'}"
-        for key in ("chunks", "param_grad_bytes", "forward_overhead_bytes", "backward_overhead_bytes"):
+        for key in ("chunks", "param_grad_bytes", "forward_overhead_bytes", "backward_overhead_bytes",
+                    "recompute_overhead_bytes"):
             value = getattr(self, key)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
                 raise ChainError(f"{where}: {key} must be a whole number >= 0, found {value!r}")
@@ -108,7 +115,8 @@ class StageOption:
                 **({"chunks": self.chunks} if self.chunks else {}), **({"eager": True} if self.eager else {}),
                 **({"param_grad_bytes": self.param_grad_bytes} if self.param_grad_bytes else {}),
                 **({"partial": True} if self.partial else {}),
-                **{key: getattr(self, key) for key in ("forward_overhead_bytes", "backward_overhead_bytes")
+                **{key: getattr(self, key) for key in ("forward_overhead_bytes", "backward_overhead_bytes",
+                                                       "recompute_overhead_bytes")
                    if getattr(self, key) is not None}}
 
 
@@ -127,7 +135,8 @@ def option_from_dict(raw: Any, where: str) -> StageOption:
                            eager=raw.get("eager", False),
                            param_grad_bytes=raw.get("param_grad_bytes", 0), partial=raw.get("partial", False),
                            forward_overhead_bytes=raw.get("forward_overhead_bytes"),
-                           backward_overhead_bytes=raw.get("backward_overhead_bytes"))
+                           backward_overhead_bytes=raw.get("backward_overhead_bytes"),
+                           recompute_overhead_bytes=raw.get("recompute_overhead_bytes"))
     except (TypeError, ValueError) as exc:
         raise ChainError(f"{where}: option {raw.get('name')!r} is malformed ({exc})") from None
     except ChainError as exc:

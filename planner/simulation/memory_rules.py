@@ -27,8 +27,9 @@ The rules are Table 1 and Definitions 3.3-3.4 of the ROTOR paper (Beaumont et al
 * ``F_all(l)`` with recomputation option ``k > 0`` (:mod:`planner.model.stage_option`) follows the same rules
   holding a-bar_k^l instead of a-bar^l (a re-recording replaces the one held). ``B(l)`` after it first
   recomputes what the option dropped (``recompute_ms`` more time), bringing the stage back to a-bar^l:
-  the memory during it is the larger of the recomputation (held + a-bar^l - a-bar_k^l + ``o_f``) and the
-  backward (held + a-bar^l - a-bar_k^l + its output + ``o_b``); afterwards it frees as from a-bar^l.
+  the memory during it is the larger of the recomputation (held + a-bar^l - a-bar_k^l + the option's
+  recomputation overhead: ``o_f``, or a partial replay's own peak above a-bar^l when that is more) and the backward (held + a-bar^l - a-bar_k^l + its output + ``o_b``); afterwards it frees as
+  from a-bar^l.
 * A chunked-loss option of the loss stage (``chunks > 0``, :mod:`planner.discovery.loss_options`) holds
   a-bar_k (no logits) and has its own ``o_f`` and ``o_b`` (one chunk's logits and softmax); ``B`` after it
   regrows nothing: the memory during it is held + its output + the option's ``o_b``. An ``eager`` one
@@ -210,7 +211,7 @@ class Memory:
         handed = grad_out if option and spec.options[option - 1].eager else 0  # a-bar_k holds them already
         during = self.live + regrown + grad_out - handed + spec.backward_overhead_with(option)
         if option and not spec.options[option - 1].chunks:  # a selective option recomputes the forward first
-            during = max(during, self.live + regrown + spec.forward_overhead_bytes)
+            during = max(during, self.live + regrown + spec.recompute_overhead_with(option))
         self.live += grad_out - spec.saved_with(option) - spec.grad_bytes
         self.saved.remove(stage)
         self.delta = stage - 1

@@ -21,10 +21,13 @@ class OptionGrid:
         abar: int64 ``(K, L+2)``: a-bar_k^l in slots (rounded up); ``slots + 1`` where stage ``l`` has no
             option ``k``.
         recompute_ms: float32 ``(K, L+2)``: what ``B(l)`` recomputes after option ``k`` (0 for ``k = 0``).
+        recompute_overhead: int64 ``(K, L+2)``: what that recomputation holds above a-bar^l, in slots
+            (rounded up; :meth:`planner.model.chain.Stage.recompute_overhead_with`); 0 for ``k = 0``.
     """
 
     abar: np.ndarray
     recompute_ms: np.ndarray
+    recompute_overhead: np.ndarray
 
     @classmethod
     def of_grid(cls, grid: DiscreteChain) -> OptionGrid:
@@ -33,12 +36,14 @@ class OptionGrid:
         size = 1 + max(len(stage.options) for stage in stages)
         abar = np.full((size, grid.top + 1), grid.slots + 1, dtype=np.int64)
         recompute = np.zeros((size, grid.top + 1), dtype=np.float32)
+        overhead = np.zeros((size, grid.top + 1), dtype=np.int64)
         abar[0] = grid.abar
         for index, stage in enumerate(stages, start=1):
             for k, option in enumerate(stage.options, start=1):
                 abar[k, index] = to_slots(option.saved_bytes, grid.slot_bytes)
                 recompute[k, index] = option.recompute_ms
-        return cls(abar, recompute)
+                overhead[k, index] = to_slots(stage.recompute_overhead_with(k), grid.slot_bytes)
+        return cls(abar, recompute, overhead)
 
     @property
     def size(self) -> int:

@@ -63,11 +63,12 @@ class Arrays:
 
     def need_option(self, options: OptionGrid, k: int, s: np.ndarray, t: np.ndarray) -> np.ndarray:
         """:meth:`need_all` with ``F_all(s)`` recording option ``k``: the forward holds a-bar_k; ``B(s)``
-        first recomputes the stage's forward (a-bar^s plus ``o_f``), then needs the full a-bar^s."""
+        first recomputes what it dropped (a-bar^s plus the option's recomputation overhead), then needs the
+        full a-bar^s."""
         forward = self.delta[t] + options.abar[k, s] + self.of[s]
         backward = self.abar[s] + self.delta[s] + self.delta[s - 1] + self.ob[s]
         need = np.maximum(forward, backward)
-        return need if k == 0 else np.maximum(need, self.abar[s] + self.delta[s] + self.of[s])
+        return need if k == 0 else np.maximum(need, self.abar[s] + self.delta[s] + options.recompute_overhead[k, s])
 
 
 class _Shifter:

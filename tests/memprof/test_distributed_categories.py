@@ -29,7 +29,14 @@ PARAMS = FIRST + LAST  # 1,680 B; DDP's one bucket holds every gradient, as many
 # sizes (one int, 4 B). gloo's thread at times holds the last reference to either, and a free on another thread
 # reaches neither memprof's stream nor torch.profiler's (both are the allocating thread's): from the rebuild on,
 # either side can hold up to that many bytes more (a run has shown the twin 20 B higher).
-LOST = (4 + 1) * 4 + 1 * 4
+
+
+def rebuild_lost_bytes(parameters: int, buckets: int = 1) -> int:
+    """What DDP's rebuild broadcasts for a model of ``parameters`` parameters in ``buckets`` buckets (int32s)."""
+    return (parameters + 1) * 4 + buckets * 4
+
+
+LOST = rebuild_lost_bytes(4)
 
 SCRIPT = textwrap.dedent(
     """

@@ -90,14 +90,16 @@ def option_chains(draw: st.DrawFn, max_length: int = 5, max_size: int = 6, max_o
     """:func:`small_chains` whose stages offer 0..max_options recomputation options.
 
     Each option keeps between a and a-bar and recomputes at most the stage's forward time (recomputing part
-    of a forward cannot take longer than the forward).
+    of a forward cannot take longer than the forward); its recomputation holds o_f above a-bar (a whole
+    forward rerun) or an overhead of its own (a partial replay's), up to a-bar.
     """
     chain = draw(small_chains(max_length=max_length, max_size=max_size))
     stages = []
     for stage in chain.stages:
         options = tuple(
             StageOption(name=f"o{k + 1}", saved_bytes=draw(st.integers(stage.output_bytes, stage.saved_bytes)),
-                        recompute_ms=float(draw(st.integers(0, int(stage.forward_ms)))))
+                        recompute_ms=float(draw(st.integers(0, int(stage.forward_ms)))),
+                        recompute_overhead_bytes=draw(st.none() | st.integers(0, stage.saved_bytes)))
             for k in range(draw(st.integers(0, max_options)))
         )
         stages.append(replace(stage, options=options))

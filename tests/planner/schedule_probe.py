@@ -31,11 +31,13 @@ EXECUTOR_NODE = f"{_StageFunction.__name__}Backward"
 
 
 def forward_calls_per_step(schedule: Schedule) -> list[int]:
-    """How many times one step runs each stage's forward (stages 1..L): its forward operations in the schedule."""
-    if any(op.option for op in schedule.ops):
-        # A recording option recomputes part of the stage at B(l) through its own forward: not counted here.
-        raise ValueError("forward_calls_per_step counts schedules without recomputation options")
+    """How many times one step runs each stage's forward (stages 1..L): its forward operations in the schedule,
+    plus one for each ``F_all`` with a selective option, whose ``B(l)`` reruns the stage's forward under the
+    checkpoint (a partial option replays its ops without calling the forward)."""
     counts = Counter(op.stage for op in schedule.ops if op.kind in _FORWARD_KINDS)
+    counts.update(op.stage for op in schedule.ops
+                  if op.kind is OpKind.F_ALL and op.option and op.stage <= schedule.chain.length
+                  and not schedule.chain.stage(op.stage).options[op.option - 1].partial)
     return [counts[stage] for stage in range(1, schedule.chain.length + 1)]
 
 

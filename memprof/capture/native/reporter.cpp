@@ -29,8 +29,9 @@ namespace {
 // free, while memory profiling is on, of a block it did not see allocated, and at every 1000th after that
 // (ProfiledCPUMemoryReporter::Delete: `if (log_cnt_++ % 1000 == 0)`). memprof expects such frees (blocks older than
 // profiling: it watches their deaths with finalizers), so while it records it keeps that counter, and only that
-// one, off a multiple of 1000: set to 1 when it starts and at every drain (the line then shows only where one step
-// frees 999 such blocks). The counter is private; an explicit instantiation may name it ([temp.spec.general]/6).
+// one, off a multiple of 1000: set to 1 when it starts, at every drain and at every 64th CPU event it records (the
+// line then shows only where 999 such blocks are freed with fewer than 64 allocations or frees of known blocks
+// between them). The counter is private; an explicit instantiation may name it ([temp.spec.general]/6).
 // Only where its name is known (torch 2.x, which has the version header): elsewhere the line may show, nothing else.
 // A torch whose allocator no longer has these members fails this part to compile: the build then compiles again
 // with MEMPROF_NO_QUIET_FREES (memprof/capture/native/build.py), and only the line comes back.
@@ -86,6 +87,14 @@ class Reporter final : public ProfilerStateBase {
                          c10::Device device) override {
     if (!enabled_.load(std::memory_order_relaxed)) {
       return;
+    }
+    // c10 reports after releasing its own lock, so taking it here cannot deadlock; every 64th CPU event keeps
+    // the unknown-free counter off 1000 between drains, where a long step frees many blocks older than profiling.
+    if (device.is_cpu() && (cpu_events_.fetch_add(1, std::memory_order_relaxed) & 63) == 0) {
+      try {
+        quiet_unknown_frees();
+      } catch (...) {  // (the line may show; the event is recorded all the same)
+      }
     }
     const int64_t t = now_ns();
     std::lock_guard<std::mutex> guard(mutex_);
@@ -162,6 +171,7 @@ class Reporter final : public ProfilerStateBase {
 
  private:
   std::atomic<bool> enabled_{true};
+  std::atomic<uint32_t> cpu_events_{0};
   std::mutex mutex_;
   std::vector<Row> rows_;
   int64_t net_bytes_[2] = {0, 0};

@@ -4,7 +4,8 @@ Rotor's recurrence written plainly (:class:`~planner.solvers.reference.rotor.Ref
 ``F_all(s)`` branch tried once per recomputation option ``k`` of stage ``s`` (option 0 keeps everything):
 
 * ``u_f + C(s+1, t, m - abar_k^s) + u_b + r_k``, when ``F_all(s)`` holding a-bar_k^s fits beside
-  ``delta^t``, and ``B(s)`` fits: its recomputation (a-bar^s + ``o_f`` beside ``delta^s``, for ``k > 0``)
+  ``delta^t``, and ``B(s)`` fits: its recomputation (a-bar^s + the option's recomputation overhead beside
+  ``delta^s``, for ``k > 0``)
   and its backward (a-bar^s, ``delta^s``, ``delta^{s-1}``, ``o_b``).
 
 Every condition is checked on its own, memory slot by memory slot. The exhaustive yardstick over every
@@ -34,6 +35,10 @@ class ReferenceSelective(ReferencePersistent):
             + [(to_slots(o.saved_bytes, grid.slot_bytes), o.recompute_ms) for o in stage.options]
             for stage in grid.chain.stages
         ]
+        self.regrowth = [[0]] + [  # the recomputation's overhead above a-bar^s, in slots, per option
+            [0] + [to_slots(stage.recompute_overhead_with(k), grid.slot_bytes) for k in range(1, len(stage.options) + 1)]
+            for stage in grid.chain.stages
+        ]
         super().__init__(grid, "rotor")
 
     def _best(self, s: int, t: int, m: int) -> tuple[float, Any]:
@@ -58,7 +63,7 @@ class ReferenceSelective(ReferencePersistent):
         kept = self.choices[s][k][0]
         forward = self.delta[t] + kept + self.of[s]
         backward = self.abar[s] + self.delta[s] + self.delta[s - 1] + self.ob[s]
-        recompute = self.abar[s] + self.delta[s] + self.of[s] if k else 0
+        recompute = self.abar[s] + self.delta[s] + self.regrowth[s][k] if k else 0
         return m >= forward and m >= backward and m >= recompute
 
     def _rebuild(self, s: int, t: int, m: int) -> list[Op]:

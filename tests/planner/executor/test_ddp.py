@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.memprof.test_distributed import run_two_ranks
-from tests.memprof.test_distributed_categories import LOST
+from tests.memprof.test_distributed_categories import rebuild_lost_bytes
 
 SCRIPT = textwrap.dedent(
     """
@@ -127,9 +127,10 @@ def test_a_schedule_under_ddp_holds_the_predicted_step_peak(tmp_path) -> None:
         result = json.loads(Path(f"{out}-{rank}.json").read_text())
         assert result["buckets"] == 8 * (256 * 256 + 256) * 4  # one gradient's worth, as comm_buffers
         predicted, measured = result["store_all"]
-        # the profiled step, buckets included, is the allocator's; store-all replays it. (LOST: a few bytes DDP's
-        # rebuild hands gloo's thread, whose free neither memprof nor torch.profiler sees.)
-        assert abs(measured - result["traced"]) <= LOST and abs(predicted - measured) <= LOST, (rank, result)
+        # the profiled step, buckets included, is the allocator's; store-all replays it. (lost: the bytes DDP's
+        # rebuild hands gloo's thread, whose free neither memprof nor torch.profiler sees: 68 B measured in CI)
+        lost = rebuild_lost_bytes(parameters=16)
+        assert abs(measured - result["traced"]) <= lost and abs(predicted - measured) <= lost, (rank, result)
         predicted, measured = result["rotor"]
         saving = result["store_all"][0] - predicted
         assert saving > 0.2 * predicted  # a real difference to tell apart

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from planner.errors import InvalidScheduleError
@@ -45,6 +47,22 @@ def test_the_recomputation_can_be_the_peak_of_the_backward() -> None:
     # o_f = 5, o_b = 0: F_all(1)[1] 3 + 6 + 5 = 14; B(1): backward 11 + 4 + 2 = 17, recompute 11 + 4 + 5 = 20
     assert simulate(chain(5, 0), ops(1)).timeline[-1].peak_bytes == 20
     assert predict(chain(5, 0), ops(0))[0] == 18  # without the option: F_all(1) 3 + 10 + 5
+
+
+def test_a_partial_replay_holds_its_own_overhead_when_it_exceeds_the_forwards() -> None:
+    # option 1 replays with 7 bytes above a-bar (temporaries, kept outputs no backward reads):
+    # B(1)'s recomputation 11 + 4 + 7 = 22 over its backward's 19; below o_f the rule keeps o_f
+    replaying = replace(chain(), stages=(replace(chain().stages[0], options=(
+        replace(chain().stages[0].options[0], recompute_overhead_bytes=7), chain().stages[0].options[1])),
+        chain().stages[1]))
+    assert replaying.stages[0].recompute_overhead_with(1) == 7
+    assert simulate(replaying, ops(1)).timeline[-1].peak_bytes == 22
+    assert simulate(replaying, ops(2)).timeline[-1].peak_bytes == 19  # option 2 has none of its own
+    light = replace(replaying, stages=(replace(replaying.stages[0], forward_overhead_bytes=9), replaying.stages[1]))
+    assert light.stages[0].recompute_overhead_with(1) == 9  # never below o_f
+    again = Chain.from_json(replaying.to_dict())
+    assert again.stages[0].options[0].recompute_overhead_bytes == 7 and again == replaying
+    assert "recompute_overhead_bytes" not in chain().to_dict()["stages"][0]["options"][0]
 
 
 def test_a_new_recording_replaces_the_held_one() -> None:
