@@ -28,8 +28,8 @@ The rules are Table 1 and Definitions 3.3-3.4 of the ROTOR paper (Beaumont et al
   holding a-bar_k^l instead of a-bar^l (a re-recording replaces the one held). ``B(l)`` after it first
   recomputes what the option dropped (``recompute_ms`` more time), bringing the stage back to a-bar^l:
   the memory during it is the larger of the recomputation (held + a-bar^l - a-bar_k^l + the option's
-  recomputation overhead: ``o_f``, or a partial replay's own peak above a-bar^l when that is more) and the backward (held + a-bar^l - a-bar_k^l + its output + ``o_b``); afterwards it frees as
-  from a-bar^l.
+  recomputation overhead: ``o_f``, or a partial replay's own peak above a-bar^l when that is more) and the
+  backward (held + a-bar^l - a-bar_k^l + its output + ``o_b``); afterwards it frees as from a-bar^l.
 * A chunked-loss option of the loss stage (``chunks > 0``, :mod:`planner.discovery.loss_options`) holds
   a-bar_k (no logits) and has its own ``o_f`` and ``o_b`` (one chunk's logits and softmax); ``B`` after it
   regrows nothing: the memory during it is held + its output + the option's ``o_b``. An ``eager`` one
