@@ -19,12 +19,13 @@ import pytest
 import torch
 from torch import nn
 
-from memprof import MemoryProfiler, load_trace
+from memprof import load_trace
 from planner import chain_from_trace, min_feasible_budget, solve
 from planner.executor import apply_schedule, remove_schedule
 from planner.executor.apply import loss_chunks
 from planner.model.schedule import Op, OpKind, Schedule
 from tests.planner import real_models as R
+from tests.planner.profiled_runs import profile_steps
 
 MICRO_BATCHES, BATCH, STEPS = 2, 2, 6
 #: docs/planner.md, "Exactness": a chunked loss sums the head's weight gradient over chunks of tokens, in another
@@ -36,14 +37,8 @@ CHUNKED_RELATIVE = 1e-5
 def profiled(tmp_path_factory: pytest.TempPathFactory) -> tuple[R.RealModel, Path]:
     real = R.gpt2(dropout=0.1)
     optimizer = torch.optim.AdamW(real.model.parameters(), lr=1e-3)
-    out = tmp_path_factory.mktemp("profile")
-    with MemoryProfiler(real.model, optimizer, out_dir=out, print_period=0, background=False, ops=True) as prof:
-        for _ in range(2):
-            optimizer.zero_grad(set_to_none=True)
-            real.loss(real.model, real.make_batch(BATCH)).backward()
-            optimizer.step()
-            prof.record_stats()
-    return real, prof.run_dir
+    return real, profile_steps(real, optimizer, tmp_path_factory.mktemp("profile"), steps=2, batch_size=BATCH,
+                               ops=True)
 
 
 def _precision(dtype: str) -> contextlib.AbstractContextManager:

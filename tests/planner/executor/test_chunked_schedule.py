@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from memprof import MemoryProfiler, load_trace
+from memprof import load_trace
 from planner import chain_from_trace, min_feasible_budget, solve, store_all_budget
 from planner.discovery.loss_options import without_weight_grads
 from planner.executor import apply_schedule, remove_schedule
@@ -20,6 +20,7 @@ from planner.export.files import export_python
 from planner.measure.runs import measure_schedule
 from tests.allocator_truth import allocator_rise_bytes
 from tests.planner.prediction_band import ABOVE_WITH_OPTIONS, assert_near_prediction
+from tests.planner.profiled_runs import profile_steps
 from tests.planner.real_models import RealModel
 
 BATCH, SEQ, VOCAB = 4, 64, 4096
@@ -55,14 +56,8 @@ def _gpt2() -> RealModel:
 def profiled(tmp_path_factory: pytest.TempPathFactory) -> tuple[RealModel, torch.optim.Optimizer, Path]:
     real = _gpt2()
     optimizer = torch.optim.SGD(real.model.parameters(), lr=1e-3)
-    out = tmp_path_factory.mktemp("profile")
-    with MemoryProfiler(real.model, optimizer, out_dir=out, print_period=0, background=False, ops=True) as prof:
-        for _ in range(3):
-            optimizer.zero_grad(set_to_none=True)
-            real.loss(real.model, real.make_batch(BATCH)).backward()
-            optimizer.step()
-            prof.record_stats()
-    return real, optimizer, prof.run_dir
+    return real, optimizer, profile_steps(real, optimizer, tmp_path_factory.mktemp("profile"), steps=3,
+                                          batch_size=BATCH, ops=True)
 
 
 def _grads(real: RealModel, batch: tuple) -> tuple[torch.Tensor, list[torch.Tensor]]:

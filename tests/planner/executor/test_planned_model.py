@@ -17,6 +17,7 @@ import sys
 import warnings
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 import torch
@@ -33,6 +34,7 @@ from tests.planner import models as M
 ADVICE = ("re-plan for this model, or apply_schedule(model, strict=False) to run it anyway (its memory prediction "
           "will not hold)")
 _LOADED = itertools.count()
+T = TypeVar("T")
 
 
 def plan(model: nn.Module, make_batch: Callable[[], tuple], loss: Callable, out_dir: Path) -> Schedule:
@@ -46,6 +48,14 @@ def plan(model: nn.Module, make_batch: Callable[[], tuple], loss: Callable, out_
             profiler.record_stats()
     chain = chain_from_trace(load_trace(profiler.run_dir))
     return solve(chain, min_feasible_budget(chain, "rotor"), "rotor")
+
+
+def recorded(call: Callable[[], T]) -> tuple[T, list[warnings.WarningMessage]]:
+    """``call()``'s result and every warning it raised (repeats included)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = call()
+    return result, caught
 
 
 def exported(schedule: Schedule, tmp_path: Path):
@@ -140,16 +150,12 @@ def test_the_same_model_with_other_weights_trains_as_plain_autograd(loop_schedul
 def test_strict_false_applies_a_wider_model_with_one_warning(loop_schedule, how: str, tmp_path) -> None:
     wider = M.LoopModel(dim=8, blocks=4)
     plain = copy.deepcopy(wider)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        scheduled = apply_with(how, wider, loop_schedule, tmp_path, strict=False)
+    scheduled, caught = recorded(lambda: apply_with(how, wider, loop_schedule, tmp_path, strict=False))
     assert [str(w.message) for w in caught] == [
         "embed.weight is (8, 8) here, (6, 6) in the planned model (and 11 other differences); the schedule is applied "
         "anyway (strict=False): its memory prediction does not hold for this model"]
     assert caught[0].filename == __file__  # the line that applied it
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        assert_trains_as_plain_autograd(plain, scheduled, loop_loss, (torch.randn(5, 8),))
+    _, caught = recorded(lambda: assert_trains_as_plain_autograd(plain, scheduled, loop_loss, (torch.randn(5, 8),)))
     assert len(caught) == 1 and "stage-1 input (embed) is 160 bytes; the schedule was planned for 120" in str(
         caught[0].message)
 
@@ -174,9 +180,7 @@ def test_a_schedule_from_older_json_is_applied_unchecked_with_one_warning(loop_s
     raw = json.loads(loop_schedule.to_json())
     del raw["chain"]["signature"]
     older = Schedule.from_json(raw)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        apply_schedule(M.LoopModel(dim=6, blocks=4), older)
+    _, caught = recorded(lambda: apply_schedule(M.LoopModel(dim=6, blocks=4), older))
     assert len(caught) == 1 and "carries no model signature" in str(caught[0].message)
     assert "cannot be checked against this model; re-plan to have it checked" in str(caught[0].message)
 
@@ -293,9 +297,7 @@ def test_a_fresh_gpt2_with_other_weights_trains_bitwise_as_plain_autograd(gpt2_s
 def test_strict_false_runs_a_wider_gpt2_with_a_warning(gpt2_schedule, how: str, tmp_path) -> None:
     wider = gpt2(width=128)
     plain = copy.deepcopy(wider)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        scheduled = apply_with(how, wider, gpt2_schedule, tmp_path, strict=False)
+    scheduled, caught = recorded(lambda: apply_with(how, wider, gpt2_schedule, tmp_path, strict=False))
     assert [str(w.message) for w in caught] == [
         "transformer.h.0.ln_1.weight is (128,) here, (64,) in the planned model (and 50 other differences); the "
         "schedule is applied anyway (strict=False): its memory prediction does not hold for this model"]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from memprof import MemoryProfiler, load_trace
+from memprof import load_trace
 from planner import chain_from_trace, min_feasible_budget, solve, solve_held, store_all_budget
 from planner.executor import apply_schedule, remove_schedule
 from planner.export.files import export_python
@@ -21,6 +21,7 @@ from planner.simulation.simulator import predict
 from planner.solvers import held
 from tests.planner import real_models
 from tests.planner.prediction_band import ABOVE, ABOVE_WITH_OPTIONS, assert_near_prediction
+from tests.planner.profiled_runs import profile_steps
 from tests.planner.real_models import gpt2
 from tests.planner.schedule_probe import ScheduleProbe
 
@@ -30,18 +31,12 @@ BATCH = 4
 def _profiled(build, tmp_path: Path):  # noqa: ANN001, ANN202 -- a RealModel builder
     real = build()
     optimizer = torch.optim.SGD(real.model.parameters(), lr=1e-3)
-    with MemoryProfiler(real.model, optimizer, out_dir=tmp_path / "profile", print_period=0, background=False,
-                        ops=True) as prof:
-        for _ in range(3):
-            optimizer.zero_grad(set_to_none=True)
-            real.loss(real.model, real.make_batch(BATCH)).backward()
-            optimizer.step()
-            prof.record_stats()
+    run_dir = profile_steps(real, optimizer, tmp_path / "profile", steps=3, batch_size=BATCH, ops=True)
     # These tests run the options: on the test models' small CPU blocks a selective checkpoint's own dispatch
     # costs more than any option spares, so with it priced the DP would choose none. Priced at 0, as on a
     # device whose kernels hide it. The loss runs as written: these tests hold gradients bitwise, which a chunked
     # loss gives to float rounding only (tests/planner/executor/test_chunked_schedule.py).
-    return real, optimizer, chain_from_trace(load_trace(prof.run_dir), selective_overhead_us=0.0, loss_chunks=())
+    return real, optimizer, chain_from_trace(load_trace(run_dir), selective_overhead_us=0.0, loss_chunks=())
 
 
 def _grads(real, batch) -> list[torch.Tensor]:  # noqa: ANN001
