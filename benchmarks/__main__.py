@@ -60,6 +60,8 @@ SECTIONS = {
                   ["benchmarks.bench_selective"], ["--quick", "--repeats", "1", "--budgets", "3"]),
     "weights": ("8b. Weight streaming vs offload vs rotor on an 8-layer Llama, whole step (predicted, 24 GB/s)",
                 ["benchmarks.bench_weights"], ["--steps", "3", "--grid", "20"]),
+    "compile": ("12. memprof's schedules under torch.compile against activation_memory_budget",
+                ["benchmarks.bench_compile"], ["--quick"]),
 }
 
 

@@ -185,6 +185,9 @@ def summary(schedule: Schedule, store_all_peak_bytes: int, store_all_makespan_ms
         streamed = list(schedule.streamed_weights)
         lines.append(f"  streamed weights {len(streamed)} stages {streamed} live in host memory (parameters, gradients, "
                      f"optimizer state); host peak {format_bytes(int(schedule.predicted_host_peak_bytes or 0))}")
+    if schedule.chain.source.get("compiled"):
+        lines.append("  compiled         costed as the compiled model runs (each block a compiled region): "
+                     "apply_schedule runs its stages compiled too")
     lines.append(f"wrote {out}")
     return "\n".join(lines)
 

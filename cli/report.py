@@ -49,8 +49,9 @@ def run_report(args: argparse.Namespace) -> int:
         what = "is readable (see the warning)" if trace.damage else "recorded yet"
         print(f"run {trace.run_id}: no iteration {what} (status {trace.state})")
         return 0
-    if args.iteration is None:
-        row = iterations.loc[iterations.peak_allocated_bytes.idxmax()]
+    if args.iteration is None:  # a compiled run's costing iterations never headline it
+        pool = trace.headline_iterations
+        row = pool.loc[pool.peak_allocated_bytes.idxmax()]
     else:
         chosen = iterations[iterations.iteration == args.iteration]
         if chosen.empty:
@@ -61,9 +62,11 @@ def run_report(args: argparse.Namespace) -> int:
     detailed = trace.detail_iterations
     print(f"run {trace.run_id} | model {trace.meta['model']} | {len(iterations)} iterations, "
           f"{len(detailed)} with detail")
+    if trace.costing_iterations:
+        print(_costing_note(trace, int(row.iteration)))
     print(format_report(_with_notes(trace, row), layers.to_dict("records"), trace.meta["device"], top=args.top))
     if layers.empty and detailed:
-        print(_no_detail_note(iterations, detailed, int(row.iteration)))
+        print(_no_detail_note(iterations, trace.costing_iterations or detailed, int(row.iteration)))
     if trace.meta.get("failure"):
         print(format_failure(trace.meta["failure"]))
         print("\n".join(planner_advice(trace, trace.meta["failure"])))
@@ -133,6 +136,18 @@ def _rank_states(run: Path, summary: pd.DataFrame) -> list[str]:
         if state in said:
             lines.append(f"rank {rank} {said[state]}: its {counts.get(rank, 0)} complete iterations are shown")
     return lines
+
+
+def _costing_note(trace: Trace, shown: int) -> str:
+    """What a compiled run's costing iterations are, and whether the shown iteration is one."""
+    costing = trace.costing_iterations
+    how = ("compiled with each repeated block a region of its own, marked around" if trace.meta.get(
+        "regional_iterations") else "eagerly (torch.compiler.set_stance('force_eager'))")
+    listed = ", ".join(str(i) for i in costing)
+    what = ("this is one of them, not the compiled model as it runs" if shown in costing
+            else f"iteration {shown} is shown, as the compiled model runs")
+    return (f"compiled model: iteration(s) {listed} are costing iterations, run {how} for the layers and the "
+            f"planner's chain; {what}")
 
 
 def _no_detail_note(iterations: pd.DataFrame, detailed: list[int], iteration: int) -> str:

@@ -30,6 +30,7 @@ from dashboard.pickers import detail_note, iteration_options, keep_open, nearest
 from dashboard.runs import group_runs
 from dashboard.tables import layer_rows
 from memprof.analysis import format_failure
+from memprof.schema import costing_iterations, not_headlining
 from memprof.trace import Trace, peak_imbalance
 from memprof.trace.ranks import RankImbalance, RankScan
 from memprof.units import format_bytes
@@ -120,8 +121,9 @@ def overview_view(store: TraceStore, names: list[str] | None) -> tuple[str, go.F
     except VIEW_ERRORS as exc:
         message = cannot_read(store, names, exc)
         return message, empty_figure(message), empty_figure(message)
-    text = headline(iterations)
-    failure = store.meta(names[0]).get("failure")
+    meta = store.meta(names[0])
+    text = headline(iterations, not_headlining(meta))
+    failure = meta.get("failure")
     if failure:
         # cached: the planner's advice costs a chain, and the overview is drawn on every visit
         advice = store.memo(names[0], "post-mortem", lambda _: post_mortem(store.trace(names[0]), failure))
@@ -134,7 +136,8 @@ def overview_view(store: TraceStore, names: list[str] | None) -> tuple[str, go.F
             pair = (iterations, compare) if first else (compare, iterations)
             text += " " + estimate_vs_measured(*pair)
     detail = store.detail_iterations(names[0])
-    return text, peaks_figure(iterations, compare, names, detail), breakdown_figure(iterations)
+    return text, peaks_figure(iterations, compare, names, detail, costing=costing_iterations(meta)), \
+        breakdown_figure(iterations)
 
 
 _HIDDEN, _SHOWN = {"display": "none"}, {"display": "block"}

@@ -7,7 +7,7 @@ into a figure goes through :func:`plot_text`, which escapes it to show as typed.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import numpy as np
@@ -162,11 +162,19 @@ def rank_peaks_figure(peaks: pd.DataFrame, highlight_rank: int | None = None, de
     return fig
 
 
-def headline(iterations: pd.DataFrame) -> str:
-    """One sentence: the peak, where it happened, what dominates it and how much is cache."""
+def headline(iterations: pd.DataFrame, costing: Collection[int] = ()) -> str:
+    """One sentence: the peak, where it happened, what dominates it and how much is cache.
+
+    Args:
+        iterations: the run's iterations table.
+        costing: iterations the peak is never taken from (a compiled run's costing iterations,
+            ``memprof.schema.not_headlining``), unless every iteration is one.
+    """
     if iterations.empty:
         return "This run has no recorded iterations yet."
-    row = iterations.loc[iterations["peak_allocated_bytes"].idxmax()]
+    pool = iterations[~iterations["iteration"].isin(list(costing))]
+    pool = pool if len(pool) else iterations
+    row = pool.loc[pool["peak_allocated_bytes"].idxmax()]
     peak = int(row["peak_allocated_bytes"])
     shares = {c: int(row[c]) for c in CATEGORY_COLUMNS}
     top = max(shares, key=lambda c: shares[c])

@@ -134,7 +134,7 @@ def compile_trace(points: Sequence[Any]) -> dict[str, Any]:
         more_time = (f" ({p.step_ms / reference.step_ms - 1:+.1%} over budget 1.0)"
                      if reference is not None and reference.step_ms > 0 else "")
         custom.append([f"{p.activation_memory_budget:g}", format_bytes(p.step_peak_bytes), format_bytes(p.held_bytes),
-                       f"{p.flops:.3g}{more_flops}", more_time])
+                       f"{p.flops:.3g}{more_flops}" if p.flops else "not counted", more_time])
     return {
         "type": "scatter", "mode": "markers+text", "name": COMPILE_NAME,
         "x": np.array([p.step_peak_bytes for p in ordered]), "y": np.array([p.step_ms for p in ordered]),

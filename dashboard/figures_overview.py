@@ -76,7 +76,8 @@ def detail_markers(iterations: pd.DataFrame, detail: np.ndarray, max_points: int
 
 
 def peaks_figure(iterations: pd.DataFrame, compare: pd.DataFrame | None = None, names: Sequence[str] = ("", ""),
-                 detail: np.ndarray | None = None, max_points: int = OVERVIEW_MAX_POINTS) -> go.Figure:
+                 detail: np.ndarray | None = None, max_points: int = OVERVIEW_MAX_POINTS,
+                 costing: Sequence[int] = ()) -> go.Figure:
     """Peak allocated and reserved bytes per iteration, optionally beside a second run's.
 
     Args:
@@ -85,6 +86,8 @@ def peaks_figure(iterations: pd.DataFrame, compare: pd.DataFrame | None = None, 
         names: the two runs' names, used in the legend when comparing.
         detail: the first run's detailed iterations; marked when some, not all, iterations have detail.
         max_points: the most points per series (see :func:`decimate`).
+        costing: a compiled run's costing iterations (``memprof.schema.costing_iterations``), marked apart: they
+            ran block by block (or eagerly) for the layers, not as the compiled model runs.
     """
     fig = go.Figure()
     top = 0.0
@@ -103,6 +106,8 @@ def peaks_figure(iterations: pd.DataFrame, compare: pd.DataFrame | None = None, 
             fig.add_trace(_peak_line(frame, column, label + suffix, color, dash, max_points, every))
     if not every and detail is not None and len(detail):
         fig.add_trace(detail_markers(iterations, detail, max_points))
+    if len(costing):
+        fig.add_trace(_costing_markers(iterations, costing))
     title = "Peak memory per iteration"
     if len(iterations) > max_points or (compare is not None and len(compare) > max_points):
         title += f"<br><sup>{len(iterations):,} iterations{_DECIMATED}</sup>"
@@ -110,6 +115,15 @@ def peaks_figure(iterations: pd.DataFrame, compare: pd.DataFrame | None = None, 
                       yaxis={"rangemode": "tozero", **byte_axis("peak memory", top)}, margin=_MARGIN,
                       height=360, legend={"orientation": "h", "y": -0.2}, template=TEMPLATE, clickmode="event")
     return fig
+
+
+def _costing_markers(iterations: pd.DataFrame, costing: Sequence[int]) -> go.Scatter:
+    """Open markers on a compiled run's costing iterations, which never headline it."""
+    rows = iterations[iterations.iteration.isin(list(costing))]
+    return go.Scatter(x=rows.iteration, y=rows.peak_allocated_bytes, mode="markers", name="costing iteration",
+                      marker={"symbol": "diamond-open", "size": 11, "color": "#444"},
+                      hovertemplate="iteration %{x}: a costing iteration (blocks compiled one by one for the "
+                                    "layers), not the compiled model as it runs<extra></extra>")
 
 
 def breakdown_figure(iterations: pd.DataFrame, max_points: int = OVERVIEW_MAX_POINTS) -> go.Figure:

@@ -11,6 +11,7 @@ import numpy as np
 
 from dashboard.data import VIEW_ERRORS, TraceStore
 from dashboard.figures_overview import decimate
+from memprof.schema import costing_iterations
 from memprof.units import format_bytes
 
 #: The most iterations an iteration picker offers (a run whose every iteration has detail can have 100,000).
@@ -22,13 +23,15 @@ def iteration_options(store: TraceStore, names: list[str] | None) -> tuple[list[
 
     Only iterations with detail (layers and events rows) can be opened, so only they are offered. When
     more than :data:`MAX_PICKER_OPTIONS` have detail, the lowest and highest peak of each stretch of them
-    are offered (the highest always among them).
+    are offered (the highest always among them). A compiled run's costing iterations (which hold its layers,
+    ``memprof.schema.costing_iterations``) say so.
     """
     if not names:
         return [], None
     try:
         iterations = store.iterations(names[0])
         detail = store.detail_iterations(names[0])
+        costing = set(costing_iterations(store.meta(names[0])))  # a compiled run's: its layers come from them
     except VIEW_ERRORS:
         return [], None
     rows = iterations[iterations["iteration"].isin(detail)]
@@ -37,8 +40,8 @@ def iteration_options(store: TraceStore, names: list[str] | None) -> tuple[list[
     peaks = rows["peak_allocated_bytes"].to_numpy()
     numbers = rows["iteration"].to_numpy()
     keep = decimate(peaks, MAX_PICKER_OPTIONS)
-    options = [{"label": f"iteration {i} (peak {format_bytes(p)})", "value": i}
-               for i, p in zip(numbers[keep].tolist(), peaks[keep].tolist())]
+    options = [{"label": f"iteration {i} (peak {format_bytes(p)}{'; a costing iteration' if i in costing else ''})",
+                "value": i} for i, p in zip(numbers[keep].tolist(), peaks[keep].tolist())]
     return options, int(numbers[int(np.argmax(peaks))])
 
 

@@ -14,6 +14,9 @@ documents the layout and every column.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import pyarrow as pa
 
 from memprof.categories import CATEGORY_COLUMNS
@@ -53,6 +56,20 @@ META_KEYS: tuple[str, ...] = (
     "world_size",
 )
 
+
+def costing_iterations(meta: Mapping[str, Any]) -> list[int]:
+    """A compiled model's costing iterations (``[]`` for an eager model's run), from its ``meta.json``.
+
+    Those it ran compiled block by block (``regional_iterations``) when there are any, else those it ran eagerly
+    (``eager_iterations``): they give the layers and the planner's chain. They ran as the user's compiled model
+    does not, so they never headline the run; an old trace's eager ones are left out of the headline too.
+    """
+    return sorted(int(i) for i in (meta.get("regional_iterations") or meta.get("eager_iterations") or ()))
+
+
+def not_headlining(meta: Mapping[str, Any]) -> set[int]:
+    """The iterations a run's headline peak is never chosen from: every costing iteration, eager or regional."""
+    return {int(i) for key in ("regional_iterations", "eager_iterations") for i in (meta.get(key) or ())}
 
 
 def _category_fields() -> list[pa.Field]:

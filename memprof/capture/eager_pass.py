@@ -1,11 +1,13 @@
-"""Per-layer costs of a ``torch.compile``'d model: a few iterations run eagerly, so module hooks fire.
+"""Per-layer costs of a ``torch.compile``'d model: which iterations are costing iterations, and how they run.
 
 A compiled graph runs no module hooks (dynamo traces them once; memprof's hooks do nothing while traced), so
-a compiled step shows its totals and categories but no layers. The profiler therefore runs a few chosen
-iterations under ``torch.compiler.set_stance("force_eager")``: the same model, eagerly, every module hook
-firing, every layer's forward and backward costs recorded as for an eager model. Those costs are the ones a
-schedule needs, since the executor runs its stages eagerly between compiled graphs
-(:mod:`planner.executor.install`). The other iterations run compiled and keep their exact totals.
+a compiled step shows its totals and categories but no layers. The profiler therefore makes a few chosen
+iterations costing iterations. Where the model has repeated blocks, they run compiled with each block as its
+own region, marked around (:mod:`memprof.capture.regional`): the blocks' costs are the compiled code's, as a
+schedule's stages run under compile (meta ``regional_iterations``). Where it has none, they run under
+``torch.compiler.set_stance("force_eager")``: the same model, eagerly, every module hook firing (meta
+``eager_iterations``). The other iterations run as compiled and keep their exact totals; only they headline
+a report.
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from memprof.capture.regional import RegionalBlocks
+
 __all__ = ["DEFAULT_EAGER_ITERATIONS", "EagerPass", "eager_pass_supported", "unwrap_compiled"]
 
-#: Iteration 0 compiles; the next two run eagerly: the planner takes medians over them.
+#: Iteration 0 compiles; the next two are costing iterations: the planner takes medians over them.
 DEFAULT_EAGER_ITERATIONS = (1, 2)
 
 
@@ -52,13 +56,18 @@ class EagerPass:
 
     Args:
         compiled: the model was handed over compiled.
-        iterations: the iterations to run eagerly (their numbers as ``record_stats()`` counts them).
+        iterations: the costing iterations (their numbers as ``record_stats()`` counts them).
+        regional: the model's repeated blocks, to compile as regions in the costing iterations of a model handed
+            over compiled (``None`` or no blocks: they run eagerly).
     """
 
-    def __init__(self, compiled: bool, iterations: Sequence[int] = DEFAULT_EAGER_ITERATIONS) -> None:
+    def __init__(self, compiled: bool, iterations: Sequence[int] = DEFAULT_EAGER_ITERATIONS,
+                 regional: RegionalBlocks | None = None) -> None:
         self.compiled = compiled
         self.iterations = tuple(sorted({int(i) for i in iterations}))
-        self.ran: list[int] = []  # the iterations that did run eagerly
+        self.ran: list[int] = []  # the costing iterations that ran eagerly
+        self.ran_regional: list[int] = []  # the costing iterations that ran compiled, block by block
+        self._regional = regional if regional is not None and regional.blocks and compiled else None
         self._stance: Any = None
         self._current: int | None = None
         if compiled:
@@ -66,12 +75,16 @@ class EagerPass:
 
     @property
     def active(self) -> bool:
-        """Whether the current iteration runs eagerly."""
+        """Whether the current iteration is a costing iteration."""
         return self._stance is not None
 
     def meta(self) -> dict[str, Any]:
-        """What ``meta.json`` says of it: ``compiled`` and the ``eager_iterations`` that ran."""
-        return {"compiled": self.compiled, "eager_iterations": list(self.ran)} if self.compiled else {}
+        """What ``meta.json`` says of it: ``compiled``, and the ``eager_iterations`` and ``regional_iterations``
+        that ran."""
+        if not self.compiled:
+            return {}
+        return {"compiled": True, "eager_iterations": list(self.ran),
+                **({"regional_iterations": list(self.ran_regional)} if self.ran_regional else {})}
 
     def after_iteration(self, iteration: int, forward_modules: set[int], allocated: bool) -> bool:
         """Ends ``iteration`` and prepares the next one.
@@ -82,9 +95,9 @@ class EagerPass:
             allocated: whether the allocator saw memory allocated in it.
 
         Returns:
-            Whether the iterations that ran eagerly changed (``meta.json`` is then written again).
+            Whether the costing iterations that ran changed (``meta.json`` is then written again).
         """
-        ran = len(self.ran)
+        ran = len(self.ran) + len(self.ran_regional)
         self.end()
         if iteration == 0 and not self.compiled and allocated and not forward_modules:
             self.compiled = True
@@ -94,18 +107,24 @@ class EagerPass:
                        "(MemoryProfiler(torch.compile(model), ...)) to keep them apart")
         if self.compiled:
             self._begin(iteration + 1)
-        return len(self.ran) != ran
+        return len(self.ran) + len(self.ran_regional) != ran
 
     def _warn(self, why: str) -> None:
         chosen = " and ".join(str(i) for i in self.iterations)
+        how = ("compiled with each of its repeated blocks a compiled region of its own, marked around (meta.json: "
+               "regional_iterations)" if self._regional is not None else
+               "eagerly (torch.compiler.set_stance('force_eager'); meta.json: eager_iterations)")
         warnings.warn(
-            f"{why}: compiled graphs run no module hooks, so memprof runs iteration(s) {chosen} eagerly "
-            "(torch.compiler.set_stance('force_eager')) for per-layer costs and the planner's chain (meta.json: "
-            "eager_iterations); the other iterations keep exact totals and categories, without per-layer rows",
-            RuntimeWarning, stacklevel=5)
+            f"{why}: compiled graphs run no module hooks, so memprof runs iteration(s) {chosen} {how} for per-layer "
+            "costs and the planner's chain; the other iterations keep exact totals and categories, without "
+            "per-layer rows, and only they headline the report", RuntimeWarning, stacklevel=5)
 
     def _begin(self, iteration: int) -> None:
         if iteration not in self.iterations or self._stance is not None:
+            return
+        if self._regional is not None:
+            self._regional.install()
+            self._stance, self._current = self._regional, iteration
             return
         if not eager_pass_supported():
             warnings.warn(
@@ -117,12 +136,27 @@ class EagerPass:
         self._stance = torch.compiler.set_stance("force_eager")
         self._current = iteration
 
+    def close(self) -> None:
+        """Ends the current costing iteration and drops the blocks' compiled code (at the profiler's ``close()``)."""
+        self.end()
+        if self._regional is not None:
+            self._regional.close()
+
     def end(self) -> None:
         """Gives the compiler back the stance it had (idempotent; also called at ``close()``)."""
         if self._stance is None:
             return
-        self._stance.__exit__(None, None, None)
+        if self._stance is self._regional:
+            assert self._regional is not None
+            if self._current == self.iterations[-1]:  # the last one: dynamo meets its frames afresh
+                self._regional.close()
+            else:
+                self._regional.remove()
+            done = self.ran_regional
+        else:
+            self._stance.__exit__(None, None, None)
+            done = self.ran
         self._stance = None
         if self._current is not None:
-            self.ran.append(self._current)
+            done.append(self._current)
         self._current = None

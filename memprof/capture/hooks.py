@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 from typing import Any
 
@@ -85,6 +85,7 @@ class HookRecorder:
         self._free_sink: list[FreeRow] = []
         self._handles: list[Any] = []
         self._full_handles: list[Any] = []  # what set_full_hooks() registers and removes
+        self.muted: frozenset[int] = frozenset()  # modules whose forward hooks stay off (mute())
         self._full = False
         # data_ptr -> the finalizer watching that storage; one per storage, however often it is seen
         self._finalizers: dict[int, weakref.finalize] = {}
@@ -139,6 +140,8 @@ class HookRecorder:
             self._full_handles.clear()
             return
         for index, module in enumerate(self.modules[1:], start=1):
+            if index in self.muted:
+                continue
             self._full_handles.append(module.register_forward_pre_hook(
                 partial(self._forward_pre, index), prepend=index in self.first_pre_hooks))
             self._full_handles.append(module.register_forward_hook(partial(self._forward_post, index)))
@@ -148,6 +151,18 @@ class HookRecorder:
                 # it only looks: a runtime may add a gradient into .grad itself (planner.executor.grad_into)
                 hook.observes_only = True  # type: ignore[attr-defined]
                 self._full_handles.append(param.register_post_accumulate_grad_hook(hook))
+
+    def mute(self, indices: Iterable[int]) -> None:
+        """Leaves the forward hooks of the modules ``indices`` off (``()``: of none) from now on.
+
+        For the submodules of a block compiled as a region of its own (:mod:`memprof.capture.regional`): inside
+        the region their hooks do nothing, but dynamo guards on each one's module number, so every block would
+        compile a region of its own.
+        """
+        self.muted = frozenset(int(i) for i in indices)
+        if self._full:
+            self.set_full_hooks(False)
+            self.set_full_hooks(True)
 
     def detach(self) -> None:
         """Removes every hook and finalizer; the model is as it was before :meth:`attach`."""

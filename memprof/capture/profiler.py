@@ -35,6 +35,7 @@ from memprof.capture.op_recorder import OpPass
 from memprof.capture.optimizers import unwrap_optimizer
 from memprof.capture.parameter_shapes import parameter_shapes_meta
 from memprof.capture.phase_clock import PhaseClock
+from memprof.capture.regional import CompiledRegions, RegionalBlocks, compile_settings, repeated_blocks
 from memprof.capture.sinks import BackgroundSink, InlineSink, Outcome
 from memprof.capture.stacks import STACK_MIN_BYTES, StackCapture
 from memprof.capture.steady import DEFAULT_STEADY, SteadyHooks
@@ -237,9 +238,9 @@ class MemoryProfiler:
         self.budget_bytes = budget_bytes
         self.detail = DetailPolicy(first=detail_first, every=detail_every, peak_rise=detail_peak_rise)
         self._detailed: set[int] = set()
-        self._eager = EagerPass(wrapper is not None)
         self._stream = allocation_stream if allocation_stream is not None else open_stream(self.device)
         self._names, self._modules = module_tree(model)
+        self._regions = CompiledRegions(self._names, self._modules)  # blocks the user compiled on their own
         self._params = list(dict.fromkeys(p for m in self._modules for p in m.parameters(recurse=False)))
         self._infos = describe_modules(self._names, self._modules, self._params)
         weight_bytes = subtree_bytes(self._infos, {i: s[0] for i, p in enumerate(self._params) if (s := storages(p))})
@@ -247,12 +248,14 @@ class MemoryProfiler:
         self._closed = False
         self._created_dir = _first_missing(self.run_dir)  # what a failed start removes again
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self._meta = {**self._initial_meta(), **(extra_meta or {})}
+        self._meta = {**self._initial_meta(), **(extra_meta or {}),
+                      **({"compiled_regions": self._regions.names} if self._regions.found else {})}
         write_meta(self.run_dir, self._meta)
         # a compiled model's root hooks go on its wrapper, which runs them outside the graph (eager_pass.py)
         self._hooked = [wrapper, *self._modules[1:]] if wrapper is not None else self._modules
         self._recorder = HookRecorder(self._hooked, self._params, self.optimizer)
         self._recorder.watch_inputs = not self._cuda
+        self._eager = EagerPass(wrapper is not None, regional=self._regional_blocks(wrapper))
         # each iteration's forward and backward time, for the planner (not an estimate's: its clock is virtual)
         self._phases = PhaseClock(self._cuda) if allocation_stream is None else None
         if self._phases is not None:
@@ -271,6 +274,7 @@ class MemoryProfiler:
                        device=str(self.device), print_period=print_period, detail=self.detail)
         self._sink = self._open_sink(spec, CarriedState(-1, self._baseline(), 1), background and budget_bytes is None)
         self._stream.start()
+        self._regions.attach()
         self._recorder.attach()
         # (an estimate's few iterations on fake tensors cost nothing to hook)
         self._steady = SteadyHooks(self._recorder, self.detail, steady and allocation_stream is None,
@@ -285,18 +289,32 @@ class MemoryProfiler:
         # the op and Python stack of allocations, in iterations scheduled for detail (not on fake tensors, nor
         # compiled models: a dispatch mode would change what they run)
         self._stacks = (StackCapture(self.run_dir, self.detail, stack_min_bytes)
-                        if stack_min_bytes is not None and allocation_stream is None and wrapper is None else None)
+                        if stack_min_bytes is not None and allocation_stream is None and wrapper is None
+                        and not self._regions.found else None)
         self._iteration_start_ns = now_ns()
         if self._stacks is not None:
             self._stacks.begin(0)
 
     # ------------------------------------------------------------------ set-up
+    def _regional_blocks(self, wrapper: nn.Module | None) -> RegionalBlocks | None:
+        """The repeated blocks of a compiled model, compiled on their own with its backend and marked around in
+        its costing iterations (:mod:`memprof.capture.regional`); ``None`` for an eager model, and for one
+        compiled with ``fullgraph=True``, which allows no graph break between blocks (it runs them eagerly)."""
+        if wrapper is None:
+            return None
+        backend, fullgraph = compile_settings(wrapper)
+        if fullgraph:
+            return None
+        recorder = self._recorder
+        return RegionalBlocks(self._modules, repeated_blocks(self._names, self._modules),
+                              recorder._forward_pre, recorder._forward_post, recorder.mute, backend)
+
     def _abandon_start(self) -> None:
         """Undoes whatever a failed ``__init__`` had set up (each step on its own: the first error is the one raised)."""
         self._closed = True
         steps: list[Callable[[], Any]] = []
-        for name, method in (("_recorder", "detach"), ("_distributed", "detach"), ("_eager", "end"),
-                             ("_cache_watcher", "remove"), ("_op_pass", "detach"), ("_oom_snapshot", "stop"),
+        for name, method in (("_eager", "close"), ("_recorder", "detach"), ("_distributed", "detach"),
+                             ("_regions", "detach"), ("_cache_watcher", "remove"), ("_op_pass", "detach"), ("_oom_snapshot", "stop"),
                              ("_stacks", "end"), ("_sink", "finish")):
             part = getattr(self, name, None)
             if part is not None:
@@ -542,9 +560,10 @@ class MemoryProfiler:
                 self._oom_snapshot.stop()
             if self._stacks is not None and (error := self._stacks.end()) is not None:
                 self._write_failed(error, stacklevel=4)
+            self._eager.close()  # (first: it gives the recorder its submodules' hooks back, which detach removes)
             self._recorder.detach()
             self._distributed.detach()
-            self._eager.end()
+            self._regions.detach()
             self._cache_watcher.remove()
             self._close_op_pass()
             _ATTACHED.discard(self.model)

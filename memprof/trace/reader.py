@@ -22,6 +22,8 @@ from memprof.schema import (
     READ_SCHEMAS,
     STACKS,
     TABLES,
+    costing_iterations,
+    not_headlining,
 )
 from memprof.trace.damage import PartDamage, damage_message, footer_damage, relative_name
 from memprof.trace.format.ops_table import records_from_frame
@@ -217,6 +219,22 @@ class Trace:
         """The iterations whose detail (layers and events rows) the trace holds, in order."""
         frame = self.read(ITERATIONS, columns=["iteration", "detail"])
         return sorted(int(i) for i in frame.iteration[frame.detail.astype(bool)])
+
+    @cached_property
+    def costing_iterations(self) -> list[int]:
+        """A compiled model's costing iterations (``[]`` for an eager model's run): those it ran compiled block by
+        block (``meta.json``'s ``regional_iterations``), else those it ran eagerly (``eager_iterations``). They
+        give the layers and the planner's chain; they ran as the user's compiled model does not, so they never
+        headline the run (:attr:`headline_iterations`)."""
+        return costing_iterations(self.meta)
+
+    @cached_property
+    def headline_iterations(self) -> pd.DataFrame:
+        """The ``iterations`` rows a run's headline peak is chosen from: all but the costing iterations (all of
+        them when every iteration was one)."""
+        frame = self.iterations
+        kept = frame[~frame.iteration.isin(not_headlining(self.meta))]
+        return kept if len(kept) else frame
 
     @cached_property
     def layers(self) -> pd.DataFrame:

@@ -18,16 +18,18 @@ from memprof.trace import Trace
 #: and a long run's thousand detailed iterations are not all read.
 MEDIAN_ITERATIONS = 32
 #: The keys of ``meta.json`` that building a chain reads.
-META_READ: tuple[str, ...] = ("model", "eager_iterations", "failure", "selective_overhead_us_per_op", "transfer",
+META_READ: tuple[str, ...] = ("model", "eager_iterations", "regional_iterations", "compiled_regions",
+                               "failure", "selective_overhead_us_per_op", "transfer",
                                "phase_times")
 
 
 def usable_iterations(trace: Trace) -> list[int]:
     """The detailed iterations a chain is costed from: all but the partial one of a failed run, and of a
-    compiled model only those it ran eagerly (``meta.json``'s ``eager_iterations``: a compiled iteration
-    runs no module hook, so its layers are empty; see :mod:`memprof.capture.eager_pass`)."""
+    compiled model only its costing iterations (``meta.json``'s ``regional_iterations`` and
+    ``eager_iterations``: a compiled iteration runs no module hook, so its layers are empty; see
+    :mod:`memprof.capture.eager_pass`)."""
     detailed = trace.detail_iterations
-    eager = set(trace.meta.get("eager_iterations") or ())
+    eager = set(trace.costing_iterations)
     if eager and eager & set(detailed):
         detailed = [i for i in detailed if i in eager]
     failure = trace.meta.get("failure") or {}

@@ -167,6 +167,9 @@ def _build(trace: Trace, tree: ModuleTree, candidate: Candidate, costs: pd.DataF
         stages=(*stages, loss),
         source={"run_id": trace.run_id, "container": candidate.parent, "auto": auto,
                 "modules": [list(g) for g in candidate.groups], "time_scale": scale.to_json(),
+                # costed as compiled regions (memprof.capture.regional): its schedules run their stages so too
+                **({"compiled": True} if trace.meta.get("regional_iterations") or trace.meta.get("compiled_regions")
+                   else {}),
                 **({"articulation_points": list(articulation_points(candidate.groups, carried_edges(
                     tree, candidate.groups)))} if carried else {})},
         step=step,

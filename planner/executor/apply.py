@@ -29,10 +29,12 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import nn
 
+from memprof.capture.regional import compile_settings
 from planner.errors import InvalidScheduleError, ScheduleMismatchError
 from planner.executor.chunked_head import install_chunked_head, remove_chunked_head
 from planner.executor.embedding_grad import install_embedding_grads, remove_embedding_grads
@@ -51,7 +53,8 @@ _ATTRIBUTE = "_memprof_schedule"
 
 def apply_schedule(model: nn.Module, schedule: Schedule, container: str | None = None,
                    min_offload_bytes: int = MIN_OFFLOAD_BYTES,
-                   optimizer: torch.optim.Optimizer | None = None, strict: bool = True) -> nn.Module:
+                   optimizer: torch.optim.Optimizer | None = None, strict: bool = True,
+                   compile: Any = None) -> nn.Module:  # noqa: A002 -- torch.compile's word
     """Makes ``model`` train with ``schedule``, in place (the same object, parameters and hooks).
 
     Args:
@@ -66,6 +69,11 @@ def apply_schedule(model: nn.Module, schedule: Schedule, container: str | None =
         strict: refuse a model that differs from the one the schedule was planned for (its chain's signature);
             ``False``: apply it anyway with one warning (its memory prediction does not hold), unless its blocks
             differ (a stage module missing, a container's children other than planned).
+        compile: run each stage's modules as compiled regions (:func:`planner.executor.install.compiled_forwards`),
+            as they ran in the trace the schedule was planned from: ``True`` with inductor, a ``torch.compile``
+            backend (a name or a callable: the one the profiled model was compiled with) with it, ``False``
+            eagerly. ``None`` (default): ``model``'s own backend when it is ``torch.compile``'d, inductor when the
+            chain was costed from a compiled model's trace (``Chain.source["compiled"]``), else eagerly.
 
     Returns:
         ``model``.
@@ -74,15 +82,24 @@ def apply_schedule(model: nn.Module, schedule: Schedule, container: str | None =
         ScheduleMismatchError: the model is not the one the schedule was planned for (one line: what differs), a
             module the schedule names is not in the model, or the stages do not map.
         InvalidScheduleError: the operations are not valid (names the first invalid one) or cannot be run
-            inside the model's forward.
+            inside the model's forward; ``model`` is compiled with ``fullgraph=True``; the stages are to run
+            compiled and an operation runs eagerly only (see :func:`planner.executor.install.refuse_eager_only`).
     """
     validate_ops(schedule.ops, schedule.chain.length, schedule)
+    if getattr(getattr(model, "dynamo_ctx", None), "fullgraph", False):
+        raise InvalidScheduleError("this model is compiled with fullgraph=True, which allows no graph break, and each "
+                                   "stage of a schedule runs between compiled graphs; compile it without fullgraph "
+                                   "(its stages still run compiled)")
     check_planned_model(model, schedule, container, strict)
     groups = stage_modules(model, schedule, container)
     remove_schedule(model)
-    executor = ScheduleExecutor(groups, runtime_ops(schedule), min_offload_bytes, policies(schedule),
-                                schedule.streamed_weights, root=model, partial=partial_options(schedule))
     chunks, eager = loss_chunks(schedule)
+    try:
+        executor = ScheduleExecutor(groups, runtime_ops(schedule), min_offload_bytes, policies(schedule),
+                                    schedule.streamed_weights, root=model, partial=partial_options(schedule),
+                                    compiled=runs_compiled(model, schedule, compile, chunks))
+    except ValueError as exc:
+        raise InvalidScheduleError(str(exc)) from None
     try:
         executor.install()
         if chunks:
@@ -98,6 +115,24 @@ def apply_schedule(model: nn.Module, schedule: Schedule, container: str | None =
         watch_input(model, groups[0][0], signature.input_bytes, schedule.chain.stages[0].modules[0])
     object.__setattr__(model, _ATTRIBUTE, (executor, schedule))
     return model
+
+
+def runs_compiled(model: nn.Module, schedule: Schedule, compile: Any, chunks: int) -> Any:  # noqa: A002
+    """How the schedule's stages run: ``False`` (eagerly), ``True`` (inductor) or a backend (see
+    :func:`apply_schedule`'s ``compile``).
+
+    Raises:
+        InvalidScheduleError: compiled stages with a chunked loss (its head runs eagerly only).
+    """
+    if compile is None and type(model).__name__ == "OptimizedModule":
+        compile = compile_settings(model)[0]  # the backend (mode, options) the model was compiled with
+    elif compile is None:
+        compile = bool(schedule.chain.source.get("compiled"))
+    if compile is not False and chunks:
+        raise InvalidScheduleError("this schedule computes the loss in chunks, which runs eagerly only, and its stages "
+                                   "are to run compiled; plan it with --no-loss-options, or apply it with "
+                                   "compile=False")
+    return compile
 
 
 def check_planned_model(model: nn.Module, schedule: Schedule, container: str | None, strict: bool) -> None:

@@ -40,17 +40,25 @@ class ScheduleExecutor:
             computations (:mod:`planner.executor.weights`); parameters shared by several stages stay put.
         root: the model the stages live in; a Hugging Face config of it with ``use_cache=True`` is turned off
             while the schedule is installed (see :func:`training_without_cache`).
+        compiled: run each stage's modules as compiled regions (``torch.compile`` of each module's own forward,
+            see :func:`compiled_forwards`): forward without saving, recomputation and backward at compiled
+            speed, whether or not the model around them is compiled. ``True`` compiles with inductor; a
+            ``torch.compile`` backend (a name or a callable) with that backend.
 
     Raises:
-        ValueError: the operations cannot be run in the model's forward (see :class:`Program`).
+        ValueError: the operations cannot be run in the model's forward (see :class:`Program`), or ``compiled``
+            with an operation that runs eagerly only (a selective or partial option, an offload, streamed
+            weights).
     """
 
     def __init__(self, stages: Sequence[Sequence[nn.Module]], ops: Sequence[tuple[str, int]],
                  min_offload_bytes: int = MIN_OFFLOAD_BYTES,
                  policies: Mapping[tuple[int, int], Sequence[Sequence[Any]]] | None = None,
                  streamed: Sequence[int] = (), root: nn.Module | None = None,
-                 partial: Iterable[Sequence[int]] = ()) -> None:
+                 partial: Iterable[Sequence[int]] = (), compiled: Any = False) -> None:
         self.program = Program(ops, len(stages))
+        self.compiled = compiled is not False and compiled is not None
+        self.backend = "inductor" if compiled is True or not self.compiled else compiled
         # weakly: the model holds its executor, and a cycle back would keep both (and the device memory of
         # their parameters) alive until the garbage collector next runs
         self.root = weakref.ref(root) if root is not None else None
@@ -70,6 +78,8 @@ class ScheduleExecutor:
         self.weights = _streamer(self.modules, streamed, self.program, self.pool, self.copiers)
         self.optimizers: list[tuple[torch.optim.Optimizer, Any]] = []  # (optimizer, its step pre-hook's handle)
         self.own_forwards: dict[int, Any] = {}  # id(module) -> the forward set on the instance before install
+        if self.compiled:
+            refuse_eager_only(self.program, self.policies, bool(streamed))
 
     def follow(self, optimizer: torch.optim.Optimizer) -> None:
         """Keeps ``optimizer``'s state where the streamed parameters are, before each of its steps (a no-op
@@ -87,7 +97,8 @@ class ScheduleExecutor:
             forwards = [m.forward for m in group]
             # a forward set on the instance (accelerate's wrapper, a patch) is put back on removal, not deleted
             self.own_forwards.update((id(m), m.__dict__["forward"]) for m in group if "forward" in m.__dict__)
-            self.stages.append(StageRunner(group, forwards))
+            self.stages.append(StageRunner(group, compiled_forwards(forwards, self.backend) if self.compiled
+                                           else forwards))
             group[0].forward = _StageForward(self, index + 1, forwards[0], group[0])
             for module, forward in zip(group[1:], forwards[1:]):
                 module.forward = _FoldedForward(self, forward, module)
@@ -123,6 +134,36 @@ class ScheduleExecutor:
         if not self.modules[0][0].training:
             return False
         return x.requires_grad or any(p.requires_grad for g in self.modules for m in g for p in m.parameters())
+
+
+def compiled_forwards(forwards: Sequence[Any], backend: Any = "inductor") -> list[Any]:
+    """Each module's own ``forward``, compiled on its own with ``backend`` (``torch.compile``'s default: inductor;
+    the model's own where the chain was costed with another, as the profiler compiles its blocks).
+
+    The stage wrappers run between compiled graphs (:func:`_eager`); inside them each module runs its compiled
+    region, which dynamo compiles once per grad mode (a forward without saving runs the inference graph, a
+    recording forward the training graph, whose backward is compiled too) and shares between blocks of one class.
+    """
+    return [torch.compile(forward, backend=backend) for forward in forwards]
+
+
+def refuse_eager_only(program: Program, policies: Mapping[tuple[int, int], Any], streamed: bool) -> None:
+    """Refuses, in one line, a schedule whose operations run eagerly only, with compiled stages.
+
+    A selective or partial option finds the ops it keeps by counting the aten ops a stage runs, which a compiled
+    region does not run one by one; an offload moves tensors autograd saved, which the compiled backward holds
+    on its own; streamed weights move parameters the compiled graph guards on.
+
+    Raises:
+        ValueError: which operation, and how to plan without it.
+    """
+    found = ("a recomputation option (selective or partial)" if policies else
+             "an offload" if program.offloaded else
+             "streamed weights" if streamed else None)
+    if found is not None:
+        raise ValueError(f"this schedule has {found}, which runs eagerly only, and its stages are to run compiled; "
+                         "plan it with --algorithm rotor (or another solver without options, offloads or "
+                         "streamed weights), or apply it with compile=False")
 
 
 def training_without_cache(model: nn.Module) -> list[tuple[Any, bool]]:
@@ -223,6 +264,8 @@ class _Original:
 class _StageForward:
     """The wrapper ``forward`` of a stage's first module (it holds the executor weakly: the model holds it)."""
 
+    memprof_stage = True  # the profiler's regional costing leaves such a module alone (memprof.capture.regional)
+
     def __init__(self, executor: ScheduleExecutor, stage: int, original: Any, module: nn.Module) -> None:
         self._executor, self.stage, self.original = weakref.ref(executor), stage, _Original(original, module)
 
@@ -269,6 +312,8 @@ class _StageForward:
 
 class _FoldedForward:
     """The wrapper ``forward`` of a module folded into a stage: the stage's wrapper already ran it."""
+
+    memprof_stage = True
 
     def __init__(self, executor: ScheduleExecutor, original: Any, module: nn.Module) -> None:
         self._executor, self.original = weakref.ref(executor), _Original(original, module)

@@ -164,6 +164,9 @@ def _data(schedule: Schedule, groups: list[list[str]] | None, ops: list, kept: d
         "# [chunks, eager]: the chunks the language-model head and its loss run in (planner.executor.chunked_head;",
         "# 0: as written), and whether their gradients are computed in the forward.",
         _literal("LOSS_CHUNKS", list(chunks)),
+        "# Whether its chain was costed as compiled regions (memprof.capture.regional): then each stage's modules",
+        "# run compiled (planner.executor.install.compiled_forwards) unless apply_schedule(compile=False).",
+        _literal("COMPILED", bool(schedule.chain.source.get("compiled"))),
         "# The model the schedule was planned for (planner.model.signature; None: not known, nothing is checked).",
         _literal("SIGNATURE", schedule.chain.signature.to_dict() if groups and schedule.chain.signature else None),
     ]
@@ -171,7 +174,8 @@ def _data(schedule: Schedule, groups: list[list[str]] | None, ops: list, kept: d
 
 
 _APPLY = '''
-def apply_schedule(model, container="", min_offload_bytes=MIN_OFFLOAD_BYTES, optimizer=None, strict=True):
+def apply_schedule(model, container="", min_offload_bytes=MIN_OFFLOAD_BYTES, optimizer=None, strict=True,
+                   compile=None):
     """Makes ``model`` train with the schedule, in place; returns ``model``.
 
     ``container`` is only used when STAGES is None: the nn.Sequential whose children are the stages.
@@ -179,6 +183,7 @@ def apply_schedule(model, container="", min_offload_bytes=MIN_OFFLOAD_BYTES, opt
     ``optimizer``: with streamed weights, the optimizer whose state follows them to host memory.
     ``strict``: refuse (ValueError) a model that is not the one the schedule was planned for (SIGNATURE); False:
     apply it anyway with a warning that its memory prediction does not hold, unless its blocks differ.
+    ``compile``: run each stage's modules as compiled regions (None: as COMPILED says).
     """
     if STAGES is not None and SIGNATURE is not None:
         check_model(model, SIGNATURE, container, strict)
@@ -200,7 +205,7 @@ def apply_schedule(model, container="", min_offload_bytes=MIN_OFFLOAD_BYTES, opt
         raise ValueError(f"this schedule has {SCHEDULE['stages']} stages; the model offers {len(groups)}")
     policies = {tuple(int(v) for v in key.split(":")): value for key, value in POLICIES.items()}
     executor = ScheduleExecutor(groups, [tuple(op) for op in OPS], min_offload_bytes, policies, STREAMED, root=model,
-                                partial=PARTIAL)
+                                partial=PARTIAL, compiled=COMPILED if compile is None else compile)
     executor.install()
     if LOSS_CHUNKS[0]:
         install_chunked_head(model, chunks=LOSS_CHUNKS[0], eager=LOSS_CHUNKS[1])

@@ -41,10 +41,10 @@ class CompilePoint:
 
     Attributes:
         activation_memory_budget: the partitioner's budget (1.0: its default).
-        step_peak_bytes: the training step's peak: what it started with (weights, gradients, optimizer
-            state, batch) plus the CPU allocator's highest rise during it.
+        step_peak_bytes: the training step's peak: what it started with after ``zero_grad`` (weights,
+            optimizer state) plus the CPU allocator's highest rise during it.
         held_bytes: what the forward left allocated for the backward (the loss included).
-        flops: forward + backward FLOPs (recomputation included).
+        flops: forward + backward FLOPs (recomputation included; 0: not counted, e.g. under inductor).
         step_ms: median wall time of a training step.
     """
 
@@ -129,9 +129,9 @@ def running_peak(deltas: Sequence[int], start: int = 0) -> tuple[int, int]:
     return peak, live
 
 
-def state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> int:
-    """Bytes of the distinct storages of the parameters, their gradients and the optimizer's state."""
-    tensors = [t for p in model.parameters() for t in (p, p.grad) if t is not None]
+def state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None, batch: Sequence[torch.Tensor] = ()) -> int:
+    """Bytes of the distinct storages of the parameters, their gradients, the optimizer's state and ``batch``."""
+    tensors = [t for p in model.parameters() for t in (p, p.grad) if t is not None] + list(batch)
     if optimizer is not None:
         tensors += [v for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
     storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
@@ -139,17 +139,27 @@ def state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> in
 
 
 def measure_step(step_loss: Callable[[], torch.Tensor], model: nn.Module, optimizer: torch.optim.Optimizer | None,
-                 repeats: int) -> tuple[int, int, float]:
-    """``(step peak bytes, held bytes, median step ms)`` of ``zero_grad; step_loss().backward(); step``."""
-    def step() -> None:
-        model.zero_grad(set_to_none=True)
+                 repeats: int, batch: Sequence[torch.Tensor] = ()) -> tuple[int, int, float]:
+    """``(step peak bytes, held bytes, median step ms)`` of ``zero_grad; step_loss().backward(); step``.
+
+    The peak is the state the step starts with after ``zero_grad`` (weights, optimizer state, and ``batch``'s
+    tensors when given) plus the allocator's highest rise during the forward, backward and optimizer step.
+    ``zero_grad`` runs before the window: torch.profiler reports no free of a block allocated before it started
+    ("Memory block of unknown size"), so gradients freed inside it would be counted as still held.
+    """
+    def update() -> None:
         step_loss().backward()
         if optimizer is not None:
             optimizer.step()
 
+    def step() -> None:
+        model.zero_grad(set_to_none=True)
+        update()
+
     step()
-    start = state_bytes(model, optimizer)
-    peak, _ = running_peak(memory_events(step)[1])
+    model.zero_grad(set_to_none=True)
+    start = state_bytes(model, optimizer, batch)
+    peak, _ = running_peak(memory_events(update)[1])
     model.zero_grad(set_to_none=True)
     loss, held = memory_events(step_loss)
     loss.backward()

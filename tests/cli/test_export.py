@@ -23,7 +23,7 @@ def test_every_algorithm_plans_and_exports(tmp_path: Path, capsys: pytest.Captur
         script = tmp_path / f"apply_{algorithm}.py"
         assert main(["export", str(out), "--out", str(script)]) == 0
         assert ('def apply_schedule(model, container="", min_offload_bytes=MIN_OFFLOAD_BYTES, optimizer=None, '
-                'strict=True):') in script.read_text()
+                'strict=True,\n                   compile=None):') in script.read_text()
         assert f"from apply_{algorithm} import apply_schedule" in capsys.readouterr().out
 
 

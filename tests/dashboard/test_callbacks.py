@@ -89,6 +89,14 @@ def test_iteration_options_default_to_the_peak(store):
     assert [o["value"] for o in options] == [0, 1, 2] and value == 2
 
 
+def test_iteration_options_say_which_are_a_compiled_runs_costing_iterations(store, monkeypatch):
+    meta = {**store.meta("mlp"), "compiled": True, "regional_iterations": [1], "eager_iterations": []}
+    monkeypatch.setattr(store, "meta", lambda name: meta)
+    options, _ = cb.iteration_options(store, ["mlp"])
+    labels = {o["value"]: o["label"] for o in options}
+    assert labels[1].endswith("; a costing iteration)") and "costing" not in labels[0] + labels[2]
+
+
 def test_layers_view_rows_are_the_table_and_names_stay_text(store):
     rows, tree = cb.layers_view(store, ["mlp"], 1, "weight_bytes")
     assert [r["module"] for r in rows] == ["(model)", "features", *(f"features.{c}" for c in CHILDREN)]

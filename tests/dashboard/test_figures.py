@@ -114,3 +114,12 @@ def test_byte_axis_names_its_unit_and_ticks_in_numbers():
     assert byte_axis("x", 0)["title"]["text"] == "x (B)" and "tickvals" not in byte_axis("x", 0)
     sizes = [0, 1, 1023, 1024, 1536, 17.9 * 1024**2, 114 * 1024**2, -2048, 3 * 1024**3]
     assert bytes_texts(sizes) == [format_bytes(s) for s in sizes]
+
+
+def test_headline_skips_a_compiled_runs_costing_iterations():
+    # iteration 1 ran block by block for the layers (a costing iteration) and peaked highest; 2 ran compiled
+    frame = _iterations([1000, 5000, 3000], [0, 0, 0], feature_maps=[500, 4000, 2000])
+    assert headline(frame, costing={1}).startswith(f"Peak {format_bytes(3000)} allocated at iteration 2")
+    assert headline(frame).startswith(f"Peak {format_bytes(5000)} allocated at iteration 1")
+    # every iteration a costing one: still a headline
+    assert headline(frame, costing={0, 1, 2}).startswith(f"Peak {format_bytes(5000)}")

@@ -16,6 +16,7 @@ from dashboard.figures_options import (
     COMPILE_NAME,
     KEEP_ALL,
     SELECTIVE_COLOR,
+    compile_trace,
     option_summary,
     pareto_with_options,
     schedule_figure_with_options,
@@ -153,6 +154,13 @@ def test_pareto_shows_selective_rotor_and_compile_points_together() -> None:
     ticks = list(fig.layout.xaxis.tickvals)
     assert ticks[0] <= 700 * MIB and ticks[-1] >= max(900 * MIB, float(model.points["peak_bytes"].max()))
     assert fig.layout.xaxis.title.text == "whole-step peak memory (GiB)"
+
+
+def test_inductor_points_without_flops_say_not_counted() -> None:
+    points = [CompilePoint(activation_memory_budget=b, step_peak_bytes=int((700 + 100 * b) * MIB), held_bytes=0,
+                           flops=0, step_ms=50.0 + b) for b in (1.0, 0.5)]
+    trace = compile_trace(points)
+    assert [row[3] for row in trace["customdata"]] == ["not counted", "not counted"]
 
 
 def test_pareto_leaves_compile_points_out_of_a_chain_only_figure_and_says_why() -> None:

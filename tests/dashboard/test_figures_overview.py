@@ -45,6 +45,16 @@ def test_peaks_figure_plots_the_table(store):
     assert allocated.mode == "lines+markers"
 
 
+def test_peaks_figure_marks_a_compiled_runs_costing_iterations(store):
+    iterations = store.iterations("mlp")
+    fig = peaks_figure(iterations, costing=[1])
+    marks = [t for t in fig.data if t.name == "costing iteration"]
+    assert len(marks) == 1 and list(marks[0].x) == [1]
+    assert list(marks[0].y) == [int(iterations.set_index("iteration").peak_allocated_bytes[1])]
+    assert "not the compiled model as it runs" in marks[0].hovertemplate
+    assert not [t for t in peaks_figure(iterations).data if t.name == "costing iteration"]
+
+
 def test_peaks_figure_compares_two_runs(store):
     a, b = store.iterations("mlp"), store.iterations("ddp/rank=0")
     fig = peaks_figure(a, b, ("mlp", "<i>b</i>"))

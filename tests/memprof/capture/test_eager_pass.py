@@ -1,7 +1,7 @@
-"""A torch.compile'd model's per-layer costs come from iterations the profiler runs eagerly.
+"""A torch.compile'd model's per-layer costs come from its costing iterations.
 
-On a Hugging Face GPT-2 (from a config): iterations 1 and 2 run eagerly and give the same chain as profiling
-the eager model; the compiled iterations keep exact totals (within 0.1% of the allocator) and their phases
+On a Hugging Face GPT-2 (from a config): iterations 1 and 2 run its blocks as compiled regions of their own and
+give the eager model's chain of blocks, each keeping no more than eager autograd; the compiled iterations keep exact totals (within 0.1% of the allocator) and their phases
 when the profiler is handed the compiled model; the compiler's stance is given back, even mid-iteration.
 """
 
@@ -26,6 +26,7 @@ def _profile(tmp_path, compiled: bool, steps: int = 4):
     model = real.model
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
     batch = real.make_batch(2)
+    torch._dynamo.reset()  # what earlier tests compiled is not this test's business
     runner = torch.compile(model, backend="aot_eager") if compiled else model
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -38,19 +39,25 @@ def _profile(tmp_path, compiled: bool, steps: int = 4):
     return real, runner, optimizer, batch, load_trace(profiler.run_dir)
 
 
-def test_a_compiled_model_is_planned_like_its_eager_self(tmp_path) -> None:
+def test_a_compiled_model_is_planned_from_its_costing_iterations(tmp_path) -> None:
     *_, eager = _profile(tmp_path / "eager", compiled=False)
     real, runner, optimizer, batch, compiled = _profile(tmp_path / "compiled", compiled=True)
     torch._dynamo.reset()
-    assert compiled.meta["model"] == "GPT2LMHeadModel" and compiled.meta["eager_iterations"] == [1, 2]
+    # its blocks run as compiled regions of their own (memprof.capture.regional): nothing runs eagerly
+    assert compiled.meta["model"] == "GPT2LMHeadModel" and compiled.meta["regional_iterations"] == [1, 2]
+    assert compiled.meta["eager_iterations"] == []
     assert "_orig_mod" not in set(compiled.layers.module)  # named as the eager model
     layers = compiled.layers.set_index(["iteration", "module"]).output_bytes
     # by hand: a block's output is batch x seq x embd float32
     assert layers[(1, "transformer.h.0")] == layers[(2, "transformer.h.0")] == 2 * 32 * 64 * 4
     assert layers[(3, "transformer.h.0")] == 0  # compiled: no hook inside the graph
     want, got = chain_from_trace(eager), chain_from_trace(compiled)
-    assert [s.modules for s in got.stages] == [s.modules for s in want.stages]
-    assert [(s.output_bytes, s.saved_bytes) for s in got.stages] == [(s.output_bytes, s.saved_bytes) for s in want.stages]
+    blocks = [s for s in got.stages if s.name.startswith("transformer.h.")]
+    assert [s.modules for s in blocks] == [(f"transformer.h.{i}",) for i in range(4)]
+    eager_blocks = {s.name: s for s in want.stages}
+    # aot_eager's partitioner keeps no more for the backward than eager autograd does
+    assert all(s.output_bytes == 2 * 32 * 64 * 4 and s.saved_bytes <= eager_blocks[s.name].saved_bytes
+               for s in blocks if s.name in eager_blocks)
 
 
 def test_a_compiled_steps_peak_is_the_allocators(tmp_path) -> None:
