@@ -3,20 +3,20 @@
 A compiled graph runs no module hooks, so a compiled step has totals and categories but no layers. Running a
 few iterations eagerly instead (``set_stance("force_eager")``, :mod:`memprof.capture.eager_pass`) gives layers,
 but an eager block keeps what eager autograd saves, not what compile's partitioner keeps after fusion and its
-own recomputation of cheap ops (on a 6-layer GPT-2, 28 MiB per block against 16 MiB), so a plan from them
+own recomputation of cheap ops (on a 6-layer GPT-2, 28.0 MiB per block against 17.0 MiB), so a plan from them
 describes a model that does not run.
 
 In its costing iterations the profiler therefore runs the model compiled, as the user compiled it, with each
 repeated block (the children of a ``ModuleList`` or ``Sequential`` of two or more modules of one class: the
 blocks regional compilation compiles, and the chain the planner finds) as its own compiled region between
 graph breaks. Around each region the block's forward and backward are marked, as its hooks would (hooks inside
-a compiled graph do nothing); inside it nothing is hooked.
+a compiled graph do nothing); inside it nothing is hooked. This is how a schedule's stages run under
+``torch.compile`` (``planner.executor.install.compiled_forwards``), so the chain is costed as it will run.
 
 A model compiled region by region by its user (``block.compile()`` on each block, PyTorch's regional compilation)
 runs each block's hooks inside its compiled region, where they do nothing. While profiled, each such block runs
 its ``forward`` compiled instead, its hooks outside (:class:`CompiledRegions`): every iteration then has the
-blocks' compiled costs, with no costing iteration. This is how a schedule's stages run under
-``torch.compile`` (:mod:`planner.executor.compiled`), so the chain is costed as it will run.
+blocks' compiled costs, with no costing iteration.
 """
 
 from __future__ import annotations
