@@ -10,6 +10,7 @@ schedules run compiled.
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import pytest
 import torch
@@ -112,6 +113,18 @@ def _gpt2() -> nn.Module:
     return GPT2LMHeadModel(config).train()
 
 
+def _profile(runner: Any, optimizer: torch.optim.Optimizer, ids: torch.Tensor, out_dir: Any, steps: int) -> Any:
+    """Trains through ``runner`` (a model, or a compiled one) for ``steps`` steps under the profiler; returns the
+    run's directory."""
+    with MemoryProfiler(runner, optimizer, out_dir=out_dir, print_period=0, background=False) as profiler:
+        for _ in range(steps):
+            optimizer.zero_grad(set_to_none=True)
+            runner(input_ids=ids, labels=ids).loss.backward()
+            optimizer.step()
+            profiler.record_stats()
+    return profiler.run_dir
+
+
 @pytest.mark.slow
 def test_a_compiled_gpt2_is_costed_as_it_runs_compiled(tmp_path, capsys, request) -> None:
     if not in_fresh_process(request):  # as a user's training script (tests/fresh_process.py)
@@ -132,12 +145,7 @@ def test_a_compiled_gpt2_is_costed_as_it_runs_compiled(tmp_path, capsys, request
     before = allocator_rise_bytes(step)
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
-        with MemoryProfiler(runner, optimizer, out_dir=tmp_path, print_period=0, background=False) as profiler:
-            for _ in range(5):
-                optimizer.zero_grad(set_to_none=True)
-                runner(input_ids=ids, labels=ids).loss.backward()
-                optimizer.step()
-                profiler.record_stats()
+        run_dir = _profile(runner, optimizer, ids, tmp_path, steps=5)
     assert any("compiled region of its own" in str(w.message) for w in said)
     # the compiled model runs as before, nearly: the costing iterations' graph breaks made dynamo run the frames
     # around the blocks eagerly for good (5 MB more on a 6-layer GPT-2, to the byte the same since they are reset);
@@ -145,17 +153,17 @@ def test_a_compiled_gpt2_is_costed_as_it_runs_compiled(tmp_path, capsys, request
     step()
     after = allocator_rise_bytes(step)
     assert abs(after - before) <= 0.04 * before, (after, before)
-    trace = load_trace(profiler.run_dir)
+    trace = load_trace(run_dir)
     assert trace.meta["regional_iterations"] == [1, 2] and trace.meta["eager_iterations"] == []
     assert trace.costing_iterations == [1, 2]
     assert set(trace.headline_iterations.iteration) == {0, 3, 4}
     # the report names a compiled iteration and says what the costing ones were
-    assert exit_code(["report", str(profiler.run_dir)]) == 0
+    assert exit_code(["report", str(run_dir)]) == 0
     said = capsys.readouterr().out
     assert "iteration(s) 1, 2 are costing iterations" in said
     shown = int(said.split("memprof | iteration ")[1].split()[0])
     assert shown in (0, 3, 4), said
-    assert exit_code(["plan", str(profiler.run_dir), "--budget", "1GiB", "--out", str(tmp_path / "s.json")]) == 0
+    assert exit_code(["plan", str(run_dir), "--budget", "1GiB", "--out", str(tmp_path / "s.json")]) == 0
     assert "apply_schedule runs its stages compiled too" in capsys.readouterr().out
     layers = trace.layers.set_index(["iteration", "module"])
     assert layers.loc[(2, "transformer.h.1"), "output_bytes"] == 4 * 64 * 64 * 4  # batch x seq x width float32
@@ -195,16 +203,11 @@ def test_blocks_the_user_compiled_on_their_own_are_costed_compiled_in_every_iter
     ids = torch.randint(0, 512, (4, 64))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        with MemoryProfiler(model, optimizer, out_dir=tmp_path, print_period=0, background=False) as profiler:
-            for _ in range(3):
-                optimizer.zero_grad(set_to_none=True)
-                model(input_ids=ids, labels=ids).loss.backward()
-                optimizer.step()
-                profiler.record_stats()
+        run_dir = _profile(model, optimizer, ids, tmp_path, steps=3)
     # given back as they were
     assert [block._compiled_call_impl for block in model.transformer.h] == calls
     assert all("forward" not in block.__dict__ for block in model.transformer.h)
-    trace = load_trace(profiler.run_dir)
+    trace = load_trace(run_dir)
     assert trace.meta["compiled_regions"] == ["transformer.h.0", "transformer.h.1", "transformer.h.2"]
     assert trace.costing_iterations == []  # every iteration has the blocks' compiled costs
     layers = trace.layers.set_index(["iteration", "module"])
