@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import functools
+import gc
 import os
 import shutil
 import sys
@@ -432,6 +433,8 @@ class MemoryProfiler:
             self._write_failed(error, stacklevel=4)
         if self._op_pass is not None and self.iteration == self._op_pass.iteration:
             detail = self._write_ops() or detail
+        if self._eager.collects_garbage_after(self.iteration):
+            gc.collect()  # compile's reference cycles hold tensors (see EagerPass.collects_garbage_after)
         events = self._stream.collect(restart=restart)
         drained = self._recorder.drain()
         reserved, peak_reserved = self._reserved(events)

@@ -61,9 +61,9 @@ def test_a_compiled_model_is_planned_from_its_costing_iterations(tmp_path) -> No
 
 
 def test_a_compiled_steps_peak_is_the_allocators(tmp_path) -> None:
-    # After the regional costing iterations the compiled iterations peak 16.5 KB (0.54%) above the step measured
-    # after close (3,100,200 B for 3,083,656): not yet explained (a frame dynamo gave up on during the costing
-    # iterations and met before them is not reset, memprof.capture.regional); with eager costing iterations 0.1%.
+    # After the regional costing iterations the compiled iterations peak 160 B above the step measured after close
+    # (3,083,816 B for 3,083,656): the profiler collects compile's garbage around the costing iterations (0.54% above
+    # before it did, EagerPass.collects_garbage_after).
     real, runner, optimizer, batch, trace = _profile(tmp_path, compiled=True, steps=5)
     optimizer.zero_grad(set_to_none=True)
     start = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
@@ -77,7 +77,7 @@ def test_a_compiled_steps_peak_is_the_allocators(tmp_path) -> None:
     truth = sum(start.values()) + allocator_rise_bytes(step)
     torch._dynamo.reset()
     profiled = int(trace.iterations.set_index("iteration").peak_allocated_bytes.loc[4])
-    assert abs(profiled - truth) <= 0.01 * truth, (profiled, truth)
+    assert abs(profiled - truth) <= 0.001 * truth, (profiled, truth)
     events = trace.read("events", iterations=[4])
     assert events.feature_maps.max() > 0 and events.grads.max() > 0  # the phases are seen from the wrapper
 

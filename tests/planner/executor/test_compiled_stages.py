@@ -21,7 +21,6 @@ from planner import apply_schedule, chain_from_trace, min_feasible_budget, remov
 from planner.errors import InvalidScheduleError
 from planner.executor.install import ScheduleExecutor
 from tests.allocator_truth import allocator_rise_bytes
-from tests.fresh_process import in_fresh_process
 
 _VOCAB, _SEQ, _BATCH = 512, 64, 4
 
@@ -83,10 +82,8 @@ def _step_peak(model: nn.Module, compiled: nn.Module, ids: torch.Tensor) -> int:
 
 
 @pytest.mark.slow
-def test_a_schedule_from_a_compiled_trace_runs_compiled_exact_to_rounding_and_as_predicted(request) -> None:
-    if not in_fresh_process(request):  # as a user's training script (tests/fresh_process.py)
-        return
-    model, chain, ids = request.getfixturevalue("compiled_plan")
+def test_a_schedule_from_a_compiled_trace_runs_compiled_exact_to_rounding_and_as_predicted(compiled_plan) -> None:
+    model, chain, ids = compiled_plan
     assert chain.source["compiled"] is True
     eager = _grads(copy.deepcopy(model), ids)
     plain = _grads(torch.compile(copy.deepcopy(model)), ids)
