@@ -5,7 +5,7 @@ rows (the schema's 20 columns, values varying as a real run's do) are appended `
 background worker flushes them, through :class:`memprof.trace.format.writer.TraceWriter`: once compacting
 after every flush (the default policy, as ``write_iterations`` does), once never compacting (one part
 per flush). Write time is the time spent in ``append`` and ``compact``, rows already built; read
-time is ``load_trace(run).iterations`` in a fresh process-warm state (footers and data both read).
+time is ``load_run(run).iterations`` in a fresh process-warm state (footers and data both read).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import pyarrow as pa
 from memprof.schema import ITERATIONS, SCHEMAS
 from memprof.trace.format.compaction import FAN_IN, MAX_MERGE_BYTES, MAX_MERGE_ROWS
 from memprof.trace.format.writer import TraceWriter, write_meta
-from memprof.trace.reader import load_trace, table_parts
+from memprof.trace.reader import load_run, table_parts
 from memprof.units import format_bytes
 
 PHASES = np.array(["forward", "backward", "optimizer", "other"])
@@ -71,11 +71,11 @@ def measure(run_dir: Path, iterations: int, flush: int, compact: bool) -> dict[s
         write_s += middle - start
     parts = table_parts(run_dir, ITERATIONS)
     start = time.perf_counter()
-    frame = load_trace(run_dir).iterations
+    frame = load_run(run_dir).iterations
     read_s = time.perf_counter() - start
     assert frame.iteration.tolist() == list(range(iterations))
     start = time.perf_counter()
-    one = load_trace(run_dir).read(ITERATIONS, iterations=[iterations // 2])
+    one = load_run(run_dir).read(ITERATIONS, iterations=[iterations // 2])
     one_s = time.perf_counter() - start
     assert len(one) == 1
     return {"files": len(parts), "bytes": sum(p.stat().st_size for p in parts), "write_s": write_s,
@@ -107,7 +107,7 @@ def main(argv: Sequence[str] | None = None) -> str:
              f"{format_bytes(MAX_MERGE_BYTES)} per merge; bound on the parts of a table below the caps "
              f"(docs/trace-format.md): (F - 1) * (floor(log_F N) + 1) = {(FAN_IN - 1) * _levels(flushes)} "
              f"for N = {flushes:,}", "",
-             "| Parts | Files | Bytes | Write (s) | of which merging (s) | `load_trace(run).iterations` (ms) "
+             "| Parts | Files | Bytes | Write (s) | of which merging (s) | `load_run(run).iterations` (ms) "
              "| `read(iterations=[k])` (ms) |",
              "|---|---:|---:|---:|---:|---:|---:|"]
     for compact in (True, False):

@@ -105,9 +105,9 @@ def _load_all(run: Path) -> object:
     import pandas as pd
 
     from memprof.schema import ITERATIONS
-    from memprof.trace.reader import load_trace
+    from memprof.trace.reader import load_run
 
-    frames = [load_trace(run / f"rank={rank}").read(ITERATIONS, columns=PEAK_COLUMNS).assign(rank=rank)
+    frames = [load_run(run / f"rank={rank}").read(ITERATIONS, columns=PEAK_COLUMNS).assign(rank=rank)
               for rank in sorted(int(p.name.split("=")[1]) for p in run.glob("rank=*"))]
     frame = pd.concat(frames, ignore_index=True)
     return frame.groupby("rank")["peak_allocated_bytes"].max()

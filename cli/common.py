@@ -98,10 +98,11 @@ port_number = whole_number(1, 65535)
 
 def load_chain(source: str | Path, container: str | None = None, checkpoints: list[str] | None = None,
                recompute_cost: str = "time", selective_overhead_us: float | None = None,
-               loss_options: bool = True) -> Chain:
+               loss_options: bool = True, rank: int | None = None) -> Chain:
     """The chain of a run directory (found, the children of ``container``, or the named ``checkpoints``) or of
     a chain JSON file; with ``loss_options=False``, its loss stage offers no chunked option (a run's chain is
-    then also found without them: ``chain_from_trace(..., loss_chunks=())``).
+    then also found without them: ``chain_from_trace(..., loss_chunks=())``). A torchrun job's folder gives
+    ``rank``'s chain (``None``: the rank whose peak is highest).
 
     Raises:
         ChainError: no such path, or the file is not a chain.
@@ -118,7 +119,7 @@ def load_chain(source: str | Path, container: str | None = None, checkpoints: li
         if checkpoints is not None and container is not None:
             raise OptionError("--checkpoints names the stages themselves; drop --container")
         chunks = {} if loss_options else {"loss_chunks": ()}  # else chain_from_trace's default chunk counts
-        return chain_from_trace(open_run(path), container=container, checkpoints=checkpoints,
+        return chain_from_trace(open_run(path, rank), container=container, checkpoints=checkpoints,
                                 recompute_cost=recompute_cost, selective_overhead_us=selective_overhead_us, **chunks)
     if not path.exists():
         raise ChainError(f"no run directory or chain file at {path}")

@@ -72,6 +72,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     plan.add_argument("--stream-weights", action="store_true",
                       help="also choose stages whose weights, gradients and optimizer state live in host memory and "
                            "are streamed to the device around their computations (chains from a trace)")
+    plan.add_argument("--rank", default=None, type=_rank,
+                      help="in a torchrun job's folder (rank=<r>/ folders), the rank to plan for (default: the one "
+                           "whose peak is highest, which every rank must fit)")
     plan.add_argument("--out", required=True, help="where to write the schedule JSON")
     plan.set_defaults(func=run_plan, reads_runs=True)  # its damage said once (cli.runs)
 
@@ -103,8 +106,9 @@ def run_plan(args: argparse.Namespace) -> int:
     host_cap = size_option(args.host_cap, "--host-cap") if args.host_cap is not None else None
     gbps = _bandwidth(args.bandwidth)
     checkpoints = [name.strip() for name in args.checkpoints.split(",")] if args.checkpoints else None
+    rank = _job_rank(args.source, getattr(args, "rank", None))
     chain = _with_link(load_chain(args.source, args.container, checkpoints, args.recompute_cost,
-                                  args.selective_overhead_us, getattr(args, "loss_options", True)), host_cap, gbps)
+                                  args.selective_overhead_us, getattr(args, "loss_options", True), rank), host_cap, gbps)
     step = chain.step
     solved = chain.activations_only() if activations_only else chain
     if by_held:
@@ -118,6 +122,38 @@ def run_plan(args: argparse.Namespace) -> int:
     out = write_output(args.out, export_json(schedule) + "\n")
     print(summary(schedule, baseline.peak_bytes, baseline.makespan_ms, out, step=step))
     return 0
+
+
+def _rank(text: str) -> int:
+    try:
+        rank = int(text)
+    except ValueError:
+        rank = -1
+    if rank < 0:
+        raise argparse.ArgumentTypeError(f"expected a rank, a whole number from 0, found {text!r}")
+    return rank
+
+
+def _job_rank(source: str, rank: int | None) -> int | None:
+    """The rank planned for when ``source`` is a torchrun job's folder (said in a line), else ``rank`` unchanged.
+
+    Raises:
+        OptionError: ``--rank`` with a run or chain file that is not a job's folder.
+        TraceNotFoundError: the job has no such rank.
+    """
+    from memprof.trace import rank_dirs, rank_to_open
+
+    ranks = [r for r, _ in rank_dirs(source)] if Path(source).is_dir() and not (Path(source) / "meta.json").is_file() \
+        else []
+    if not ranks:
+        if rank is not None:
+            raise OptionError(f"--rank chooses a rank of a torchrun job's folder (rank=<r>/ folders), but {source} "
+                              "is one run; drop --rank")
+        return None
+    chosen, _ = rank_to_open(source, rank)
+    why = "as asked" if rank is not None else "the highest peak: every rank must fit it"
+    print(f"planning for rank {chosen} of ranks {', '.join(map(str, ranks))} ({why}; --rank R for another)")
+    return chosen
 
 
 def summary(schedule: Schedule, store_all_peak_bytes: int, store_all_makespan_ms: float, out: Path,

@@ -24,15 +24,16 @@ if TYPE_CHECKING:
 _DAMAGE = re.compile(r"^run (?P<run>.+?): (?P<count>\d+) damaged parts? skipped: ")
 
 
-def open_run(run_dir: str | Path) -> Trace:
-    """``load_trace(run_dir)`` with every part read once, so that :attr:`Trace.damage` holds all the run's damage.
+def open_run(run_dir: str | Path, rank: int | None = None) -> Trace:
+    """``load_trace(run_dir, rank=rank)`` with every part read once, so that :attr:`Trace.damage` holds all the
+    run's damage (in a torchrun job's folder, ``rank``'s, by default the rank whose peak is highest).
 
     Raises:
         TraceError: the run cannot be opened (see :func:`memprof.trace.load_trace`).
     """
     from memprof.trace import load_trace
 
-    trace = load_trace(run_dir)
+    trace = load_trace(run_dir, rank=rank)
     read_every_part(trace)
     return trace
 

@@ -22,12 +22,13 @@ from memprof.units import format_bytes, parse_bytes
 if TYPE_CHECKING:
     from memprof.capture.profiler import MemoryProfiler
     from memprof.estimation.run import Estimate, estimate
-    from memprof.trace.reader import RunEntry, Trace, list_runs, load_trace
+    from memprof.trace.folder import load_trace
+    from memprof.trace.reader import RunEntry, Trace, list_runs
 
 # Imported on first use: the profiler imports torch and the reader pandas, and the background worker
 # (``python -m memprof.trace.pipeline.worker``, which runs this file first) needs neither.
 _LAZY = {"MemoryProfiler": "memprof.capture.profiler", "RunEntry": "memprof.trace.reader", "Trace": "memprof.trace.reader",
-         "list_runs": "memprof.trace.reader", "load_trace": "memprof.trace.reader",
+         "list_runs": "memprof.trace.reader", "load_trace": "memprof.trace.folder",
          "Estimate": "memprof.estimation.run", "estimate": "memprof.estimation.run"}
 
 

@@ -199,9 +199,9 @@ def estimate(model: nn.Module, batch: Any, loss_fn: LossFn, optimizer: Optimizer
 
 
 def _read(run_dir: Path, modelled: torch.device, seconds: float) -> Estimate:
-    from memprof.trace.reader import load_trace
+    from memprof.trace.reader import load_run
 
-    rows = load_trace(run_dir).iterations
+    rows = load_run(run_dir).iterations
     row = rows[rows.iteration == STEPS - 1].iloc[0]
     cuda = modelled.type == "cuda"
     return Estimate(

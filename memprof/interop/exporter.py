@@ -29,7 +29,7 @@ from memprof.categories import CATEGORY_COLUMNS, Category
 from memprof.errors import OutputExistsError
 from memprof.interop.frames import memprof_frames
 from memprof.interop.snapshot_file import write_snapshot
-from memprof.trace.reader import load_trace
+from memprof.trace.folder import load_trace
 
 _FIRST_ADDRESS = 0x7F0000000000
 _ALIGN = 512

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
         TABLES,
         table_dir_name,
     )
+    from memprof.trace.folder import load_trace, rank_to_open
     from memprof.trace.format.writer import TraceWriter
     from memprof.trace.ranks import (
         RankScan,
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
         rank_summary,
         scan_ranks,
     )
-    from memprof.trace.reader import RunEntry, Trace, list_runs, load_trace
+    from memprof.trace.reader import RunEntry, Trace, list_runs
 
 _LAZY = {
     "EVENTS": "memprof.schema",
@@ -46,11 +47,12 @@ _LAZY = {
     "Trace": "memprof.trace.reader",
     "TraceWriter": "memprof.trace.format.writer",
     "list_runs": "memprof.trace.reader",
-    "load_trace": "memprof.trace.reader",
+    "load_trace": "memprof.trace.folder",
     "peak_imbalance": "memprof.trace.ranks",
     "rank_dirs": "memprof.trace.ranks",
     "rank_of": "memprof.trace.ranks",
     "rank_peaks": "memprof.trace.ranks",
+    "rank_to_open": "memprof.trace.folder",
     "rank_summary": "memprof.trace.ranks",
     "scan_ranks": "memprof.trace.ranks",
     "table_dir_name": "memprof.schema",
@@ -82,6 +84,7 @@ __all__ = [
     "rank_dirs",
     "rank_of",
     "rank_peaks",
+    "rank_to_open",
     "rank_summary",
     "scan_ranks",
     "table_dir_name",

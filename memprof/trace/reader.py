@@ -41,7 +41,7 @@ from memprof.trace.parts import (
 )
 from memprof.trace.pipeline.recovery import recover, recovered_frame
 
-__all__ = ["IterationRange", "PartDamage", "RunEntry", "Trace", "list_runs", "load_trace", "read_meta", "table_parts"]
+__all__ = ["IterationRange", "PartDamage", "RunEntry", "Trace", "list_runs", "load_run", "read_meta", "table_parts"]
 
 
 @dataclass(frozen=True)
@@ -65,8 +65,8 @@ class Trace:
     _parts: dict[str, tuple[Path, ...]] = field(repr=False)
     _recovered: list[ProcessedIteration] = field(default_factory=list, repr=False)
     _ranges: dict[str, tuple[IterationRange, ...]] = field(default_factory=dict, repr=False)
-    # per table listed again since load_trace: the last iteration of the first listing, beyond which
-    # rows written since are not returned (the trace stays the snapshot load_trace took)
+    # per table listed again since load_run: the last iteration of the first listing, beyond which
+    # rows written since are not returned (the trace stays the snapshot load_run took)
     _snapshot_last: dict[str, int | None] = field(default_factory=dict, repr=False)
     # the parts skipped so far (found when the footers were checked, or later when a page failed its checksum)
     _damage: list[PartDamage] = field(default_factory=list, repr=False)
@@ -316,8 +316,9 @@ def _empty_frame(table: str, columns: Iterable[str] | None) -> pd.DataFrame:
     return schema.empty_table().select([n for n in names if n in schema.names]).to_pandas()
 
 
-def load_trace(run_dir: str | Path, *, strict: bool = False, cache: PartCache | None = None) -> Trace:
-    """Opens a run directory written by :class:`memprof.MemoryProfiler`.
+def load_run(run_dir: str | Path, *, strict: bool = False, cache: PartCache | None = None) -> Trace:
+    """Opens one run directory written by :class:`memprof.MemoryProfiler` (one rank's, of a distributed run;
+    :func:`memprof.load_trace` also opens a torchrun job's folder).
 
     Metadata and every Parquet footer are validated now; table data is read on first access. The
     trace is a snapshot of the run as it was then: should a live writer merge parts away before they

@@ -82,14 +82,11 @@ def apply_schedule(model: nn.Module, schedule: Schedule, container: str | None =
         ScheduleMismatchError: the model is not the one the schedule was planned for (one line: what differs), a
             module the schedule names is not in the model, or the stages do not map.
         InvalidScheduleError: the operations are not valid (names the first invalid one) or cannot be run
-            inside the model's forward; ``model`` is compiled with ``fullgraph=True``; the stages are to run
+            inside the model's forward; ``model`` is compiled with ``fullgraph=True`` and a stage runs between
+            graph breaks (any but the plain ends, :func:`planner.executor.program.plain_ends`); the stages are to run
             compiled and an operation runs eagerly only (see :func:`planner.executor.install.refuse_eager_only`).
     """
     validate_ops(schedule.ops, schedule.chain.length, schedule)
-    if getattr(getattr(model, "dynamo_ctx", None), "fullgraph", False):
-        raise InvalidScheduleError("this model is compiled with fullgraph=True, which allows no graph break, and each "
-                                   "stage of a schedule runs between compiled graphs; compile it without fullgraph "
-                                   "(its stages still run compiled)")
     check_planned_model(model, schedule, container, strict)
     groups = stage_modules(model, schedule, container)
     remove_schedule(model)
@@ -100,6 +97,11 @@ def apply_schedule(model: nn.Module, schedule: Schedule, container: str | None =
                                     compiled=runs_compiled(model, schedule, compile, chunks))
     except ValueError as exc:
         raise InvalidScheduleError(str(exc)) from None
+    if getattr(getattr(model, "dynamo_ctx", None), "fullgraph", False) and executor.modules:
+        raise InvalidScheduleError(f"this model is compiled with fullgraph=True, which allows no graph break, and "
+                                   f"{len(executor.modules)} stage(s) of this schedule run between compiled graphs "
+                                   "(those it recomputes and the ones between them); compile it without fullgraph "
+                                   "(its stages still run compiled)")
     try:
         executor.install()
         if chunks:

@@ -19,7 +19,7 @@ from torch import nn
 
 from planner.executor.block_io import find_activation, key_value_cache, replace_outputs, same_storage
 from planner.executor.offload import MIN_OFFLOAD_BYTES, Copier, HostPool
-from planner.executor.program import Program
+from planner.executor.program import Program, plain_ends, trimmed_ops
 from planner.executor.runtime import _Run, _StageFunction
 from planner.executor.stage import StageCall, StageRunner
 from planner.executor.weights import WeightStreamer, state_follows_parameters
@@ -43,7 +43,9 @@ class ScheduleExecutor:
         compiled: run each stage's modules as compiled regions (``torch.compile`` of each module's own forward,
             see :func:`compiled_forwards`): forward without saving, recomputation and backward at compiled
             speed, whether or not the model around them is compiled. ``True`` compiles with inductor; a
-            ``torch.compile`` backend (a name or a callable) with that backend.
+            ``torch.compile`` backend (a name or a callable) with that backend. The stages at either end that
+            the schedule runs as plain autograd does get their modules' own forwards compiled instead, inlined
+            into a compiled model's graph (no graph break; :func:`~planner.executor.program.plain_ends`).
 
     Raises:
         ValueError: the operations cannot be run in the model's forward (see :class:`Program`), or ``compiled``
@@ -56,9 +58,18 @@ class ScheduleExecutor:
                  policies: Mapping[tuple[int, int], Sequence[Sequence[Any]]] | None = None,
                  streamed: Sequence[int] = (), root: nn.Module | None = None,
                  partial: Iterable[Sequence[int]] = (), compiled: Any = False) -> None:
-        self.program = Program(ops, len(stages))
+        program = Program(ops, len(stages))
         self.compiled = compiled is not False and compiled is not None
         self.backend = "inductor" if compiled is True or not self.compiled else compiled
+        if self.compiled:
+            refuse_eager_only(program, policies or {}, bool(streamed))
+        # Compiled, the stages the schedule runs as plain autograd does stay inside the model's compiled graph
+        # (no graph break around them); the executor runs the ones between, numbered from 1.
+        head, tail = plain_ends(program) if self.compiled else (0, 0)
+        self.plain = [m for group in (*stages[:head], *stages[len(stages) - tail:]) for m in group]
+        stages = stages[head:len(stages) - tail]
+        self.program = Program(trimmed_ops(ops, program.length, head, tail), len(stages)) if head or tail \
+            else program
         # weakly: the model holds its executor, and a cycle back would keep both (and the device memory of
         # their parameters) alive until the garbage collector next runs
         self.root = weakref.ref(root) if root is not None else None
@@ -78,8 +89,6 @@ class ScheduleExecutor:
         self.weights = _streamer(self.modules, streamed, self.program, self.pool, self.copiers)
         self.optimizers: list[tuple[torch.optim.Optimizer, Any]] = []  # (optimizer, its step pre-hook's handle)
         self.own_forwards: dict[int, Any] = {}  # id(module) -> the forward set on the instance before install
-        if self.compiled:
-            refuse_eager_only(self.program, self.policies, bool(streamed))
 
     def follow(self, optimizer: torch.optim.Optimizer) -> None:
         """Keeps ``optimizer``'s state where the streamed parameters are, before each of its steps (a no-op
@@ -91,9 +100,13 @@ class ScheduleExecutor:
 
     def install(self) -> None:
         """Puts the wrappers in place (each module's own ``forward`` is kept and restored by :meth:`remove`)."""
+        if any(isinstance(m.__dict__.get("forward"), _WRAPPERS) for g in (*self.modules, self.plain) for m in g):
+            raise ValueError("a module of this chain already follows a schedule; call remove_schedule first")
+        for module in self.plain:
+            if "forward" in module.__dict__:
+                self.own_forwards[id(module)] = module.__dict__["forward"]
+            module.forward = _PlainForward(module.forward, module, self.backend)
         for index, group in enumerate(self.modules):
-            if any(isinstance(m.__dict__.get("forward"), _StageForward) for m in group):
-                raise ValueError("a module of this chain already follows a schedule; call remove_schedule first")
             forwards = [m.forward for m in group]
             # a forward set on the instance (accelerate's wrapper, a patch) is put back on removal, not deleted
             self.own_forwards.update((id(m), m.__dict__["forward"]) for m in group if "forward" in m.__dict__)
@@ -115,9 +128,9 @@ class ScheduleExecutor:
             handle.remove()
             state_follows_parameters(optimizer)
         self.optimizers = []
-        for group in self.modules:
+        for group in (*self.modules, self.plain):
             for module in group:
-                if isinstance(module.__dict__.get("forward"), (_StageForward, _FoldedForward)):
+                if isinstance(module.__dict__.get("forward"), _WRAPPERS):
                     del module.forward
                     if id(module) in self.own_forwards:
                         module.forward = self.own_forwards[id(module)]
@@ -326,6 +339,29 @@ class _FoldedForward:
         if last is not None and args and (args[0] is last or _alias(args[0], last)):
             return last
         return self.original(*args, **kwargs)
+
+
+class _PlainForward:
+    """The ``forward`` of a module of a stage the schedule runs as plain autograd does, under compiled stages: its
+    own, compiled (:func:`planner.executor.program.plain_ends`). Called inside a compiled model, dynamo inlines it
+    into the model's graph; called eagerly, it runs its compiled region, as the chain was costed. Its module is
+    held weakly (the module holds it)."""
+
+    memprof_stage = True
+
+    def __init__(self, forward: Any, module: nn.Module, backend: Any) -> None:
+        owner, function = getattr(forward, "__self__", None), getattr(forward, "__func__", None)
+        bound = owner is module and function is not None
+        self.owner = weakref.ref(module) if bound else None
+        self.compiled: Any = torch.compile(function if bound else forward, backend=backend)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.owner is None:
+            return self.compiled(*args, **kwargs)
+        return self.compiled(self.owner(), *args, **kwargs)
+
+
+_WRAPPERS = (_StageForward, _FoldedForward, _PlainForward)
 
 
 def _alias(value: Any, tensor: torch.Tensor) -> bool:

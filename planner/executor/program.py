@@ -109,3 +109,37 @@ def _segments(backward: list[tuple[str, int]], length: int) -> dict[int, tuple[t
     if expected != 0 or current:
         raise ValueError(f"the schedule must end with B(1); it stops at B({expected + 1}) with {current} left")
     return segments
+
+
+def plain_ends(program: Program) -> tuple[int, int]:
+    """How many stages at the chain's start and at its end the schedule runs as plain autograd does.
+
+    Such a stage runs ``F_all`` once, in the forward, and its ``B`` right after the next stage's: nothing of the
+    schedule happens in it, so under ``torch.compile`` it can run inside the model's compiled graph instead of
+    between graph breaks (:func:`trimmed_ops`). A store-all schedule is plain throughout: ``(L, 0)``.
+    """
+    def plain(stage: int) -> bool:
+        return (program.forward_kinds[stage - 1] == F_ALL and program.segments[stage] == ((B, stage),)
+                and stage not in program.replayed and stage not in program.offloaded
+                and not program.after_forward.get(stage))
+
+    head = 0
+    while head < program.length and plain(head + 1):
+        head += 1
+    tail = 0
+    while tail < program.length - head and plain(program.length - tail):
+        tail += 1
+    return head, tail
+
+
+def trimmed_ops(ops: Sequence[tuple[str, int]], length: int, head: int, tail: int) -> list[tuple[str, int]]:
+    """The operations of the stages between ``head`` plain stages and ``tail`` plain ones (see :func:`plain_ends`),
+    numbered from 1, the plain tail folded into the loss: a program of ``length - head - tail`` stages."""
+    last, top = length - tail, length - head - tail + 1
+    out: list[tuple[str, int]] = []
+    for kind, stage in ops:
+        if stage == length + 1:
+            out.append((kind, top))
+        elif head < stage <= last:
+            out.append((kind, stage - head))
+    return out

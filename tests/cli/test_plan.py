@@ -278,3 +278,26 @@ def test_plan_of_a_run_with_malformed_phase_times_is_a_one_line_error(tmp_path: 
     assert main(["plan", str(run), "--budget", "1GiB", "--out", str(out)]) == 2
     one_line_error(capsys, "memprof plan: error:", "phase_times", "remove the key")
     assert not out.exists()
+
+
+def test_plan_takes_a_torchrun_jobs_folder_for_its_highest_rank_or_the_one_asked(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.cli.helpers import exit_code
+    from tests.memprof.trace.test_folder import _job
+
+    job = _job(tmp_path, (1, 3))
+    out = tmp_path / "s.json"
+    assert main(["plan", str(job), "--budget", "1GiB", "--out", str(out)]) == 0
+    assert "planning for rank 1 of ranks 0, 1 (the highest peak" in capsys.readouterr().out
+    assert Schedule.from_json(out).chain.source["run_id"] == "ddp-1"
+    assert main(["plan", str(job), "--budget", "1GiB", "--rank", "0", "--out", str(out)]) == 0
+    assert "planning for rank 0 of ranks 0, 1 (as asked" in capsys.readouterr().out
+    assert Schedule.from_json(out).chain.source["run_id"] == "ddp-0"
+    written = out.read_bytes()
+    assert exit_code(["plan", str(job), "--budget", "1GiB", "--rank", "5", "--out", str(out)]) != 0
+    one_line_error(capsys, "has no rank 5", "rank=0, rank=1")
+    assert exit_code(["plan", str(job / "rank=0"), "--budget", "1GiB", "--rank", "0", "--out", str(out)]) != 0
+    one_line_error(capsys, "--rank chooses a rank of a torchrun job's folder", "drop --rank")
+    assert exit_code(["plan", str(job), "--budget", "1GiB", "--rank", "x", "--out", str(out)]) != 0
+    assert "expected a rank" in capsys.readouterr().err
+    assert out.read_bytes() == written  # no failed command touched the schedule already written

@@ -176,11 +176,27 @@ def test_apply_schedule_says_invalid_schedule_for_a_refused_combination() -> Non
     assert "_memprof_schedule" not in model.__dict__
 
 
-def test_a_model_compiled_with_fullgraph_is_refused_in_one_line() -> None:
+def test_fullgraph_runs_a_schedule_without_recomputation_and_refuses_one_with_it_in_one_line() -> None:
+    from planner.model.schedule import Op, OpKind, Schedule
     from tests.planner import models as M
 
-    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
-    schedule = solve(M.chain(2), 10**9, "rotor")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4))
+    x = torch.randn(3, 4)
+    chain = M.chain(3, [["0"], ["1"], ["2"]])
+    a, ck, b = OpKind.F_ALL, OpKind.F_CK, OpKind.B
+    recomputing = (Op(ck, 1), Op(a, 2), Op(a, 3), Op(a, 4), Op(b, 4), Op(b, 3), Op(b, 2), Op(a, 1), Op(b, 1))
     with pytest.raises(InvalidScheduleError, match="fullgraph=True, which allows no graph break") as caught:
-        apply_schedule(torch.compile(model, fullgraph=True), schedule)
-    assert "\n" not in str(caught.value)
+        apply_schedule(torch.compile(model, fullgraph=True), Schedule("r", None, recomputing, chain), compile=True)
+    assert "\n" not in str(caught.value) and "1 stage(s)" in str(caught.value)
+    assert "_memprof_schedule" not in model.__dict__
+    # store-all: every stage is a plain end, inlined into the one graph fullgraph asks for
+    torch._dynamo.reset()
+    expected = torch.autograd.grad(model(x).sum(), list(model.parameters()))
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    apply_schedule(compiled, solve(chain, 10**9, "rotor"))
+    assert compiled._memprof_schedule[0].modules == []
+    got = torch.autograd.grad(compiled(x).sum(), list(model.parameters()))
+    assert all(torch.equal(e, g) for e, g in zip(expected, got))
+    remove_schedule(compiled)
+    torch._dynamo.reset()

@@ -24,7 +24,7 @@ import memprof.trace.reader
 from memprof.schema import EVENTS, ITERATIONS, LAYERS, SCHEMAS, TABLES
 from memprof.trace.format.compaction import CompactionPolicy, Part, parse_part_name, part_name
 from memprof.trace.format.writer import TraceWriter, write_meta
-from memprof.trace.reader import load_trace, table_parts
+from memprof.trace.reader import load_run, table_parts
 from tests.dashboard.fixtures import meta
 
 FLUSHES = 5000
@@ -154,7 +154,7 @@ def test_long_run_stays_within_the_bound(long_run):
 
 @pytest.mark.slow
 def test_long_run_reads_back_every_row_in_iteration_order(long_run):
-    trace = load_trace(long_run.run_dir)
+    trace = load_run(long_run.run_dir)
     for table in TABLES:
         assert_same_rows(trace.read(table), long_run.expected(table))
     assert trace.iterations.iteration.tolist() == list(range(FLUSHES * ITERATIONS_PER_FLUSH))
@@ -164,7 +164,7 @@ def test_long_run_reads_back_every_row_in_iteration_order(long_run):
 @pytest.mark.slow
 @pytest.mark.parametrize("k", [0, 1, 50, 4096, 9950, 9999])
 def test_reading_one_iteration_of_a_long_run(long_run, k):
-    trace = load_trace(long_run.run_dir)
+    trace = load_run(long_run.run_dir)
     for table in TABLES:
         expected = synthetic(table, [k], rows_per_iteration(table)) if table == ITERATIONS or k % DETAIL_EVERY == 0 \
             else SCHEMAS[table].empty_table()
@@ -189,7 +189,7 @@ def test_merged_parts_have_ordered_row_groups_with_iteration_statistics(tmp_path
         assert metadata.row_group(group).column(column).compression == "SNAPPY"
         ranges.append((stats.min, stats.max))
     assert all(high <= low for (_, high), (low, _) in zip(ranges, ranges[1:]))  # ordered by iteration
-    trace = load_trace(run.run_dir)
+    trace = load_run(run.run_dir)
     for k in (0, 37, 127):
         frame = trace.read(EVENTS, iterations=[k])
         assert_same_rows(frame, synthetic(EVENTS, [k], 3))
@@ -209,7 +209,7 @@ def test_a_rewritten_iteration_keeps_its_last_rows_through_merges(tmp_path):
         writer.compact()
     assert len(table_parts(run.run_dir, EVENTS)) <= 2  # 9 parts appended: 8 + 1
     expected = synthetic(EVENTS, range(8), 3, version=1)
-    assert_same_rows(load_trace(run.run_dir).events, expected)
+    assert_same_rows(load_run(run.run_dir).events, expected)
     for path in table_parts(run.run_dir, EVENTS):  # every merged part holds only the latest rows
         data = pq.read_table(path).to_pandas()
         assert not data.duplicated(["iteration", "seq"]).any()
@@ -227,7 +227,7 @@ def test_reopened_writer_continues(tmp_path):
         run.flush([flush], [flush] if flush % 3 == 0 else [])
     names = [p.name for p in table_parts(run.run_dir, ITERATIONS)]
     assert len(names) == digit_sum(100, 3) and parse_part_name(names[-1])[1] == 100
-    trace = load_trace(run.run_dir)
+    trace = load_run(run.run_dir)
     for table in TABLES:
         assert_same_rows(trace.read(table), run.expected(table))
 
@@ -258,7 +258,7 @@ def _run_until_merge(run_dir: Path, killed_after_write: bool, monkeypatch) -> Lo
 
 
 def _check_each_iteration_once(run: LongRun, iterations: int) -> None:
-    trace = load_trace(run.run_dir)
+    trace = load_run(run.run_dir)
     assert trace.iterations.iteration.tolist() == list(range(iterations))
     for table in TABLES:
         assert_same_rows(trace.read(table), run.expected(table))
@@ -281,7 +281,7 @@ def test_a_merge_killed_at_any_point_loses_and_repeats_nothing(tmp_path, monkeyp
     (events / ".part-000009.parquet.0123abcd.tmp").write_bytes(b"half a merged part")
     _check_each_iteration_once(run, 8)
     # the reader sees every row once even when reading one column without the iteration
-    assert load_trace(run.run_dir).read(ITERATIONS, columns=["step_ms"]).step_ms.tolist() == \
+    assert load_run(run.run_dir).read(ITERATIONS, columns=["step_ms"]).step_ms.tolist() == \
         synthetic(ITERATIONS, range(8)).column("step_ms").to_pylist()
     # a new writer clears the leftovers and goes on
     run.writer = TraceWriter(run.run_dir)
@@ -297,14 +297,14 @@ def test_a_reader_opened_before_a_merge_reads_the_same_after_it(tmp_path):
     run = LongRun(tmp_path / "run")
     for flush in range(7):
         run.flush([2 * flush, 2 * flush + 1], [2 * flush])
-    trace = load_trace(run.run_dir)
+    trace = load_run(run.run_dir)
     before = {table: list(trace._parts[table]) for table in TABLES}
     run.flush([14, 15], [14])  # the eighth flush merges the seven parts it listed away
     assert all(not p.exists() for table in TABLES for p in before[table])
     assert trace.iterations.iteration.tolist() == list(range(14))  # the snapshot it took, no more
     assert_same_rows(trace.read(EVENTS, iterations=[4]), synthetic(EVENTS, [4], 3))
     assert_same_rows(trace.layers, synthetic(LAYERS, range(0, 14, 2), 2))
-    assert load_trace(run.run_dir).iterations.iteration.tolist() == list(range(16))
+    assert load_run(run.run_dir).iterations.iteration.tolist() == list(range(16))
 
 
 def test_a_part_vanishing_while_the_reader_lists_them(tmp_path, monkeypatch):
@@ -320,7 +320,7 @@ def test_a_part_vanishing_while_the_reader_lists_them(tmp_path, monkeypatch):
         return stale if calls.count(table) == 1 and table == ITERATIONS else table_parts(run_dir, table)
 
     monkeypatch.setattr(memprof.trace.parts, "table_parts", listing)
-    trace = load_trace(run.run_dir)
+    trace = load_run(run.run_dir)
     assert calls.count(ITERATIONS) == 2
     assert trace.iterations.iteration.tolist() == list(range(8))
 
@@ -361,7 +361,7 @@ def test_only_merges_of_parts_that_may_be_on_disk_are_fsynced(tmp_path, monkeypa
     run.flush([2], [])
     run.flush([3], [])  # merges 2 and 3 (fresh), then both tier-1 parts (one old)
     assert flags == [False, False, True]
-    assert load_trace(run.run_dir).iterations.iteration.tolist() == [0, 1, 2, 3]
+    assert load_run(run.run_dir).iterations.iteration.tolist() == [0, 1, 2, 3]
 
 
 def test_policy_merges_only_same_tier_windows_within_the_caps():
@@ -420,7 +420,7 @@ def test_random_flushes_keep_every_row_and_stay_bounded(case):
             for table in TABLES:
                 count, rows, size_bytes = table_size(run.run_dir, table)
                 assert count <= bound(policy, run.parts[table], rows, size_bytes)
-        trace = load_trace(run.run_dir)
+        trace = load_run(run.run_dir)
         for table in TABLES:
             assert_same_rows(trace.read(table), run.expected(table))
         if batches and batches[-1][0]:

@@ -15,7 +15,7 @@ from memprof.analysis.op_records import OpRecord
 from memprof.errors import CorruptTraceError
 from memprof.schema import OPS_SCHEMA, SCHEMA_VERSION
 from memprof.trace.format.ops_table import ops_table, write_ops
-from memprof.trace.reader import load_trace
+from memprof.trace.reader import load_run
 
 EXAMPLE_RUN = Path(__file__).parents[4] / "traces" / "example"
 
@@ -39,7 +39,7 @@ def test_records_round_trip_per_iteration(tmp_path: Path) -> None:
     run = _run(tmp_path)
     write_ops(run, 1, RECORDS)
     write_ops(run, 5, RECORDS[:2])
-    trace = load_trace(run)
+    trace = load_run(run)
     assert trace.op_iterations == [1, 5]
     assert trace.op_records() == RECORDS  # the first iteration by default
     assert trace.op_records(1) == RECORDS
@@ -52,7 +52,7 @@ def test_records_round_trip_per_iteration(tmp_path: Path) -> None:
 
 
 def test_a_trace_without_the_table_has_no_records(tmp_path: Path) -> None:
-    trace = load_trace(_run(tmp_path))
+    trace = load_run(_run(tmp_path))
     assert trace.op_records() == [] and trace.op_iterations == []
     assert trace.read("ops").columns.tolist() == OPS_SCHEMA.names
     assert write_ops(tmp_path, 0, []) is None and not (tmp_path / "ops.parquet").exists()
@@ -61,7 +61,7 @@ def test_a_trace_without_the_table_has_no_records(tmp_path: Path) -> None:
 def test_the_committed_example_run_still_reads(tmp_path: Path) -> None:
     run = tmp_path / "example"
     shutil.copytree(EXAMPLE_RUN, run)
-    trace = load_trace(run)
+    trace = load_run(run)
     assert len(trace.iterations) > 0 and trace.op_records() == []
 
 
@@ -72,11 +72,11 @@ def test_a_bad_row_or_column_is_reported(tmp_path: Path) -> None:
     needs = pa.array([[], [], [3], [2]], type=pa.list_(pa.int64()))  # relu needing a later op
     pq.write_table(table.set_column(5, "needs", needs), run / "ops.parquet" / "part-000001.parquet")
     with pytest.raises(CorruptTraceError, match="needs must name this op or earlier ones"):
-        load_trace(run).op_records()
+        load_run(run).op_records()
     wrong = table.set_column(4, "output_bytes", pa.array([0.0] * 4))
     pq.write_table(wrong, run / "ops.parquet" / "part-000001.parquet")
     with pytest.raises(CorruptTraceError, match="output_bytes"):
-        load_trace(run)
+        load_run(run)
 
 
 def test_parts_written_before_the_writes_column_read_as_unknown(tmp_path: Path) -> None:
@@ -84,7 +84,7 @@ def test_parts_written_before_the_writes_column_read_as_unknown(tmp_path: Path) 
     (run / "ops.parquet").mkdir()
     old = ops_table(0, RECORDS).drop_columns(["writes"])
     pq.write_table(old, run / "ops.parquet" / "part-000001.parquet")
-    records = load_trace(run).op_records()
+    records = load_run(run).op_records()
     assert [r.writes for r in records] == [None] * len(RECORDS)
     assert [replace(r, writes=None) for r in RECORDS] == records
 
@@ -94,7 +94,7 @@ def test_parts_written_before_the_reads_column_read_as_unknown(tmp_path: Path) -
     (run / "ops.parquet").mkdir()
     old = ops_table(0, RECORDS).drop_columns(["reads"])
     pq.write_table(old, run / "ops.parquet" / "part-000001.parquet")
-    records = load_trace(run).op_records()
+    records = load_run(run).op_records()
     assert [r.reads for r in records] == [None] * len(RECORDS)
     assert [replace(r, reads=None) for r in RECORDS] == records
 

@@ -3,7 +3,7 @@
 :func:`write_many_ranks` writes ``<run>/rank=<r>/`` for every rank with memprof's writer: an
 ``iterations`` table of many rows in parts (optionally merged parts of several row groups, as a
 compaction writes them, and a part written again as after a crash) and ``layers`` rows for a few
-detailed iterations. The ``reference_*`` functions load every rank whole with :func:`load_trace` and
+detailed iterations. The ``reference_*`` functions load every rank whole with :func:`load_run` and
 pandas; the streaming reader and the documented DuckDB queries are tested against them.
 :func:`documented_queries` reads those queries from docs/trace-format.md.
 """
@@ -23,7 +23,7 @@ from memprof.categories import CATEGORY_COLUMNS
 from memprof.schema import ITERATIONS, ITERATIONS_SCHEMA, LAYERS, LAYERS_SCHEMA, table_dir_name
 from memprof.trace.format.writer import TraceWriter, write_meta
 from memprof.trace.ranks import rank_dirs
-from memprof.trace.reader import load_trace
+from memprof.trace.reader import load_run
 from tests.dashboard.fixtures import meta
 
 MODULES: tuple[str, ...] = ("", "encoder", "encoder.block.0", "encoder.block.1", "encoder.block.2", "head", "loss")
@@ -112,8 +112,8 @@ def write_many_ranks(root: Path, ranks: int, iterations: int, part_rows: int = 1
 
 
 def reference_frame(run: Path, table: str = ITERATIONS) -> pd.DataFrame:
-    """Every rank's ``table`` loaded whole by :func:`load_trace` (duplicates resolved), with a ``rank`` column."""
-    frames = [load_trace(directory).read(table).assign(rank=rank) for rank, directory in rank_dirs(run)]
+    """Every rank's ``table`` loaded whole by :func:`load_run` (duplicates resolved), with a ``rank`` column."""
+    frames = [load_run(directory).read(table).assign(rank=rank) for rank, directory in rank_dirs(run)]
     return pd.concat(frames, ignore_index=True).sort_values(["rank", "iteration"], kind="stable",
                                                             ignore_index=True)
 
