@@ -145,12 +145,13 @@ def test_a_compiled_gpt2_is_costed_as_it_runs_compiled(tmp_path, capsys) -> None
         warnings.simplefilter("always")
         run_dir = _profile(runner, optimizer, ids, tmp_path, steps=5)
     assert any("compiled region of its own" in str(w.message) for w in said)
-    # the compiled model runs as before: the costing iterations' graph breaks made dynamo run the frames around the
-    # blocks eagerly for good (5 MB more on a 6-layer GPT-2) until they were reset, and compile's garbage from them
-    # is collected (128 KiB of 4.3 MB more before it was); measured equal to the byte
+    # the compiled model holds no more than before: the costing iterations' graph breaks made dynamo run the frames
+    # around the blocks eagerly for good (5 MB more on a 6-layer GPT-2) until they were reset, and compile's garbage
+    # from them is collected (128 KiB of 4.3 MB more before it was). Measured equal to the byte in a process of its
+    # own; after other compiled tests dynamo compiled the reset frames anew into a graph holding 240 KiB less
     step()
     after = allocator_rise_bytes(step)
-    assert abs(after - before) <= 0.005 * before, (after, before)
+    assert after <= 1.005 * before, (after, before)
     trace = load_trace(run_dir)
     assert trace.meta["regional_iterations"] == [1, 2] and trace.meta["eager_iterations"] == []
     assert trace.costing_iterations == [1, 2]
