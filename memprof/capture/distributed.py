@@ -22,8 +22,11 @@ gradients then, and are counted as such (a gradient seen in ``.grad`` ranks befo
 **FSDP2** (``torch.distributed.fsdp.fully_shard``) all-gathers a module's parameters before its forward and
 backward (``FSDPParamGroup.unshard`` / ``wait_for_unshard``) and frees them after. Each group's
 ``wait_for_unshard`` is wrapped (an instance attribute, removed on ``close()``) to observe the unsharded
-parameters' storages (``FSDPParam.all_gather_outputs``) as ``weight_copies``, and the profiler's forward
-pre-hook on an FSDP module runs before FSDP's, so the all-gather falls inside the module's forward.
+parameters' storages (``FSDPParam.all_gather_outputs``) as ``weight_copies`` and, before them, the flat all-gather
+output they are copied out of as ``comm_buffers``; each group's ``post_backward`` is wrapped to observe the flat
+reduce-scatter input it keeps (``comm_ctx.reduce_scatter_states``; HSDP's all-reduce input too) as
+``comm_buffers``. The profiler's forward pre-hook on an FSDP module runs before FSDP's, so the all-gather falls
+inside the module's forward.
 """
 
 from __future__ import annotations
@@ -101,6 +104,28 @@ def _unsharded(group: Any) -> list[Storage]:
     return found
 
 
+def _gathered(group: Any) -> list[Storage]:
+    found: list[Storage] = []
+    result = getattr(group, "_all_gather_result", None)
+    state = getattr(getattr(group, "comm_ctx", None), "all_gather_state", None)
+    for held in (result, getattr(state, "all_gather_result", None)):
+        tensor = getattr(held, "all_gather_output", None)
+        if isinstance(tensor, torch.Tensor) and tensor.untyped_storage().nbytes():
+            pointers(tensor, found)
+    return found
+
+
+def _reducing_buffers(group: Any) -> list[Storage]:
+    found: list[Storage] = []
+    states = getattr(getattr(group, "comm_ctx", None), "reduce_scatter_states", None) or ()
+    tensors = [getattr(s, "reduce_scatter_input", None) for s in states]
+    tensors.append(getattr(getattr(group, "_all_reduce_state", None), "all_reduce_input", None))
+    for tensor in tensors:
+        if isinstance(tensor, torch.Tensor) and tensor.untyped_storage().nbytes():
+            pointers(tensor, found)
+    return found
+
+
 class DistributedWatch:
     """DDP's buckets and FSDP2's unsharded parameters for one profiler (see the module docstring).
 
@@ -119,7 +144,7 @@ class DistributedWatch:
         self._block_bytes = block_bytes
         self._standins: dict[int, list[Storage]] = {}  # DDP module index -> its buckets made before profiling
         self._rebuild_handles: dict[int, Any] = {}
-        self._wrapped: list[tuple[Any, Callable[..., Any]]] = []
+        self._wrapped: list[tuple[Any, str]] = []  # (FSDP2 parameter group, the method wrapped on the instance)
 
     @property
     def present(self) -> bool:
@@ -156,18 +181,18 @@ class DistributedWatch:
                 self._rebuild_handles[index] = wrapped.register_forward_pre_hook(self._rebuild_check(index, ddp),
                                                                                  prepend=True)
         for _, group in self._fsdp:
-            original = group.wait_for_unshard
-            group.wait_for_unshard = self._observing(group, original)
-            self._wrapped.append((group, group.wait_for_unshard))
+            group.wait_for_unshard = self._observing(group, group.wait_for_unshard)
+            group.post_backward = self._reducing(group, group.post_backward)
+            self._wrapped.extend([(group, "wait_for_unshard"), (group, "post_backward")])
 
     def detach(self) -> None:
         """Removes the hooks and the wrappers; the modules are as they were."""
         for handle in self._rebuild_handles.values():
             handle.remove()
         self._rebuild_handles.clear()
-        for group, wrapper in self._wrapped:
-            if group.__dict__.get("wait_for_unshard") is wrapper:
-                del group.wait_for_unshard
+        for group, name in self._wrapped:
+            if getattr(group.__dict__.get(name), "memprof_wrapper", False):
+                delattr(group, name)
         self._wrapped.clear()
 
     def _rebuild_check(self, index: int, ddp: nn.Module) -> Callable[[nn.Module, Any], None]:
@@ -187,8 +212,22 @@ class DistributedWatch:
 
     def _observing(self, group: Any, original: Callable[..., Any]) -> Callable[..., Any]:
         def wait_for_unshard(*args: Any, **kwargs: Any) -> Any:
+            # the flat all-gather output, freed once copied out into the unsharded parameters
+            self.recorder.observe(_gathered(group), _COMM)
             result = original(*args, **kwargs)
             self.recorder.observe(_unsharded(group), _WEIGHT_COPIES)
             return result
 
+        wait_for_unshard.memprof_wrapper = True  # type: ignore[attr-defined]
         return wait_for_unshard
+
+    def _reducing(self, group: Any, original: Callable[..., Any]) -> Callable[..., Any]:
+        def post_backward(*args: Any, **kwargs: Any) -> Any:
+            result = original(*args, **kwargs)
+            # the flat reduce-scatter input, kept until a later group's reduce-scatter is waited for (its output
+            # becomes the sharded gradients, seen in .grad), and HSDP's all-reduce input
+            self.recorder.observe(_reducing_buffers(group), _COMM)
+            return result
+
+        post_backward.memprof_wrapper = True  # type: ignore[attr-defined]
+        return post_backward

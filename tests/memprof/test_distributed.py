@@ -125,8 +125,12 @@ def check_one_trace_per_rank(out_dir: Path, results: list[dict]) -> Path:
              for r in (0, 1)}
     assert files[0] == files[1]  # the same layout ...
     assert not any(p.name.startswith(".") for p in files[0] | files[1])  # ... and no temporary left behind
-    with pytest.raises(TraceNotFoundError, match="rank=0"):
-        load_trace(run)  # the run directory itself says which ranks to open
+    # the job's folder opens the rank whose peak is highest (each rank opened on its own says which), or any
+    peaks = {r: int(load_trace(run / f"rank={r}").iterations.peak_allocated_bytes.max()) for r in (0, 1)}
+    assert load_trace(run).meta["rank"] == max(peaks, key=lambda r: (peaks[r], -r))
+    assert load_trace(run, rank=0).meta["rank"] == 0
+    with pytest.raises(TraceNotFoundError, match="rank=0, rank=1"):
+        load_trace(run, rank=2)
     assert sorted(r.name for r in list_runs(out_dir)) == [f"{run.name}/rank=0", f"{run.name}/rank=1"]
     return run
 

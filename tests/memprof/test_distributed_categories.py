@@ -2,7 +2,8 @@
 
 DDP's gradient buckets are ``comm_buffers`` from the first iteration on (they were made when the model was wrapped,
 before the profiler started, and are made again in the second iteration's forward); FSDP2's unsharded parameters
-are ``weight_copies``, in the forward of the module they belong to. Sizes are computed by hand from the model
+are ``weight_copies``, in the forward of the module they belong to, and its flat all-gather outputs and
+reduce-scatter inputs ``comm_buffers``. Sizes are computed by hand from the model
 (``nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 4))``, float32), DDP's peaks held against the CPU
 allocator's own events (torch.profiler's raw ``[memory]`` events) on a twin wrapped the same way.
 """
@@ -138,7 +139,7 @@ def test_ddp_buckets_are_comm_buffers_from_the_first_iteration(tmp_path):
 
 
 @pytest.mark.slow
-def test_fsdp2_unsharded_parameters_are_weight_copies_of_their_module(tmp_path):
+def test_fsdp2_unsharded_parameters_are_weight_copies_and_its_flat_buffers_comm_buffers(tmp_path):
     reason = _fsdp_reason("fully_shard")
     if reason:
         pytest.skip(reason)
@@ -159,5 +160,12 @@ def test_fsdp2_unsharded_parameters_are_weight_copies_of_their_module(tmp_path):
             assert rows[(iteration, "backward", "0", "enter")] == FIRST
             assert rows[(iteration, "forward", "0", "exit")] == rows[(iteration, "forward", "2", "exit")] == 0
             assert rows[(iteration, "other", "", "end")] == 0
+        # FSDP2's flat buffers are comm_buffers: a Linear's all-gather output (its whole parameters, the ranks'
+        # shards side by side) is alive through its forward until the next one is gathered (FSDP keeps the last
+        # for overlap); in the backward the reduce-scatter input (its whole gradients) beside the next one's
+        comm = events.set_index(["iteration", "phase", "module", "event"]).comm_buffers
+        assert comm[(0, "forward", "0", "exit")] == FIRST and comm[(0, "forward", "2", "exit")] == LAST
+        assert comm[(0, "forward", "", "exit")] == 0 and comm[(0, "other", "", "start")] == 0
+        assert comm[(0, "backward", "1", "enter")] == FIRST + LAST  # 0's gathered for its backward, 2's reduced
         # The weights are each rank's half of the parameters (their shards): 840 B.
         assert (trace.iterations.weights == PARAMS // 2).all()
