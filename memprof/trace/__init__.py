@@ -52,8 +52,8 @@ _LAZY = {
     "rank_dirs": "memprof.trace.ranks",
     "rank_of": "memprof.trace.ranks",
     "rank_peaks": "memprof.trace.ranks",
-    "rank_to_open": "memprof.trace.folder",
     "rank_summary": "memprof.trace.ranks",
+    "rank_to_open": "memprof.trace.folder",
     "scan_ranks": "memprof.trace.ranks",
     "table_dir_name": "memprof.schema",
 }
@@ -84,8 +84,8 @@ __all__ = [
     "rank_dirs",
     "rank_of",
     "rank_peaks",
-    "rank_to_open",
     "rank_summary",
+    "rank_to_open",
     "scan_ranks",
     "table_dir_name",
 ]

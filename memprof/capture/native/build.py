@@ -30,7 +30,7 @@ import torch
 from memprof.atomic import atomic_path
 
 SOURCE = Path(__file__).parent / "reporter.cpp"
-ABI_VERSION = 5
+ABI_VERSION = 6
 #: Set to ``0`` to never use the native reporter (memprof then reads torch.profiler's events).
 ENV_SWITCH = "MEMPROF_NATIVE"
 _BUILD_TIMEOUT_S = 300
@@ -126,6 +126,9 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "memprof_drain": ([handle, ctypes.c_void_p, i64, i64, ctypes.c_void_p], i64),
         "memprof_net_bytes": ([handle, ctypes.c_int], i64),
         "memprof_last_oom": ([handle, ctypes.c_void_p], i64),
+        "memprof_watch_threads": ([handle], ctypes.c_int),
+        "memprof_unwatch_threads": ([handle], ctypes.c_int),
+        "memprof_foreign_frees": ([handle], i64),
     }
     for name, (args, result) in signatures.items():
         function = getattr(lib, name)

@@ -104,6 +104,25 @@ class Reporter final : public ProfilerStateBase {
     net_bytes_[device.is_cpu() ? 0 : 1] += alloc_size;
   }
 
+  // A free made on a thread whose slot does not hold this reporter (a communication library's own thread drops a
+  // tensor's last reference): c10 reports it to that thread's slot, i.e. to nobody. Its size is left -1, "the
+  // block at this address" (the analysis knows each block's bytes), and the totals -1, unknown.
+  void reportForeignFree(void* ptr) {
+    if (!enabled_.load(std::memory_order_relaxed)) {
+      return;
+    }
+    const int64_t t = now_ns();
+    std::lock_guard<std::mutex> guard(mutex_);
+    rows_.push_back(Row{t, static_cast<int64_t>(reinterpret_cast<uintptr_t>(ptr)), -1, -1, -1,
+                        static_cast<int64_t>(c10::DeviceType::CPU), -1});
+    foreign_frees_ += 1;
+  }
+
+  int64_t foreign_frees() {
+    std::lock_guard<std::mutex> guard(mutex_);
+    return foreign_frees_;
+  }
+
   void reportOutOfMemory(int64_t alloc_size, size_t total_allocated, size_t total_reserved,
                          c10::Device device) override {
     std::lock_guard<std::mutex> guard(mutex_);
@@ -175,8 +194,58 @@ class Reporter final : public ProfilerStateBase {
   std::mutex mutex_;
   std::vector<Row> rows_;
   int64_t net_bytes_[2] = {0, 0};
+  int64_t foreign_frees_ = 0;
   Row oom_{};
 };
+
+// The CPU allocator seen through: every CPU allocation the reporter sees (made while memprof watches, on a thread
+// that carries the reporter) gets a deleter that, run on a thread whose profiler slot does not hold it, records
+// the free there (reportForeignFree) before the allocator's own deleter frees it. The data pointer and its context stay the allocator's (context ==
+// data, as raw_allocate requires), so only the deleter differs; allocations whose deleter is not the allocator's
+// raw deleter are handed out as they come. A block allocated while watched keeps this deleter after memprof
+// stops: it then only calls the allocator's own.
+std::mutex g_watch_mutex;
+std::shared_ptr<Reporter> g_watch;              // the reporter that records foreign frees (none: not watching)
+std::atomic<Reporter*> g_watch_raw{nullptr};   // the same, for the lock-free test of the common case
+c10::Allocator* g_inner = nullptr;              // the CPU allocator seen through (kept for the deleters)
+c10::DeleterFnPtr g_inner_deleter = nullptr;
+
+void watching_delete(void* ptr) {
+  Reporter* watching = g_watch_raw.load(std::memory_order_acquire);
+  if (watching != nullptr && ProfilerStateBase::get(/*global=*/false) != watching) {
+    std::shared_ptr<Reporter> reporter;
+    {
+      std::lock_guard<std::mutex> guard(g_watch_mutex);
+      reporter = g_watch;
+    }
+    if (reporter) {
+      reporter->reportForeignFree(ptr);
+    }
+  }
+  g_inner_deleter(ptr);
+}
+
+class WatchingAllocator final : public c10::Allocator {
+ public:
+  c10::DataPtr allocate(size_t n) override {
+    c10::DataPtr inner = g_inner->allocate(n);
+    // only a block whose allocation the reporter saw (made on a thread that carries it) needs its free seen
+    Reporter* watching = g_watch_raw.load(std::memory_order_acquire);
+    if (watching == nullptr || ProfilerStateBase::get(/*global=*/false) != watching ||
+        inner.get_deleter() != g_inner_deleter || inner.get() != inner.get_context()) {
+      return inner;
+    }
+    void* ptr = inner.release_context();
+    return {ptr, ptr, &watching_delete, inner.device()};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &watching_delete; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    g_inner->copy_data(dest, src, count);
+  }
+};
+
+WatchingAllocator g_watching_allocator;
+constexpr uint8_t kWatchPriority = UINT8_MAX;  // above any allocator registered before (SetAllocator keeps the higher)
 
 struct Handle {
   std::shared_ptr<Reporter> reporter = std::make_shared<Reporter>();
@@ -186,7 +255,7 @@ struct Handle {
 
 extern "C" {
 
-int memprof_abi_version() { return 5; }
+int memprof_abi_version() { return 6; }
 
 void* memprof_create() {
   try {
@@ -196,8 +265,11 @@ void* memprof_create() {
   }
 }
 
+int memprof_unwatch_threads(void* h);
+
 void memprof_destroy(void* h) {
   auto* handle = static_cast<Handle*>(h);
+  memprof_unwatch_threads(h);
   handle->reporter->disable();
   delete handle;
 }
@@ -246,6 +318,53 @@ int64_t memprof_drain(void* h, int64_t* out, int64_t stride, int64_t max_rows, i
   }
   return static_cast<Handle*>(h)->reporter->drain(out, stride, max_rows, info);
 }
+
+// Starts recording the CPU frees made on other threads with this handle's reporter. 0: watching; 1: the CPU
+// allocator has no raw deleter (frees on other threads stay unseen); 2: error.
+int memprof_watch_threads(void* h) {
+  try {
+    c10::Allocator* current = c10::GetAllocator(c10::DeviceType::CPU);
+    if (current != &g_watching_allocator) {
+      if (current == nullptr || current->raw_deleter() == nullptr) {
+        return 1;
+      }
+      if (g_inner != nullptr && g_inner != current) {
+        return 1;  // another allocator than the one blocks allocated before hold as their deleter's
+      }
+      g_inner = current;
+      g_inner_deleter = current->raw_deleter();
+    }
+    {
+      std::lock_guard<std::mutex> guard(g_watch_mutex);
+      g_watch = static_cast<Handle*>(h)->reporter;
+      g_watch_raw.store(g_watch.get(), std::memory_order_release);
+    }
+    c10::SetAllocator(c10::DeviceType::CPU, &g_watching_allocator, kWatchPriority);
+    return 0;
+  } catch (...) {
+    return 2;
+  }
+}
+
+// Stops it (when this handle's reporter is the one watching) and gives the CPU its allocator back. 0: done; 2: error.
+int memprof_unwatch_threads(void* h) {
+  try {
+    std::lock_guard<std::mutex> guard(g_watch_mutex);
+    if (g_watch.get() != static_cast<Handle*>(h)->reporter.get()) {
+      return 0;
+    }
+    g_watch_raw.store(nullptr, std::memory_order_release);
+    g_watch.reset();
+    if (g_inner != nullptr && c10::GetAllocator(c10::DeviceType::CPU) == &g_watching_allocator) {
+      c10::SetAllocator(c10::DeviceType::CPU, g_inner, kWatchPriority);
+    }
+    return 0;
+  } catch (...) {
+    return 2;
+  }
+}
+
+int64_t memprof_foreign_frees(void* h) { return static_cast<Handle*>(h)->reporter->foreign_frees(); }
 
 int64_t memprof_net_bytes(void* h, int cuda) { return static_cast<Handle*>(h)->reporter->net_bytes(cuda); }
 

@@ -4,7 +4,10 @@ The reporter (``memprof/capture/native/reporter.cpp``) sits in PyTorch's profile
 started it, as torch.profiler would, and appends one row per allocation or free to a buffer: no
 operator is recorded and nothing is restarted, so an iteration's events cost a copy to collect. The
 slot is per thread, like torch.profiler's: the autograd engine carries it into backward, including
-CUDA's device threads.
+CUDA's device threads. A thread that does not carry it (gloo's, which drops the last reference to a
+collective's tensors; a pin-memory thread) would free CPU blocks unseen: while recording a CPU device, the
+CPU allocator is seen through so that such a free is recorded too (a row of size -1: "the block at this
+address"), and given back at the end.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ class NativeAllocationStream:
     def __init__(self, device: torch.device) -> None:
         self.device = torch.device(device)
         self.active = False
+        self.watching_threads = False  # the CPU allocator seen through: frees on every thread recorded
         self._lib = load()
         self._handle = ctypes.c_void_p(self._lib.memprof_create())
         if not self._handle.value:
@@ -71,6 +75,8 @@ class NativeAllocationStream:
         if code != 0:
             raise ProfilerError("memprof's native reporter could not be installed in the profiler slot")
         self.active = True
+        # frees on other threads (a communication library's, a pinning thread's) reach no slot of ours otherwise
+        self.watching_threads = not self._cuda and self._lib.memprof_watch_threads(self._handle) == 0
 
     def net_bytes(self) -> int:
         """Net bytes this device allocated since the last :meth:`collect` (no copy, safe inside backward)."""
@@ -110,7 +116,14 @@ class NativeAllocationStream:
         self._capacity = _capacity_for(count)
         return columns[:, :count], flags
 
+    @property
+    def foreign_frees(self) -> int:
+        """How many frees made on threads other than the recording one were recorded so far."""
+        return int(self._lib.memprof_foreign_frees(self._handle))
+
     def _stop(self) -> None:
+        self._lib.memprof_unwatch_threads(self._handle)
+        self.watching_threads = False
         code = self._lib.memprof_pop(self._handle)
         self.active = False
         if code == 1:
