@@ -230,8 +230,8 @@ class _Walker:
         alive = [b for b in self.fwd_blocks if s.alloc_change[b] >= self.rebuild_change and s.free_change[b] < 0]
         if self.rebuild_bytes > 0:
             # DDP's forward also allocates a few small tensors there (the rebuild agrees on the buckets' order with
-            # the other ranks, and a communication thread at times frees one of those tensors, where no allocator
-            # event reaches this thread's stream): the buckets are the largest blocks, until they hold the bytes
+            # the other ranks, and a communication thread at times frees one of those tensors later): the buckets
+            # are the largest blocks, until they hold the bytes
             # the buckets do (a caching allocator rounds each block up, so they may hold a little more).
             chosen, taken = [], 0
             for block in sorted(alive, key=lambda b: -s.sizes[b]):

@@ -27,9 +27,10 @@ FIRST, LAST = (8 * 32 + 32) * F32, (32 * 4 + 4) * F32  # the two Linears' parame
 PARAMS = FIRST + LAST  # 1,680 B; DDP's one bucket holds every gradient, as many bytes
 # DDP's rebuild agrees on the buckets' order with the other rank by broadcasting two int32 tensors
 # (Reducer::sync_bucket_indices): every parameter's index plus the bucket count (4 + 1 ints, 20 B) and the bucket
-# sizes (one int, 4 B). gloo's thread at times holds the last reference to either, and a free on another thread
-# reaches neither memprof's stream nor torch.profiler's (both are the allocating thread's): from the rebuild on,
-# either side can hold up to that many bytes more (a run has shown the twin 20 B higher).
+# sizes (one int, 4 B). gloo's thread at times holds the last reference to either: torch.profiler's twin never sees
+# that free (its events are the allocating thread's), and memprof sees it when gloo's thread makes it (the native
+# reporter records frees on every thread), which may be after the step: from the rebuild on, either side can hold
+# up to that many bytes more (a run has shown the twin 20 B higher).
 
 
 def rebuild_lost_bytes(parameters: int, buckets: int = 1) -> int:
