@@ -6,21 +6,21 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from memprof.analysis.attribution import FEATURE, MODEL_STATE_CODES, WEIGHT_COPIES, Call, Sweep
+from memprof.analysis.attribution import COMM_BUFFERS, FEATURE, MODEL_STATE_CODES, WEIGHT_COPIES, Call, Sweep
 from memprof.analysis.micro_batches import MicroBatches, in_last
 from memprof.analysis.records import ModuleInfo
 from memprof.analysis.timeline import Series
 
 
 def _block_arrays(sw: Sweep) -> tuple[np.ndarray, ...]:
-    """Blocks sorted by allocation change: (alloc, free, size, activation, feature, weight copy)."""
+    """Blocks sorted by allocation change: (alloc, free, size, activation, feature, weight copy, comm buffer)."""
     alloc = np.asarray(sw.alloc_change, dtype=np.int64)
     order = np.argsort(alloc, kind="stable")
     free = np.asarray(sw.free_change, dtype=np.int64)[order]
     cats = np.asarray(sw.categories, dtype=np.int64)[order]
     return (alloc[order], np.where(free < 0, np.iinfo(np.int64).max, free),
             np.asarray(sw.sizes, dtype=np.int64)[order], ~np.isin(cats, MODEL_STATE_CODES), cats == FEATURE,
-            cats == WEIGHT_COPIES)
+            cats == WEIGHT_COPIES, cats == COMM_BUFFERS)
 
 
 @dataclass(frozen=True)
@@ -32,12 +32,14 @@ class CallCosts:
         features: feature-map bytes allocated during the call.
         overhead: the call's transient peak of activations above its start and what it kept.
         copies: weight-copy bytes allocated during the call (autocast's saved casts, FSDP's unsharded parameters).
+        comms: communication-buffer bytes allocated during the call (FSDP2's all-gather output of its unit).
     """
 
     kept: list[int]
     features: list[int]
     overhead: list[int]
     copies: list[int]
+    comms: list[int]
 
 
 def call_costs(sw: Sweep, activations: np.ndarray, calls: list[Call]) -> CallCosts:
@@ -48,8 +50,8 @@ def call_costs(sw: Sweep, activations: np.ndarray, calls: list[Call]) -> CallCos
     were most of the background worker's time in :func:`layer_rows`.
     """
     if not calls:
-        return CallCosts([], [], [], [])
-    alloc, free, size, activation, feature, copy = _block_arrays(sw)
+        return CallCosts([], [], [], [], [])
+    alloc, free, size, activation, feature, copy, comm = _block_arrays(sw)
     starts = np.fromiter((c.start_change for c in calls), dtype=np.int64, count=len(calls))
     ends = np.maximum(np.fromiter((c.end_change for c in calls), dtype=np.int64, count=len(calls)), starts)
     lo, hi = np.searchsorted(alloc, starts), np.searchsorted(alloc, ends)
@@ -58,6 +60,8 @@ def call_costs(sw: Sweep, activations: np.ndarray, calls: list[Call]) -> CallCos
     features = feature_prefix[hi] - feature_prefix[lo]
     copy_prefix = np.concatenate(([0], np.cumsum(np.where(copy, size, 0))))
     copies = copy_prefix[hi] - copy_prefix[lo]
+    comm_prefix = np.concatenate(([0], np.cumsum(np.where(comm, size, 0))))
+    comms = comm_prefix[hi] - comm_prefix[lo]
     # every (call, block) pair: the block is kept if it is an activation still alive at the call's end
     call_of_pair = np.repeat(np.arange(len(calls)), counts)
     first_pair = np.concatenate(([0], np.cumsum(counts)))
@@ -68,7 +72,7 @@ def call_costs(sw: Sweep, activations: np.ndarray, calls: list[Call]) -> CallCos
     kept = kept_prefix[first_pair[1:]] - kept_prefix[first_pair[:-1]]
     highest = _range_max(activations, starts, ends)
     overhead = np.maximum(0, highest - activations[starts] - kept)
-    return CallCosts(kept.tolist(), features.tolist(), overhead.tolist(), copies.tolist())
+    return CallCosts(kept.tolist(), features.tolist(), overhead.tolist(), copies.tolist(), comms.tolist())
 
 
 def _range_max(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
@@ -91,8 +95,8 @@ def _range_max(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray
 
 def call_costs_reference(sw: Sweep, activations: np.ndarray, calls: list[Call]) -> CallCosts:
     """The slow, obvious :func:`call_costs`: slices per call."""
-    alloc, free, size, activation, feature, copy = _block_arrays(sw)
-    kept_all, features_all, overhead_all, copies_all = [], [], [], []
+    alloc, free, size, activation, feature, copy, comm = _block_arrays(sw)
+    kept_all, features_all, overhead_all, copies_all, comms_all = [], [], [], [], []
     for call in calls:
         end = max(call.end_change, call.start_change)
         lo, hi = np.searchsorted(alloc, [call.start_change, end])
@@ -102,8 +106,9 @@ def call_costs_reference(sw: Sweep, activations: np.ndarray, calls: list[Call]) 
         kept_all.append(kept)
         features_all.append(int(size[lo:hi][feature[lo:hi]].sum()))
         copies_all.append(int(size[lo:hi][copy[lo:hi]].sum()))
+        comms_all.append(int(size[lo:hi][comm[lo:hi]].sum()))
         overhead_all.append(max(0, int(window.max() - activations[call.start_change] - kept)))
-    return CallCosts(kept_all, features_all, overhead_all, copies_all)
+    return CallCosts(kept_all, features_all, overhead_all, copies_all, comms_all)
 
 
 def layer_rows(sw: Sweep, s: Series, infos: list[ModuleInfo], iteration: int, order: dict[int, int],
@@ -113,7 +118,9 @@ def layer_rows(sw: Sweep, s: Series, infos: list[ModuleInfo], iteration: int, or
 
     When the iteration accumulated gradients over micro-batches (``split``), the calls are those of the
     last micro-batch (:mod:`memprof.analysis.micro_batches`); weight and gradient bytes are the step's.
-    ``comm_bytes`` (DDP's gradient buckets) is shared out as :func:`comm_shares` says.
+    Communication buffers: where a module below the root allocates some in its own forward (FSDP2 gathers a
+    unit's parameters into one in the unit's forward), each module gets those its forward calls allocated;
+    else ``comm_bytes`` (DDP's gradient buckets, made by the wrapper) is shared out as :func:`comm_shares` says.
     """
     stats: dict[int, dict] = {}
     forward_calls = in_last(sw.forward_calls, split) if split is not None else sw.forward_calls
@@ -129,6 +136,9 @@ def layer_rows(sw: Sweep, s: Series, infos: list[ModuleInfo], iteration: int, or
         return stats[module]
 
     forward = call_costs(sw, s.activations, forward_calls)
+    gathered: dict[int, int] = {}
+    for call, comms in zip(forward_calls, forward.comms):
+        gathered[call.module] = gathered.get(call.module, 0) + comms
     for call, kept, features, overhead, copies in zip(forward_calls, forward.kept, forward.features, forward.overhead,
                                                       forward.copies):
         r = row(call.module)
@@ -149,7 +159,9 @@ def layer_rows(sw: Sweep, s: Series, infos: list[ModuleInfo], iteration: int, or
         r["grad_input_bytes"] += kept
         r["backward_overhead_bytes"] = max(r["backward_overhead_bytes"], overhead)
     rows = []
-    shares = comm_shares(comm_bytes, weight_grad_bytes, weight_bytes)
+    by_unit = any(comms > 0 for module, comms in gathered.items() if module != 0)
+    shares = [gathered.get(m, 0) for m in range(len(infos))] if by_unit else \
+        comm_shares(comm_bytes, weight_grad_bytes, weight_bytes)
     for module, info in enumerate(infos):
         if module not in stats and not info.param_indices:
             continue

@@ -183,6 +183,9 @@ def test_fsdp2_unsharded_parameters_are_weight_copies_and_its_flat_buffers_comm_
         comm = events.set_index(["iteration", "phase", "module", "event"]).comm_buffers
         assert comm[(0, "forward", "0", "exit")] == FIRST and comm[(0, "forward", "2", "exit")] == LAST
         assert comm[(0, "backward", "1", "enter")] == FIRST + LAST  # 0's gathered for its backward, 2's reduced
+        for iteration in range(STEPS):  # in the layers table, each unit its own all-gather output (not DDP's shares)
+            rows = layers[layers.iteration == iteration].set_index("module").comm_buffer_bytes
+            assert rows.to_dict() == {"": PARAMS, "0": FIRST, "1": 0, "2": LAST}, (rank, iteration)
         # Nothing drifts: gloo's thread drops the last reference to the collectives' tensors (FSDP's buffers, its own
         # copies), and those frees are recorded too (the CPU allocator seen through, memprof/capture/native). At each
         # iteration's end what is allocated is what the script holds, by hand (the weights' and the gradients'
