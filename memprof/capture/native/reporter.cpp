@@ -200,10 +200,10 @@ class Reporter final : public ProfilerStateBase {
 
 // The CPU allocator seen through: every CPU allocation the reporter sees (made while memprof watches, on a thread
 // that carries the reporter) gets a deleter that, run on a thread whose profiler slot does not hold it, records
-// the free there (reportForeignFree) before the allocator's own deleter frees it. The data pointer and its context stay the allocator's (context ==
-// data, as raw_allocate requires), so only the deleter differs; allocations whose deleter is not the allocator's
-// raw deleter are handed out as they come. A block allocated while watched keeps this deleter after memprof
-// stops: it then only calls the allocator's own.
+// the free there (reportForeignFree) before the allocator's own deleter frees it. The data pointer and its
+// context stay the allocator's (context == data, as raw_allocate requires), so only the deleter differs;
+// allocations whose deleter is not the allocator's raw deleter are handed out as they come. A block allocated
+// while watched keeps this deleter after memprof stops: it then only calls the allocator's own.
 std::mutex g_watch_mutex;
 std::shared_ptr<Reporter> g_watch;              // the reporter that records foreign frees (none: not watching)
 std::atomic<Reporter*> g_watch_raw{nullptr};   // the same, for the lock-free test of the common case
