@@ -141,10 +141,9 @@ def _job_rank(source: str, rank: int | None) -> int | None:
         OptionError: ``--rank`` with a run or chain file that is not a job's folder.
         TraceNotFoundError: the job has no such rank.
     """
-    from memprof.trace import rank_dirs, rank_to_open
+    from memprof.trace import job_ranks, rank_to_open
 
-    ranks = [r for r, _ in rank_dirs(source)] if Path(source).is_dir() and not (Path(source) / "meta.json").is_file() \
-        else []
+    ranks = sorted(job_ranks(source))
     if not ranks:
         if rank is not None:
             raise OptionError(f"--rank chooses a rank of a torchrun job's folder (rank=<r>/ folders), but {source} "

@@ -136,11 +136,10 @@ def layer_rows(sw: Sweep, s: Series, infos: list[ModuleInfo], iteration: int, or
         return stats[module]
 
     forward = call_costs(sw, s.activations, forward_calls)
-    gathered: dict[int, int] = {}
-    for call, comms in zip(forward_calls, forward.comms):
+    gathered: dict[int, int] = {}  # comm bytes each module's forward calls allocated
+    for call, kept, features, overhead, copies, comms in zip(forward_calls, forward.kept, forward.features,
+                                                             forward.overhead, forward.copies, forward.comms):
         gathered[call.module] = gathered.get(call.module, 0) + comms
-    for call, kept, features, overhead, copies in zip(forward_calls, forward.kept, forward.features, forward.overhead,
-                                                      forward.copies):
         r = row(call.module)
         if r["calls"] == 0:
             r["input_ids"], r["output_ids"] = list(call.inputs), list(call.outputs)

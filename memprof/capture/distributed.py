@@ -94,36 +94,31 @@ def _fsdp_groups(module: nn.Module) -> list[Any]:
     return [g for g in groups if g is not None and hasattr(g, "wait_for_unshard")]
 
 
-def _unsharded(group: Any) -> list[Storage]:
+def _storages(candidates: Any) -> list[Storage]:
+    """The storages of the tensors among ``candidates`` that hold memory (FSDP frees a buffer by resizing it)."""
     found: list[Storage] = []
-    for param in getattr(group, "fsdp_params", ()):
-        outputs = getattr(param, "all_gather_outputs", None) or ()
-        for tensor in outputs:
-            if isinstance(tensor, torch.Tensor) and tensor.untyped_storage().nbytes():
-                pointers(tensor, found)
+    for tensor in candidates:
+        if isinstance(tensor, torch.Tensor) and tensor.untyped_storage().nbytes():
+            pointers(tensor, found)
     return found
+
+
+def _unsharded(group: Any) -> list[Storage]:
+    return _storages(t for param in getattr(group, "fsdp_params", ())
+                     for t in getattr(param, "all_gather_outputs", None) or ())
 
 
 def _gathered(group: Any) -> list[Storage]:
-    found: list[Storage] = []
-    result = getattr(group, "_all_gather_result", None)
     state = getattr(getattr(group, "comm_ctx", None), "all_gather_state", None)
-    for held in (result, getattr(state, "all_gather_result", None)):
-        tensor = getattr(held, "all_gather_output", None)
-        if isinstance(tensor, torch.Tensor) and tensor.untyped_storage().nbytes():
-            pointers(tensor, found)
-    return found
+    return _storages(getattr(held, "all_gather_output", None)
+                     for held in (getattr(group, "_all_gather_result", None),
+                                  getattr(state, "all_gather_result", None)))
 
 
 def _reducing_buffers(group: Any) -> list[Storage]:
-    found: list[Storage] = []
     states = getattr(getattr(group, "comm_ctx", None), "reduce_scatter_states", None) or ()
-    tensors = [getattr(s, "reduce_scatter_input", None) for s in states]
-    tensors.append(getattr(getattr(group, "_all_reduce_state", None), "all_reduce_input", None))
-    for tensor in tensors:
-        if isinstance(tensor, torch.Tensor) and tensor.untyped_storage().nbytes():
-            pointers(tensor, found)
-    return found
+    return _storages([*(getattr(s, "reduce_scatter_input", None) for s in states),
+                      getattr(getattr(group, "_all_reduce_state", None), "all_reduce_input", None)])
 
 
 class DistributedWatch:

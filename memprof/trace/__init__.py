@@ -22,7 +22,7 @@ if TYPE_CHECKING:
         TABLES,
         table_dir_name,
     )
-    from memprof.trace.folder import load_trace, rank_to_open
+    from memprof.trace.folder import job_ranks, load_trace, rank_to_open
     from memprof.trace.format.writer import TraceWriter
     from memprof.trace.ranks import (
         RankScan,
@@ -46,6 +46,7 @@ _LAZY = {
     "TABLES": "memprof.schema",
     "Trace": "memprof.trace.reader",
     "TraceWriter": "memprof.trace.format.writer",
+    "job_ranks": "memprof.trace.folder",
     "list_runs": "memprof.trace.reader",
     "load_trace": "memprof.trace.folder",
     "peak_imbalance": "memprof.trace.ranks",
@@ -78,6 +79,7 @@ __all__ = [
     "TABLES",
     "Trace",
     "TraceWriter",
+    "job_ranks",
     "list_runs",
     "load_trace",
     "peak_imbalance",

@@ -16,7 +16,13 @@ from memprof.trace.parts import PartCache
 from memprof.trace.ranks import peak_imbalance, rank_dirs, rank_summary
 from memprof.trace.reader import Trace, load_run, read_meta
 
-__all__ = ["load_trace", "rank_to_open"]
+__all__ = ["job_ranks", "load_trace", "rank_to_open"]
+
+
+def job_ranks(run_dir: str | Path) -> dict[int, Path]:
+    """The ``rank=<r>`` directories of a torchrun job's folder, by rank (``{}``: a single run, or no run)."""
+    run_dir = Path(run_dir)
+    return dict(rank_dirs(run_dir)) if not (run_dir / META_FILE).is_file() else {}
 
 
 def rank_to_open(run_dir: str | Path, rank: int | None = None) -> tuple[int | None, Path]:
@@ -31,7 +37,7 @@ def rank_to_open(run_dir: str | Path, rank: int | None = None) -> tuple[int | No
         TraceNotFoundError: ``rank`` is not one of the job's, or a single run's ``meta.json`` says another rank.
     """
     run_dir = Path(run_dir)
-    ranks = dict(rank_dirs(run_dir)) if not (run_dir / META_FILE).is_file() else {}
+    ranks = job_ranks(run_dir)
     if not ranks:
         if rank is not None and (found := read_meta(run_dir).get("rank")) != rank:
             raise TraceNotFoundError(f"{run_dir} is one run, of rank {found}, not {rank}: give a torchrun job's folder "

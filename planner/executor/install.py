@@ -350,15 +350,15 @@ class _PlainForward:
     memprof_stage = True
 
     def __init__(self, forward: Any, module: nn.Module, backend: Any) -> None:
-        owner, function = getattr(forward, "__self__", None), getattr(forward, "__func__", None)
-        bound = owner is module and function is not None
-        self.owner = weakref.ref(module) if bound else None
-        self.compiled: Any = torch.compile(function if bound else forward, backend=backend)
+        self.original = _Original(forward, module)  # (its function and a weak owner, for a bound method)
+        own = self.original.method if self.original.owner is None else self.original.function
+        self.compiled: Any = torch.compile(own, backend=backend)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self.owner is None:
+        owner = self.original.owner
+        if owner is None:
             return self.compiled(*args, **kwargs)
-        return self.compiled(self.owner(), *args, **kwargs)
+        return self.compiled(owner(), *args, **kwargs)
 
 
 _WRAPPERS = (_StageForward, _FoldedForward, _PlainForward)
